@@ -2,6 +2,15 @@
 //! transport abstraction with its non-RDMA implementations.
 #![deny(unsafe_code)]
 
+pub mod bootstrap;
+pub mod config;
+pub mod error;
+pub mod log;
+pub mod net;
+pub mod transport;
 pub mod types;
 
+pub use bootstrap::UniqueId;
+pub use config::Config;
+pub use error::{Error, ErrorKind, Result};
 pub use types::{DataType, Element, ReduceOp};

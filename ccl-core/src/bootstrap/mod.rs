@@ -1,0 +1,862 @@
+//! Bootstrap: how ranks find each other before any data moves.
+//!
+//! A [`UniqueId`] (128 bytes, like NCCL's) holds a magic, a random secret and the address of a
+//! **root**: a small server thread that admits exactly `size` ranks presenting the secret, then
+//! relays allgather rounds among them (each rank sends a blob, every rank gets all blobs). The
+//! communicator uses one round to exchange transport connection handles and host names; after
+//! that the ranks say goodbye and the root thread ends.
+//!
+//! The root lives in whichever process created the id: the application's rank 0 (NCCL's model,
+//! the id then travels by MPI, a file or a framework's store), the benchmark launcher, or rank 0
+//! itself when the rendezvous comes from launcher variables ([`env`]).
+//!
+//! Every read and write is bounded by a deadline, and the root tells every rank which ranks never
+//! arrived, so a job with a missing rank fails with a message naming it instead of hanging.
+
+pub mod env;
+mod wire;
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
+use crate::net;
+use crate::{ccl_info, ccl_trace, ccl_warn};
+
+use wire::{Frame, FrameKind};
+
+/// Size of a unique id in bytes (NCCL's `NCCL_UNIQUE_ID_BYTES`).
+pub const UNIQUE_ID_BYTES: usize = 128;
+const ID_MAGIC: [u8; 8] = *b"CCLUID\0\x01";
+const SECRET_OFF: usize = 8;
+const FAMILY_OFF: usize = 40;
+const PORT_OFF: usize = 42;
+const ADDR_OFF: usize = 44;
+const CHECK_OFF: usize = 124;
+
+/// The 128-byte token every rank of a communicator passes to its constructor.
+///
+/// Layout: magic and version (8), secret (32), address family (1), reserved (1), port (2, big
+/// endian), address (16), reserved zeros, FNV-1a checksum of bytes 0..124 (4). The checksum and
+/// the zero padding catch ids that were truncated or mangled on their way between processes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UniqueId {
+    bytes: [u8; UNIQUE_ID_BYTES],
+}
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the secret.
+        write!(f, "UniqueId(root {})", self.root_addr())
+    }
+}
+
+fn fnv1a(b: &[u8]) -> u32 {
+    b.iter().fold(0x811c_9dc5u32, |h, &x| {
+        (h ^ x as u32).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// 32 random bytes from the operating system.
+pub fn random_secret() -> Result<[u8; 32]> {
+    let mut s = [0u8; 32];
+    getrandom::getrandom(&mut s).map_err(|e| {
+        Error::new(
+            ErrorKind::System,
+            format!("cannot get random bytes for the secret: {e}"),
+        )
+    })?;
+    Ok(s)
+}
+
+impl UniqueId {
+    /// Creates an id and starts its root in this process, listening on an address chosen by
+    /// `CCL_SOCKET_IFNAME` (default: the first non-loopback interface, else loopback).
+    pub fn new() -> Result<UniqueId> {
+        let cfg = Config::from_env()?;
+        let ip = net::pick_local_ip(cfg.socket_ifname.as_deref())?;
+        UniqueId::new_at(ip, &cfg)
+    }
+
+    /// Creates an id whose root listens on `ip` (port chosen by the OS), e.g. loopback for a job
+    /// on one host. The root stops `cfg.timeout` after creation if not every rank has arrived.
+    pub fn new_at(ip: IpAddr, cfg: &Config) -> Result<UniqueId> {
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| {
+            Error::io(
+                ErrorKind::System,
+                format!("bootstrap root: cannot listen on {ip}"),
+                e,
+            )
+        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
+        let id = UniqueId::for_address(addr, random_secret()?);
+        Root::spawn(listener, id.secret(), cfg.timeout)?;
+        Ok(id)
+    }
+
+    /// An id naming an existing root at `addr` with `secret`; starts nothing.
+    pub fn for_address(addr: SocketAddr, secret: [u8; 32]) -> UniqueId {
+        let mut b = [0u8; UNIQUE_ID_BYTES];
+        b[..8].copy_from_slice(&ID_MAGIC);
+        b[SECRET_OFF..SECRET_OFF + 32].copy_from_slice(&secret);
+        b[PORT_OFF..PORT_OFF + 2].copy_from_slice(&addr.port().to_be_bytes());
+        match addr.ip() {
+            IpAddr::V4(v4) => {
+                b[FAMILY_OFF] = 4;
+                b[ADDR_OFF..ADDR_OFF + 4].copy_from_slice(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                b[FAMILY_OFF] = 6;
+                b[ADDR_OFF..ADDR_OFF + 16].copy_from_slice(&v6.octets());
+            }
+        }
+        let c = fnv1a(&b[..CHECK_OFF]);
+        b[CHECK_OFF..].copy_from_slice(&c.to_le_bytes());
+        UniqueId { bytes: b }
+    }
+
+    /// Parses and validates 128 bytes.
+    pub fn from_bytes(b: &[u8]) -> Result<UniqueId> {
+        let bad = |why: String| Error::invalid_argument(format!("malformed unique id: {why}"));
+        if b.len() != UNIQUE_ID_BYTES {
+            return Err(bad(format!(
+                "{} bytes, expected {UNIQUE_ID_BYTES}",
+                b.len()
+            )));
+        }
+        if b[..7] != ID_MAGIC[..7] {
+            return Err(bad("wrong magic (not a ccl unique id)".into()));
+        }
+        if b[7] != ID_MAGIC[7] {
+            return Err(bad(format!(
+                "version {} but this build reads version {}",
+                b[7], ID_MAGIC[7]
+            )));
+        }
+        let c = u32::from_le_bytes(b[CHECK_OFF..].try_into().expect("4 bytes"));
+        if c != fnv1a(&b[..CHECK_OFF]) {
+            return Err(bad(
+                "checksum mismatch (the id was altered or truncated in transit)".into(),
+            ));
+        }
+        let (fam, alen) = (b[FAMILY_OFF], if b[FAMILY_OFF] == 4 { 4 } else { 16 });
+        if fam != 4 && fam != 6 {
+            return Err(bad(format!("unknown address family {fam}")));
+        }
+        let zero_from = ADDR_OFF + alen;
+        if b[FAMILY_OFF + 1] != 0 || b[zero_from..CHECK_OFF].iter().any(|&x| x != 0) {
+            return Err(bad("reserved bytes are not zero".into()));
+        }
+        let mut bytes = [0u8; UNIQUE_ID_BYTES];
+        bytes.copy_from_slice(b);
+        let id = UniqueId { bytes };
+        if id.root_addr().port() == 0 {
+            return Err(bad("root port is 0".into()));
+        }
+        Ok(id)
+    }
+
+    /// The raw 128 bytes (what the C ABI's `cclUniqueId` holds).
+    pub fn as_bytes(&self) -> &[u8; UNIQUE_ID_BYTES] {
+        &self.bytes
+    }
+
+    /// Lowercase hex (256 characters), e.g. for `CCL_UNIQUE_ID`.
+    pub fn to_hex(&self) -> String {
+        self.bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses [`UniqueId::to_hex`] output.
+    pub fn from_hex(s: &str) -> Result<UniqueId> {
+        let s = s.trim();
+        if s.len() != 2 * UNIQUE_ID_BYTES || !s.is_ascii() {
+            return Err(Error::invalid_argument(format!(
+                "malformed unique id: {} hex characters, expected {}",
+                s.len(),
+                2 * UNIQUE_ID_BYTES
+            )));
+        }
+        let mut b = [0u8; UNIQUE_ID_BYTES];
+        for (i, out) in b.iter_mut().enumerate() {
+            *out = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| {
+                Error::invalid_argument(format!(
+                    "malformed unique id: '{}' at position {} is not hex",
+                    &s[2 * i..2 * i + 2],
+                    2 * i
+                ))
+            })?;
+        }
+        UniqueId::from_bytes(&b)
+    }
+
+    /// Where the root listens.
+    pub fn root_addr(&self) -> SocketAddr {
+        let b = &self.bytes;
+        let port = u16::from_be_bytes([b[PORT_OFF], b[PORT_OFF + 1]]);
+        let ip = if b[FAMILY_OFF] == 4 {
+            let o: [u8; 4] = b[ADDR_OFF..ADDR_OFF + 4].try_into().expect("4 bytes");
+            IpAddr::V4(Ipv4Addr::from(o))
+        } else {
+            let o: [u8; 16] = b[ADDR_OFF..ADDR_OFF + 16].try_into().expect("16 bytes");
+            IpAddr::V6(Ipv6Addr::from(o))
+        };
+        SocketAddr::new(ip, port)
+    }
+
+    /// The communicator secret.
+    pub fn secret(&self) -> [u8; 32] {
+        self.bytes[SECRET_OFF..SECRET_OFF + 32]
+            .try_into()
+            .expect("32 bytes")
+    }
+}
+
+/// The root: admits `size` ranks, relays allgather rounds, ends when every rank said goodbye.
+struct Root {
+    listener: TcpListener,
+    secret: [u8; 32],
+    timeout: Duration,
+    addr: SocketAddr,
+}
+
+/// How long a new connection may take to present its hello before the root drops it.
+const HELLO_GRACE: Duration = Duration::from_secs(5);
+/// Most ranks a root admits (a sanity bound on the size a hello may claim).
+pub const MAX_RANKS: usize = 1 << 20;
+
+impl Root {
+    /// Starts the root thread on `listener`.
+    fn spawn(listener: TcpListener, secret: [u8; 32], timeout: Duration) -> Result<()> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
+        let root = Root {
+            listener,
+            secret,
+            timeout,
+            addr,
+        };
+        std::thread::Builder::new()
+            .name("ccl-bootstrap-root".into())
+            .spawn(move || {
+                if let Err(e) = root.run() {
+                    ccl_warn!(None, "bootstrap root at {addr}: {e}");
+                }
+            })
+            .map_err(|e| Error::io(ErrorKind::System, "spawning the bootstrap root thread", e))?;
+        Ok(())
+    }
+
+    /// Starts a root listening on `bind` (rank 0 does this for address-based rendezvous).
+    pub(crate) fn listen_and_spawn(
+        bind: SocketAddr,
+        secret: [u8; 32],
+        timeout: Duration,
+    ) -> Result<SocketAddr> {
+        let l = bind_reusable(bind)?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
+        Root::spawn(l, secret, timeout)?;
+        Ok(addr)
+    }
+
+    fn run(self) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut ranks: Vec<Option<TcpStream>> = Vec::new();
+        let mut size = 0usize;
+        let mut joined = 0usize;
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
+        // Phase 1: admit ranks.
+        while joined < size || size == 0 {
+            if Instant::now() >= deadline {
+                let missing = missing_ranks(&ranks, size);
+                let msg = if size == 0 {
+                    format!(
+                        "no rank arrived at the rendezvous {} within {:?}",
+                        self.addr, self.timeout
+                    )
+                } else {
+                    format!(
+                        "rank(s) {missing} never arrived at the rendezvous {} within {:?} ({joined} of {size} did)",
+                        self.addr, self.timeout
+                    )
+                };
+                broadcast_error(&mut ranks, &msg);
+                return Err(Error::timeout(msg));
+            }
+            let (mut s, from) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::io(ErrorKind::System, "bootstrap root: accept", e)),
+            };
+            let _ = s.set_nonblocking(false);
+            let _ = s.set_nodelay(true);
+            let hello_by = (Instant::now() + HELLO_GRACE).min(deadline);
+            let hello = match wire::read_frame(&mut s, hello_by, &|| format!("hello from {from}")) {
+                Ok(f) => f,
+                Err(e) => {
+                    ccl_warn!(
+                        None,
+                        "bootstrap root {}: dropped connection from {from}: {e}",
+                        self.addr
+                    );
+                    continue;
+                }
+            };
+            let h = match wire::Hello::decode(&hello) {
+                Ok(h) => h,
+                Err(why) => {
+                    ccl_warn!(
+                        None,
+                        "bootstrap root {}: dropped connection from {from}: {why}",
+                        self.addr
+                    );
+                    continue;
+                }
+            };
+            if !crate::transport::tcp::secrets_equal(&h.secret, &self.secret) {
+                ccl_warn!(
+                    None,
+                    "bootstrap root {}: dropped connection from {from} claiming rank {}: wrong secret (another job?)",
+                    self.addr,
+                    h.rank
+                );
+                continue;
+            }
+            // From here the peer is one of ours: problems are the job's, and everyone hears.
+            if size == 0 {
+                if h.size == 0 || h.size > MAX_RANKS {
+                    let msg = format!(
+                        "rank {} from {from} announced world size {}",
+                        h.rank, h.size
+                    );
+                    let _ = wire::write_frame(&mut s, &Frame::error(&msg), deadline);
+                    continue;
+                }
+                size = h.size;
+                ranks.resize_with(size, || None);
+            }
+            let problem = if h.size != size {
+                Some(format!(
+                    "rank {} from {from} says the world size is {} but rank(s) before it said {size}",
+                    h.rank, h.size
+                ))
+            } else if h.rank >= size {
+                Some(format!(
+                    "rank {} from {from} is out of range for world size {size}",
+                    h.rank
+                ))
+            } else if ranks[h.rank].is_some() {
+                Some(format!("rank {} joined twice (again from {from})", h.rank))
+            } else {
+                None
+            };
+            if let Some(msg) = problem {
+                let _ = wire::write_frame(&mut s, &Frame::error(&msg), deadline);
+                broadcast_error(&mut ranks, &msg);
+                return Err(Error::invalid_argument(msg));
+            }
+            ccl_trace!(
+                None,
+                "bootstrap root {}: rank {} joined from {from}",
+                self.addr,
+                h.rank
+            );
+            ranks[h.rank] = Some(s);
+            joined += 1;
+        }
+        ccl_info!(
+            None,
+            "bootstrap root {}: all {size} ranks joined",
+            self.addr
+        );
+        let mut streams: Vec<TcpStream> =
+            ranks.into_iter().map(|s| s.expect("all joined")).collect();
+        for s in &mut streams {
+            let _ = wire::write_frame(s, &Frame::new(FrameKind::Welcome, Vec::new()), deadline);
+        }
+        // Phase 2: allgather rounds until every rank says goodbye.
+        let mut round = 0u32;
+        loop {
+            let round_deadline = Instant::now() + self.timeout;
+            let mut blobs = Vec::with_capacity(size);
+            let mut byes = 0;
+            for r in 0..size {
+                let f = match wire::read_frame(&mut streams[r], round_deadline, &|| {
+                    format!("round {round} from rank {r}")
+                }) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let msg = format!("rank {r} left the rendezvous during round {round}: {e}");
+                        broadcast_error_streams(&mut streams, &msg);
+                        return Err(Error::remote(msg).peer(r));
+                    }
+                };
+                match f.kind {
+                    FrameKind::Data => blobs.push(f.payload),
+                    FrameKind::Bye => byes += 1,
+                    other => {
+                        let msg = format!("rank {r} sent {other:?} in round {round}");
+                        broadcast_error_streams(&mut streams, &msg);
+                        return Err(Error::remote(msg).peer(r));
+                    }
+                }
+            }
+            if byes == size {
+                ccl_trace!(
+                    None,
+                    "bootstrap root {}: done after {round} round(s)",
+                    self.addr
+                );
+                return Ok(());
+            }
+            if byes != 0 {
+                let msg =
+                    format!("ranks disagree on the number of bootstrap rounds (round {round})");
+                broadcast_error_streams(&mut streams, &msg);
+                return Err(Error::internal(msg));
+            }
+            let all = Frame::new(FrameKind::All, wire::encode_blobs(&blobs));
+            for (r, s) in streams.iter_mut().enumerate() {
+                if let Err(e) = wire::write_frame(s, &all, round_deadline) {
+                    let msg = format!("cannot reach rank {r} in round {round}: {e}");
+                    broadcast_error_streams(&mut streams, &msg);
+                    return Err(Error::remote(msg).peer(r));
+                }
+            }
+            round += 1;
+        }
+    }
+}
+
+fn missing_ranks(ranks: &[Option<TcpStream>], size: usize) -> String {
+    let m: Vec<String> = (0..size)
+        .filter(|&r| ranks.get(r).is_none_or(|s| s.is_none()))
+        .map(|r| r.to_string())
+        .collect();
+    if m.len() > 16 {
+        format!("{} ... ({} ranks)", m[..16].join(", "), m.len())
+    } else {
+        m.join(", ")
+    }
+}
+
+fn broadcast_error(ranks: &mut [Option<TcpStream>], msg: &str) {
+    let f = Frame::error(msg);
+    let by = Instant::now() + Duration::from_secs(2);
+    for s in ranks.iter_mut().flatten() {
+        let _ = wire::write_frame(s, &f, by);
+    }
+}
+
+fn broadcast_error_streams(streams: &mut [TcpStream], msg: &str) {
+    let f = Frame::error(msg);
+    let by = Instant::now() + Duration::from_secs(2);
+    for s in streams.iter_mut() {
+        let _ = wire::write_frame(s, &f, by);
+    }
+}
+
+/// Binds with SO_REUSEADDR so a fixed rendezvous port can be reused right after a previous job.
+fn bind_reusable(addr: SocketAddr) -> Result<TcpListener> {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrStorage, bind, listen, setsockopt,
+        socket, sockopt,
+    };
+    let fam = if addr.is_ipv4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    };
+    let err = |e: nix::Error| {
+        Error::io(
+            ErrorKind::System,
+            format!("bootstrap root: cannot listen on {addr} (is the port in use?)"),
+            e.into(),
+        )
+    };
+    let fd = socket(fam, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).map_err(err)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(err)?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(addr),
+    )
+    .map_err(err)?;
+    listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN)).map_err(err)?;
+    Ok(TcpListener::from(fd))
+}
+
+/// A rank's connection to the root.
+#[derive(Debug)]
+pub struct Bootstrap {
+    stream: TcpStream,
+    rank: usize,
+    size: usize,
+    root: SocketAddr,
+    secret: [u8; 32],
+    timeout: Duration,
+    round: u32,
+    done: bool,
+}
+
+impl Bootstrap {
+    /// Joins the rendezvous of `id` as `rank` of `size`; returns once every rank has joined.
+    pub fn connect(
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> Result<Bootstrap> {
+        check_rank(rank, size)?;
+        let root = id.root_addr();
+        // Give the root's own deadline (which names the missing ranks) the chance to fire first.
+        let deadline = Instant::now() + timeout + Duration::from_secs(2);
+        let what = || format!("bootstrap: joining the rendezvous at {root}");
+        let mut stream =
+            net::connect_by(root, Instant::now() + timeout, &what).map_err(|e| e.rank(rank))?;
+        let _ = stream.set_nodelay(true);
+        let hello = wire::Hello {
+            secret: id.secret(),
+            rank,
+            size,
+        };
+        wire::write_frame(&mut stream, &hello.encode(), deadline)
+            .map_err(|e| e.rank(rank).context(what()))?;
+        let f = wire::read_frame(&mut stream, deadline, &|| {
+            format!("bootstrap: waiting at {root} for all {size} ranks to join")
+        })
+        .map_err(|e| e.rank(rank))?;
+        match f.kind {
+            FrameKind::Welcome => {}
+            FrameKind::Error => {
+                return Err(Error::remote(format!(
+                    "bootstrap root {root}: {}",
+                    String::from_utf8_lossy(&f.payload)
+                ))
+                .rank(rank));
+            }
+            k => {
+                return Err(Error::remote(format!(
+                    "bootstrap root {root} sent {k:?} instead of a welcome"
+                ))
+                .rank(rank));
+            }
+        }
+        Ok(Bootstrap {
+            stream,
+            rank,
+            size,
+            root,
+            secret: id.secret(),
+            timeout,
+            round: 0,
+            done: false,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The communicator secret.
+    pub fn secret(&self) -> [u8; 32] {
+        self.secret
+    }
+
+    /// The local address this rank used to reach the root: an address peers that reach the same
+    /// root can most likely reach too, so it is the default address to listen on.
+    pub fn local_ip(&self) -> Result<IpAddr> {
+        self.stream
+            .local_addr()
+            .map(|a| a.ip())
+            .map_err(|e| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank))
+    }
+
+    /// Every rank contributes `data`; returns all contributions in rank order.
+    pub fn allgather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let deadline = Instant::now() + self.timeout + Duration::from_secs(2);
+        let rank = self.rank;
+        wire::write_frame(
+            &mut self.stream,
+            &Frame::new(FrameKind::Data, data.to_vec()),
+            deadline,
+        )
+        .map_err(|e| e.rank(rank).context("bootstrap allgather"))?;
+        let root = self.root;
+        let round = self.round;
+        let f = wire::read_frame(&mut self.stream, deadline, &|| {
+            format!("bootstrap allgather round {round} via {root}")
+        })
+        .map_err(|e| e.rank(rank))?;
+        self.round += 1;
+        match f.kind {
+            FrameKind::All => {
+                let blobs = wire::decode_blobs(&f.payload).map_err(|e| e.rank(rank))?;
+                if blobs.len() != self.size {
+                    return Err(Error::remote(format!(
+                        "bootstrap allgather: {} contributions for {} ranks",
+                        blobs.len(),
+                        self.size
+                    ))
+                    .rank(rank));
+                }
+                Ok(blobs)
+            }
+            FrameKind::Error => Err(Error::remote(format!(
+                "bootstrap root {root}: {}",
+                String::from_utf8_lossy(&f.payload)
+            ))
+            .rank(rank)),
+            k => Err(Error::remote(format!(
+                "bootstrap root {root} sent {k:?} during an allgather"
+            ))
+            .rank(rank)),
+        }
+    }
+
+    /// Tells the root this rank is done with the bootstrap.
+    pub fn finish(mut self) -> Result<()> {
+        self.say_bye()
+    }
+
+    fn say_bye(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        self.done = true;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        wire::write_frame(
+            &mut self.stream,
+            &Frame::new(FrameKind::Bye, Vec::new()),
+            deadline,
+        )
+        .map_err(|e| e.rank(self.rank))
+    }
+}
+
+impl Drop for Bootstrap {
+    fn drop(&mut self) {
+        // Dropping without finish() (an error path) closes the socket: the root then tells the
+        // other ranks this one left.
+    }
+}
+
+/// Validates a (rank, size) pair from the caller.
+pub fn check_rank(rank: usize, size: usize) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid_argument(
+            "world size must be at least 1, got 0",
+        ));
+    }
+    if size > MAX_RANKS {
+        return Err(Error::invalid_argument(format!(
+            "world size {size} exceeds the supported maximum of {MAX_RANKS}"
+        )));
+    }
+    if rank >= size {
+        return Err(Error::invalid_argument(format!(
+            "rank {rank} is out of range for world size {size} (ranks are 0..{})",
+            size - 1
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(timeout_ms: u64) -> Config {
+        Config {
+            timeout: Duration::from_millis(timeout_ms),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn id_round_trips_and_validates() {
+        let id = UniqueId::for_address("10.0.0.7:29500".parse().unwrap(), [9; 32]);
+        assert_eq!(UniqueId::from_bytes(id.as_bytes()).unwrap(), id);
+        assert_eq!(UniqueId::from_hex(&id.to_hex()).unwrap(), id);
+        assert_eq!(id.root_addr(), "10.0.0.7:29500".parse().unwrap());
+        assert_eq!(id.secret(), [9; 32]);
+        let v6 = UniqueId::for_address("[fd00::1]:7".parse().unwrap(), [1; 32]);
+        assert_eq!(
+            UniqueId::from_bytes(v6.as_bytes()).unwrap().root_addr(),
+            "[fd00::1]:7".parse().unwrap()
+        );
+        assert!(
+            !format!("{id:?}").contains("09"),
+            "Debug must not print the secret"
+        );
+    }
+
+    #[test]
+    fn malformed_ids_are_refused_with_a_reason() {
+        let id = UniqueId::for_address("127.0.0.1:1234".parse().unwrap(), [3; 32]);
+        let b = *id.as_bytes();
+        let check = |bytes: &[u8], needle: &str| {
+            let e = UniqueId::from_bytes(bytes).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains(needle), "{e} lacks {needle}");
+        };
+        check(&b[..100], "100 bytes");
+        check(&[0u8; 128], "magic");
+        let mut v = b;
+        v[7] = 2;
+        check(&v, "version 2");
+        let mut c = b;
+        c[20] ^= 1;
+        check(&c, "checksum");
+        // Every single-bit flip is caught (no panic, an error).
+        for i in 0..128 {
+            for bit in 0..8 {
+                let mut f = b;
+                f[i] ^= 1 << bit;
+                assert!(UniqueId::from_bytes(&f).is_err(), "flip {i}.{bit} accepted");
+            }
+        }
+        assert!(UniqueId::from_hex("zz").is_err());
+        assert!(
+            UniqueId::from_hex(&"g".repeat(256))
+                .unwrap_err()
+                .to_string()
+                .contains("not hex")
+        );
+    }
+
+    #[test]
+    fn rank_checks() {
+        assert!(check_rank(0, 1).is_ok());
+        let e = check_rank(4, 4).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("rank 4"), "{e}");
+        assert!(
+            check_rank(0, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("at least 1")
+        );
+    }
+
+    #[test]
+    fn allgather_through_the_root() {
+        let c = cfg(20_000);
+        let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        let n = 5;
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    let mut b = Bootstrap::connect(&id, r, n, Duration::from_secs(20)).unwrap();
+                    assert_eq!(b.local_ip().unwrap(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+                    let a = b.allgather(format!("rank{r}").as_bytes()).unwrap();
+                    let z = b.allgather(&vec![r as u8; r * 1000]).unwrap();
+                    b.finish().unwrap();
+                    (a, z)
+                })
+            })
+            .collect();
+        for h in hs {
+            let (a, z) = h.join().unwrap();
+            for r in 0..n {
+                assert_eq!(a[r], format!("rank{r}").as_bytes());
+                assert_eq!(z[r], vec![r as u8; r * 1000]);
+            }
+        }
+    }
+
+    #[test]
+    fn missing_rank_is_named() {
+        let c = cfg(600);
+        let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        // Ranks 0 and 2 of 3 arrive; rank 1 never does.
+        let hs: Vec<_> = [0, 2]
+            .into_iter()
+            .map(|r| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    Bootstrap::connect(&id, r, 3, Duration::from_millis(600)).unwrap_err()
+                })
+            })
+            .collect();
+        for h in hs {
+            let e = h.join().unwrap();
+            assert!(e.to_string().contains("rank(s) 1 never arrived"), "{e}");
+        }
+    }
+
+    #[test]
+    fn wrong_secret_is_dropped_and_job_continues() {
+        let c = cfg(10_000);
+        let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        let stranger = UniqueId::for_address(id.root_addr(), [0xAA; 32]);
+        let e = Bootstrap::connect(&stranger, 0, 1, Duration::from_millis(300)).unwrap_err();
+        assert!(
+            matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+            "{e}"
+        );
+        // A client sending garbage is dropped too.
+        {
+            use std::io::Write;
+            let mut s = TcpStream::connect(id.root_addr()).unwrap();
+            let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
+        }
+        let mut b = Bootstrap::connect(&id, 0, 1, Duration::from_secs(10)).unwrap();
+        assert_eq!(b.allgather(b"x").unwrap(), vec![b"x".to_vec()]);
+        b.finish().unwrap();
+    }
+
+    #[test]
+    fn duplicate_rank_fails_everyone() {
+        let c = cfg(10_000);
+        let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    Bootstrap::connect(&id, 1, 3, Duration::from_secs(10)).map(|_| ())
+                })
+            })
+            .collect();
+        for h in hs {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(e.to_string().contains("rank 1 joined twice"), "{e}");
+        }
+    }
+
+    #[test]
+    fn unreachable_root_fails_within_timeout_naming_it() {
+        // A loopback port nobody listens on: every attempt is refused and retried until the
+        // deadline. (Tests never send packets off the machine.)
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let id = UniqueId::for_address(
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            [0; 32],
+        );
+        let t0 = Instant::now();
+        let e = Bootstrap::connect(&id, 0, 2, Duration::from_millis(500)).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+    }
+}

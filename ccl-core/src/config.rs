@@ -1,0 +1,421 @@
+//! Every `CCL_*` setting, read in one place, each with a default.
+//!
+//! [`SETTINGS`] is the single list: parsing, the warning about unknown `CCL_*` variables (a typo
+//! such as `CCL_TIMOUT` would otherwise be ignored silently) and the test that `docs/env.md`
+//! documents every setting all read it.
+//!
+//! Settings are read once, when a communicator is created ([`Config::from_env`]); a program that
+//! wants different values per communicator builds a [`Config`] itself.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// One documented setting.
+#[derive(Clone, Copy, Debug)]
+pub struct Setting {
+    /// The environment variable.
+    pub name: &'static str,
+    /// The default, as it would be written in the environment ("" = unset).
+    pub default: &'static str,
+    /// One line on what it does.
+    pub help: &'static str,
+}
+
+/// Every setting the library reads. docs/env.md lists the same (a test checks it).
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: "CCL_DEBUG",
+        default: "warn",
+        help: "log level: none, warn, info, trace",
+    },
+    Setting {
+        name: "CCL_TIMEOUT",
+        default: "600",
+        help: "seconds any blocking wait may go without progress before it fails with a timeout naming the peer",
+    },
+    Setting {
+        name: "CCL_TRANSPORT",
+        default: "auto",
+        help: "data transport: auto, tcp, local (in-process), ib",
+    },
+    Setting {
+        name: "CCL_SOCKET_IFNAME",
+        default: "",
+        help: "interfaces for bootstrap and TCP: comma-separated name prefixes, '^' to exclude, '=' for an exact name",
+    },
+    Setting {
+        name: "CCL_SPIN_US",
+        default: "100",
+        help: "microseconds a waiting rank busy-polls before it blocks in poll(2)",
+    },
+    Setting {
+        name: "CCL_CHUNK_SIZE",
+        default: "131072",
+        help: "pipelining granularity in bytes: a rank forwards data once this much of a step has arrived",
+    },
+    Setting {
+        name: "CCL_SOCKET_BUFFER",
+        default: "4194304",
+        help: "SO_SNDBUF/SO_RCVBUF of TCP data connections in bytes (0 = kernel default)",
+    },
+    Setting {
+        name: "CCL_ALGO",
+        default: "",
+        help: "algorithm override, e.g. 'ring' or per collective 'allreduce:ring;allgather:ring'",
+    },
+    Setting {
+        name: "CCL_RANK",
+        default: "",
+        help: "this process's rank (overrides the launcher's variables)",
+    },
+    Setting {
+        name: "CCL_WORLD_SIZE",
+        default: "",
+        help: "number of ranks (overrides the launcher's variables)",
+    },
+    Setting {
+        name: "CCL_LOCAL_RANK",
+        default: "",
+        help: "rank among the processes on this host (overrides the launcher's variables)",
+    },
+    Setting {
+        name: "CCL_LOCAL_SIZE",
+        default: "",
+        help: "number of ranks on this host (lets a job without a rendezvous address meet through a file)",
+    },
+    Setting {
+        name: "CCL_UNIQUE_ID",
+        default: "",
+        help: "the 128-byte unique id in hex (256 characters), as printed by UniqueId::to_hex",
+    },
+    Setting {
+        name: "CCL_COMM_ID",
+        default: "",
+        help: "rendezvous address host:port; rank 0 listens there (like NCCL_COMM_ID)",
+    },
+    Setting {
+        name: "CCL_BOOTSTRAP_PORT",
+        default: "",
+        help: "port rank 0 listens on when MASTER_ADDR is used (default MASTER_PORT, or MASTER_PORT+1 under torchrun's agent store)",
+    },
+    Setting {
+        name: "CCL_SECRET",
+        default: "",
+        help: "shared secret for address-based rendezvous (CCL_COMM_ID, MASTER_ADDR); any string",
+    },
+    Setting {
+        name: "CCL_BOOTSTRAP_DIR",
+        default: "",
+        help: "directory for the single-host file rendezvous (default: the temp dir)",
+    },
+];
+
+/// Log verbosity (`CCL_DEBUG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    None,
+    Warn,
+    Info,
+    Trace,
+}
+
+/// Transport choice (`CCL_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// RDMA when an active RoCE port exists, else TCP.
+    Auto,
+    Tcp,
+    /// In-process: all ranks are threads of one process.
+    Local,
+    /// Verbs (RoCE) through the ibverbs transport.
+    Ib,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(TransportKind::Auto),
+            "tcp" | "socket" => Ok(TransportKind::Tcp),
+            "local" | "inproc" => Ok(TransportKind::Local),
+            "ib" | "verbs" | "rdma" => Ok(TransportKind::Ib),
+            _ => Err(format!(
+                "unknown transport '{s}' (expected auto, tcp, local or ib)"
+            )),
+        }
+    }
+}
+
+impl TransportKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            TransportKind::Auto => "auto",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Local => "local",
+            TransportKind::Ib => "ib",
+        }
+    }
+}
+
+/// The library's settings. Field docs name the variable each comes from.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `CCL_DEBUG`
+    pub log_level: LogLevel,
+    /// `CCL_TIMEOUT`: how long a wait may go without progress.
+    pub timeout: Duration,
+    /// `CCL_TRANSPORT`
+    pub transport: TransportKind,
+    /// `CCL_SOCKET_IFNAME`
+    pub socket_ifname: Option<String>,
+    /// `CCL_SPIN_US`
+    pub spin: Duration,
+    /// `CCL_CHUNK_SIZE`
+    pub chunk_size: usize,
+    /// `CCL_SOCKET_BUFFER`
+    pub socket_buffer: usize,
+    /// `CCL_ALGO`
+    pub algo: Option<String>,
+    /// `CCL_RANK`
+    pub rank: Option<usize>,
+    /// `CCL_WORLD_SIZE`
+    pub world_size: Option<usize>,
+    /// `CCL_LOCAL_RANK`
+    pub local_rank: Option<usize>,
+    /// `CCL_LOCAL_SIZE`
+    pub local_size: Option<usize>,
+    /// `CCL_UNIQUE_ID`
+    pub unique_id: Option<String>,
+    /// `CCL_COMM_ID`
+    pub comm_id: Option<String>,
+    /// `CCL_BOOTSTRAP_PORT`
+    pub bootstrap_port: Option<u16>,
+    /// `CCL_SECRET`
+    pub secret: Option<String>,
+    /// `CCL_BOOTSTRAP_DIR`
+    pub bootstrap_dir: Option<String>,
+    /// `CCL_*` variables that were set but are not settings (likely typos).
+    pub unknown: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_lookup(|_| None).expect("defaults parse")
+    }
+}
+
+impl Config {
+    /// Reads every setting from the process environment.
+    pub fn from_env() -> Result<Config> {
+        let mut cfg = Config::from_lookup(|k| std::env::var(k).ok())?;
+        cfg.unknown = std::env::vars()
+            .map(|(k, _)| k)
+            .filter(|k| k.starts_with("CCL_") && !SETTINGS.iter().any(|s| s.name == k))
+            .collect();
+        cfg.unknown.sort();
+        Ok(cfg)
+    }
+
+    /// Reads every setting through `lookup` (tests pass a map). Empty values count as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let get = |name: &str| -> Option<String> {
+            let v = lookup(name).filter(|v| !v.trim().is_empty());
+            v.or_else(|| {
+                let d = setting(name).default;
+                (!d.is_empty()).then(|| d.to_string())
+            })
+        };
+        let req = |name: &str| get(name).expect("setting has a default");
+        Ok(Config {
+            log_level: parse_log_level(&req("CCL_DEBUG"))?,
+            timeout: parse_seconds("CCL_TIMEOUT", &req("CCL_TIMEOUT"))?,
+            transport: req("CCL_TRANSPORT")
+                .parse()
+                .map_err(|e| Error::invalid_argument(format!("CCL_TRANSPORT: {e}")))?,
+            socket_ifname: get("CCL_SOCKET_IFNAME"),
+            spin: Duration::from_micros(parse_num("CCL_SPIN_US", &req("CCL_SPIN_US"))?),
+            chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
+            socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
+            algo: get("CCL_ALGO"),
+            rank: get("CCL_RANK")
+                .map(|v| parse_num("CCL_RANK", &v))
+                .transpose()?,
+            world_size: get("CCL_WORLD_SIZE")
+                .map(|v| parse_num("CCL_WORLD_SIZE", &v))
+                .transpose()?,
+            local_rank: get("CCL_LOCAL_RANK")
+                .map(|v| parse_num("CCL_LOCAL_RANK", &v))
+                .transpose()?,
+            local_size: get("CCL_LOCAL_SIZE")
+                .map(|v| parse_num("CCL_LOCAL_SIZE", &v))
+                .transpose()?,
+            unique_id: get("CCL_UNIQUE_ID"),
+            comm_id: get("CCL_COMM_ID"),
+            bootstrap_port: get("CCL_BOOTSTRAP_PORT")
+                .map(|v| parse_num("CCL_BOOTSTRAP_PORT", &v))
+                .transpose()?,
+            secret: get("CCL_SECRET"),
+            bootstrap_dir: get("CCL_BOOTSTRAP_DIR"),
+            unknown: Vec::new(),
+        })
+    }
+}
+
+fn setting(name: &str) -> &'static Setting {
+    SETTINGS
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("{name} is not in SETTINGS"))
+}
+
+fn parse_log_level(v: &str) -> Result<LogLevel> {
+    match v.to_ascii_lowercase().as_str() {
+        "none" | "off" | "0" => Ok(LogLevel::None),
+        "warn" | "warning" => Ok(LogLevel::Warn),
+        "info" => Ok(LogLevel::Info),
+        "trace" | "debug" => Ok(LogLevel::Trace),
+        _ => Err(Error::invalid_argument(format!(
+            "CCL_DEBUG='{v}' is not a log level (expected none, warn, info or trace)"
+        ))),
+    }
+}
+
+/// Parses a non-negative integer, naming the variable in the error.
+pub fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
+    v.trim().parse::<T>().map_err(|_| {
+        Error::invalid_argument(format!("{name}='{v}' is not a valid non-negative integer"))
+    })
+}
+
+/// Parses seconds (fractions allowed) into a Duration; must be positive and finite.
+pub fn parse_seconds(name: &str, v: &str) -> Result<Duration> {
+    let s: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| Error::invalid_argument(format!("{name}='{v}' is not a number of seconds")))?;
+    if !(s.is_finite() && s > 0.0 && s < 1e9) {
+        return Err(Error::invalid_argument(format!(
+            "{name}='{v}' must be a positive number of seconds below 1e9"
+        )));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// Parses a byte size with an optional K/M/G suffix (powers of 1024), e.g. `128K`, `4M`, `1G`.
+pub fn parse_size(name: &str, v: &str, min: usize) -> Result<usize> {
+    let bad = |why: &str| Error::invalid_argument(format!("{name}='{v}' {why}"));
+    let t = v.trim();
+    let (digits, mult): (&str, u64) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(bad("has an unknown size suffix (expected K, M, G or T)")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| bad("is not a byte size (e.g. 4096, 128K, 4M, 1G)"))?;
+    let bytes = n
+        .checked_mul(mult)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| bad("overflows the address space"))?;
+    if bytes < min {
+        return Err(bad(&format!("must be at least {min}")));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::default();
+        assert_eq!(c.log_level, LogLevel::Warn);
+        assert_eq!(c.timeout, Duration::from_secs(600));
+        assert_eq!(c.transport, TransportKind::Auto);
+        assert_eq!(c.chunk_size, 128 << 10);
+        assert!(c.rank.is_none() && c.socket_ifname.is_none());
+    }
+
+    #[test]
+    fn values_parse() {
+        let c = cfg(&[
+            ("CCL_TIMEOUT", "2.5"),
+            ("CCL_DEBUG", "INFO"),
+            ("CCL_TRANSPORT", "tcp"),
+            ("CCL_CHUNK_SIZE", "1M"),
+            ("CCL_RANK", "3"),
+            ("CCL_SOCKET_IFNAME", "=lo"),
+        ])
+        .unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(c.log_level, LogLevel::Info);
+        assert_eq!(c.transport, TransportKind::Tcp);
+        assert_eq!(c.chunk_size, 1 << 20);
+        assert_eq!(c.rank, Some(3));
+        assert_eq!(c.socket_ifname.as_deref(), Some("=lo"));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (k, v) in [
+            ("CCL_TIMEOUT", "soon"),
+            ("CCL_TIMEOUT", "-1"),
+            ("CCL_TIMEOUT", "inf"),
+            ("CCL_DEBUG", "loud"),
+            ("CCL_TRANSPORT", "carrier-pigeon"),
+            ("CCL_CHUNK_SIZE", "0"),
+            ("CCL_CHUNK_SIZE", "12Q"),
+            ("CCL_CHUNK_SIZE", "99999999999999999999G"),
+            ("CCL_RANK", "abc"),
+            ("CCL_WORLD_SIZE", "-2"),
+            ("CCL_BOOTSTRAP_PORT", "70000"),
+        ] {
+            let e = cfg(&[(k, v)]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{k}={v}");
+            assert!(e.to_string().contains(k), "{e}");
+            assert!(e.to_string().contains(v), "{e}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("X", "4096", 0).unwrap(), 4096);
+        assert_eq!(parse_size("X", "128K", 0).unwrap(), 128 << 10);
+        assert_eq!(parse_size("X", "2g", 0).unwrap(), 2 << 30);
+        assert!(parse_size("X", "", 0).is_err());
+        assert!(parse_size("X", "K", 0).is_err());
+    }
+
+    #[test]
+    fn every_setting_is_documented() {
+        let doc = include_str!("../../docs/env.md");
+        for s in SETTINGS {
+            assert!(
+                doc.contains(&format!("`{}`", s.name)),
+                "docs/env.md does not document {}",
+                s.name
+            );
+        }
+    }
+}

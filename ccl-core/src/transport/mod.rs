@@ -1,0 +1,181 @@
+//! The transport abstraction: how bytes move between two ranks.
+//!
+//! Shaped after NCCL's net plugin and Gloo's `Pair`:
+//! - A [`Transport`] is chosen at run time (`dyn`), so every type here is object-safe.
+//! - A rank [`listen`](Transport::listen)s once; the listener's [`Handle`] (at most
+//!   [`MAX_HANDLE_LEN`] bytes) goes to the other ranks through the bootstrap, and peers
+//!   [`connect`](Transport::connect) to it. Connections authenticate with the communicator's secret.
+//! - An [`Endpoint`] is one bidirectional connection to a peer: an ordered, reliable byte pipe with
+//!   **non-blocking** calls. Every call returns how much it did now (0 = would block); the caller
+//!   polls it again later. That is the NCCL `isend`/`test` pair folded into one call: instead of
+//!   handing the transport a pointer that must stay valid until a later `test`, the caller passes a
+//!   borrowed slice on each call, so the API stays safe and a socket can still read and write
+//!   user memory directly (zero copy for TCP). Transports that need registered memory (verbs)
+//!   stage through their own registered slots.
+//! - The schedule (both sides know the byte counts of every transfer) gives the stream its message
+//!   boundaries; transports need not frame anything.
+//!
+//! Waiting follows "spin, then block": the executor retries non-blocking calls for a short while,
+//! then asks each endpoint to [`prepare_wait`](Endpoint::prepare_wait) and sleeps in `poll(2)` on
+//! the descriptors from [`wait_fds`](Endpoint::wait_fds), so idle ranks do not burn the cores that
+//! their peers (or a software RDMA device) need.
+
+pub mod local;
+pub mod tcp;
+
+use std::fmt;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use nix::poll::PollFlags;
+
+use crate::error::{Error, Result};
+
+/// The largest connection handle a transport may publish (NCCL's `NCCL_NET_HANDLE_MAXSIZE`).
+pub const MAX_HANDLE_LEN: usize = 128;
+
+/// What a listener publishes so peers can connect to it: opaque bytes, at most
+/// [`MAX_HANDLE_LEN`]. Transports version their handles (first bytes) so a mismatched build is
+/// refused with a clear error rather than misread.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Handle {
+    len: u8,
+    bytes: [u8; MAX_HANDLE_LEN],
+}
+
+impl Handle {
+    /// Wraps `bytes`; fails when they exceed [`MAX_HANDLE_LEN`].
+    pub fn new(bytes: &[u8]) -> Result<Handle> {
+        if bytes.len() > MAX_HANDLE_LEN {
+            return Err(Error::internal(format!(
+                "connection handle of {} bytes exceeds the {MAX_HANDLE_LEN}-byte limit",
+                bytes.len()
+            )));
+        }
+        let mut h = Handle {
+            len: bytes.len() as u8,
+            bytes: [0; MAX_HANDLE_LEN],
+        };
+        h.bytes[..bytes.len()].copy_from_slice(bytes);
+        Ok(h)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Handle({} bytes)", self.len)
+    }
+}
+
+/// Who is connecting and the proof that it belongs to the job.
+#[derive(Clone)]
+pub struct ConnectContext {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// The communicator's secret (from the unique id); connections without it are refused.
+    pub secret: [u8; 32],
+    /// The local address to listen on / connect from, chosen during bootstrap.
+    pub local_ip: std::net::IpAddr,
+    /// Settings (buffer sizes, timeouts, ...).
+    pub config: crate::config::Config,
+}
+
+impl fmt::Debug for ConnectContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectContext")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("local_ip", &self.local_ip)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a transport is like, for the algorithm cost model (alpha-beta).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TransportProperties {
+    /// One-way latency of a small message.
+    pub latency: Duration,
+    /// Bytes per second one connection sustains in one direction.
+    pub bandwidth: f64,
+}
+
+/// A way of connecting ranks. Object-safe: chosen at run time.
+pub trait Transport: Send + Sync + fmt::Debug {
+    /// Short name for logs and the benchmark (`tcp`, `local`, `ib`).
+    fn name(&self) -> &'static str;
+
+    /// Latency and bandwidth for the cost model.
+    fn properties(&self) -> TransportProperties;
+
+    /// Starts listening for connections from peers.
+    fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>>;
+
+    /// Connects to the listener of `peer` that published `handle`.
+    fn connect(
+        &self,
+        ctx: &ConnectContext,
+        peer: usize,
+        handle: &Handle,
+        deadline: Instant,
+    ) -> Result<Box<dyn Endpoint>>;
+}
+
+/// The accepting side of a transport.
+pub trait Listener: Send {
+    /// The handle peers connect to.
+    fn handle(&self) -> Handle;
+
+    /// Waits for the next authenticated connection and returns it with the peer's rank.
+    /// Connections that fail authentication are logged and dropped, not returned.
+    fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)>;
+}
+
+/// What the executor waits for on an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Interest {
+    /// It has bytes to send.
+    pub send: bool,
+    /// It expects bytes.
+    pub recv: bool,
+}
+
+/// One connection to a peer: an ordered, reliable, bidirectional byte pipe with non-blocking calls.
+///
+/// Errors name the peer; a closed connection is an [`ErrorKind::Remote`](crate::ErrorKind) error.
+pub trait Endpoint: Send {
+    /// The peer's rank.
+    fn peer(&self) -> usize;
+
+    /// Sends a prefix of `src` now; returns how many bytes were taken (0 = try later). Once taken,
+    /// the bytes belong to the transport: the caller may overwrite `src`.
+    fn send(&mut self, src: &[u8]) -> Result<usize>;
+
+    /// Receives up to `dst.len()` bytes of the stream into `dst`; returns how many (0 = none yet).
+    fn recv(&mut self, dst: &mut [u8]) -> Result<usize>;
+
+    /// Lends up to `max` received bytes of the stream to `consume`, which returns how many of the
+    /// offered bytes it used (possibly fewer, e.g. whole elements only; the rest is offered again
+    /// on the next call). Returns the number used. This lets the caller reduce straight from the
+    /// transport's buffer into its destination with no intermediate copy.
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize>;
+
+    /// Called before the executor blocks. Returns `Ok(false)` when progress may be possible right
+    /// away (e.g. data arrived while arming a notification); the executor then retries instead of
+    /// sleeping.
+    fn prepare_wait(&mut self, interest: Interest) -> Result<bool>;
+
+    /// Descriptors to `poll(2)` on for `interest` (after a `prepare_wait` that returned true).
+    fn wait_fds<'a>(&'a self, interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>);
+}
+
+impl fmt::Debug for dyn Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Endpoint(peer {})", self.peer())
+    }
+}

@@ -1,0 +1,569 @@
+//! TCP transport: one socket per peer, non-blocking, zero-copy to and from user buffers.
+//!
+//! Sends write straight from the caller's slice; plain receives read straight into the caller's
+//! slice. Receives that reduce go through a small staging buffer per connection that stays in
+//! cache, so the reduction reads hot data. A connection starts with a handshake carrying the
+//! communicator secret and the connecting rank; a connection without the secret is logged and
+//! dropped, and the job goes on.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use super::{ConnectContext, Endpoint, Handle, Interest, Listener, Transport, TransportProperties};
+use crate::error::{Error, ErrorKind, Result, classify_io};
+use crate::net;
+use crate::{ccl_trace, ccl_warn};
+
+const HANDLE_MAGIC: [u8; 2] = *b"CT";
+const HANDLE_VERSION: u8 = 1;
+const HELLO_MAGIC: [u8; 8] = *b"CCLTCP\x01H";
+const ACK_MAGIC: [u8; 8] = *b"CCLTCP\x01A";
+const HELLO_LEN: usize = 8 + 4 + 4 + 32;
+const ACK_LEN: usize = 8 + 4 + 4;
+/// How long an accepted connection may take to present its handshake before it is dropped.
+const HANDSHAKE_GRACE: Duration = Duration::from_secs(10);
+/// Staging for reducing receives: large enough for few syscalls, small enough to stay in L2.
+const STAGE_LEN: usize = 256 << 10;
+
+/// The TCP transport.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TcpTransport;
+
+impl TcpTransport {
+    pub fn new() -> TcpTransport {
+        TcpTransport
+    }
+}
+
+/// Encodes a listen address as a versioned handle: magic, version, family, port, address.
+pub fn encode_handle(addr: SocketAddr) -> Handle {
+    let mut b = Vec::with_capacity(22);
+    b.extend_from_slice(&HANDLE_MAGIC);
+    b.push(HANDLE_VERSION);
+    match addr.ip() {
+        IpAddr::V4(v4) => {
+            b.push(4);
+            b.extend_from_slice(&addr.port().to_be_bytes());
+            b.extend_from_slice(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            b.push(6);
+            b.extend_from_slice(&addr.port().to_be_bytes());
+            b.extend_from_slice(&v6.octets());
+        }
+    }
+    Handle::new(&b).expect("tcp handle fits")
+}
+
+/// Decodes a handle from [`encode_handle`]; anything else is a clear error.
+pub fn decode_handle(h: &Handle) -> Result<SocketAddr> {
+    let b = h.as_bytes();
+    let bad = |why: &str| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("bad TCP connection handle: {why}"),
+        )
+    };
+    if b.len() < 4 || b[..2] != HANDLE_MAGIC {
+        return Err(bad(
+            "not a TCP handle (wrong magic; do all ranks use the same transport?)",
+        ));
+    }
+    if b[2] != HANDLE_VERSION {
+        return Err(bad(&format!(
+            "version {} but this build speaks {HANDLE_VERSION} (mixed library versions?)",
+            b[2]
+        )));
+    }
+    match (b[3], b.len()) {
+        (4, 10) => {
+            let port = u16::from_be_bytes([b[4], b[5]]);
+            let ip: [u8; 4] = b[6..10].try_into().expect("len checked");
+            Ok(SocketAddr::new(IpAddr::from(ip), port))
+        }
+        (6, 22) => {
+            let port = u16::from_be_bytes([b[4], b[5]]);
+            let ip: [u8; 16] = b[6..22].try_into().expect("len checked");
+            Ok(SocketAddr::new(IpAddr::from(ip), port))
+        }
+        (f, n) => Err(bad(&format!("family {f} with length {n}"))),
+    }
+}
+
+/// Compares secrets in time independent of where they differ.
+pub(crate) fn secrets_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn hello(ctx: &ConnectContext) -> [u8; HELLO_LEN] {
+    let mut m = [0u8; HELLO_LEN];
+    m[..8].copy_from_slice(&HELLO_MAGIC);
+    m[8..12].copy_from_slice(&(ctx.rank as u32).to_le_bytes());
+    m[12..16].copy_from_slice(&(ctx.size as u32).to_le_bytes());
+    m[16..48].copy_from_slice(&ctx.secret);
+    m
+}
+
+/// Checks a peer's hello; returns its rank, or why it was refused.
+fn check_hello(ctx: &ConnectContext, m: &[u8; HELLO_LEN]) -> std::result::Result<usize, String> {
+    if m[..8] != HELLO_MAGIC {
+        return Err("not a ccl connection (bad magic)".into());
+    }
+    let secret: &[u8; 32] = m[16..48].try_into().expect("fixed size");
+    if !secrets_equal(secret, &ctx.secret) {
+        return Err("wrong secret (a connection from another job?)".into());
+    }
+    let rank = u32::from_le_bytes(m[8..12].try_into().expect("fixed size")) as usize;
+    let size = u32::from_le_bytes(m[12..16].try_into().expect("fixed size")) as usize;
+    if size != ctx.size {
+        return Err(format!("peer says world size {size}, ours is {}", ctx.size));
+    }
+    if rank >= ctx.size || rank == ctx.rank {
+        return Err(format!("peer claims rank {rank}"));
+    }
+    Ok(rank)
+}
+
+fn tune(s: &TcpStream, ctx: &ConnectContext) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    let buf = ctx.config.socket_buffer;
+    if buf > 0 {
+        use nix::sys::socket::{setsockopt, sockopt};
+        setsockopt(s, sockopt::SndBuf, &buf).map_err(io::Error::from)?;
+        setsockopt(s, sockopt::RcvBuf, &buf).map_err(io::Error::from)?;
+    }
+    Ok(())
+}
+
+impl Transport for TcpTransport {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn properties(&self) -> TransportProperties {
+        // Loopback TCP on a small VM: ~4 us one way when polling, ~4 GB/s one stream.
+        TransportProperties {
+            latency: Duration::from_micros(5),
+            bandwidth: 3.0e9,
+        }
+    }
+
+    fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>> {
+        let bind = SocketAddr::new(ctx.local_ip, 0);
+        let l = TcpListener::bind(bind).map_err(|e| {
+            Error::io(
+                ErrorKind::System,
+                format!("TCP transport: cannot listen on {bind}"),
+                e,
+            )
+            .rank(ctx.rank)
+        })?;
+        l.set_nonblocking(true)
+            .map_err(|e| Error::io(ErrorKind::System, "TCP listener", e))?;
+        let addr = l
+            .local_addr()
+            .map_err(|e| Error::io(ErrorKind::System, "TCP listener", e))?;
+        Ok(Box::new(TcpListenerImpl {
+            ctx: ctx.clone(),
+            listener: l,
+            addr,
+            pending: Vec::new(),
+        }))
+    }
+
+    fn connect(
+        &self,
+        ctx: &ConnectContext,
+        peer: usize,
+        handle: &Handle,
+        deadline: Instant,
+    ) -> Result<Box<dyn Endpoint>> {
+        let addr = decode_handle(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        let what = || format!("TCP connect to peer {peer} at {addr}");
+        let mut s =
+            net::connect_by(addr, deadline, &what).map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        tune(&s, ctx).map_err(|e| {
+            Error::io(ErrorKind::System, what(), e)
+                .rank(ctx.rank)
+                .peer(peer)
+        })?;
+        net::write_all_by(&mut s, &hello(ctx), deadline, &what)
+            .map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        let mut ack = [0u8; ACK_LEN];
+        net::read_exact_by(&mut s, &mut ack, deadline, &what).map_err(|e| {
+            e.context("no handshake reply (the peer refused our secret or rank?)")
+                .rank(ctx.rank)
+                .peer(peer)
+        })?;
+        let acker = u32::from_le_bytes(ack[8..12].try_into().expect("fixed")) as usize;
+        if ack[..8] != ACK_MAGIC || acker != peer {
+            return Err(Error::remote(format!(
+                "{}: unexpected handshake reply (from rank {acker})",
+                what()
+            ))
+            .rank(ctx.rank)
+            .peer(peer));
+        }
+        TcpEndpoint::boxed(peer, s, addr).map_err(|e| e.rank(ctx.rank))
+    }
+}
+
+struct Pending {
+    stream: TcpStream,
+    from: SocketAddr,
+    buf: [u8; HELLO_LEN],
+    got: usize,
+    since: Instant,
+}
+
+struct TcpListenerImpl {
+    ctx: ConnectContext,
+    listener: TcpListener,
+    addr: SocketAddr,
+    pending: Vec<Pending>,
+}
+
+impl Listener for TcpListenerImpl {
+    fn handle(&self) -> Handle {
+        encode_handle(self.addr)
+    }
+
+    fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)> {
+        let rank = self.ctx.rank;
+        loop {
+            // Take every connection waiting in the backlog.
+            loop {
+                match self.listener.accept() {
+                    Ok((stream, from)) => {
+                        stream.set_nonblocking(true).map_err(|e| {
+                            Error::io(ErrorKind::System, "TCP accept", e).rank(rank)
+                        })?;
+                        self.pending.push(Pending {
+                            stream,
+                            from,
+                            buf: [0; HELLO_LEN],
+                            got: 0,
+                            since: Instant::now(),
+                        });
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        return Err(Error::io(ErrorKind::System, "TCP accept", e).rank(rank));
+                    }
+                }
+            }
+            // Advance handshakes; return the first complete, valid one.
+            let mut i = 0;
+            while i < self.pending.len() {
+                let p = &mut self.pending[i];
+                let mut drop_reason = None;
+                match p.stream.read(&mut p.buf[p.got..]) {
+                    Ok(0) => {
+                        drop_reason = Some("closed before completing the handshake".to_string())
+                    }
+                    Ok(n) => p.got += n,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                        ) => {}
+                    Err(e) => drop_reason = Some(format!("read failed: {e}")),
+                }
+                if drop_reason.is_none() && p.got == HELLO_LEN {
+                    match check_hello(&self.ctx, &p.buf) {
+                        Ok(peer) => {
+                            let p = self.pending.swap_remove(i);
+                            return self.finish(p, peer, deadline);
+                        }
+                        Err(why) => drop_reason = Some(why),
+                    }
+                }
+                if drop_reason.is_none() && p.since.elapsed() > HANDSHAKE_GRACE {
+                    drop_reason = Some("no handshake within 10 s".to_string());
+                }
+                if let Some(why) = drop_reason {
+                    ccl_warn!(
+                        Some(rank),
+                        "TCP transport: dropped connection from {}: {why}",
+                        self.pending[i].from
+                    );
+                    self.pending.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            let left = net::remaining(deadline, || {
+                format!(
+                    "TCP transport: waiting for peers to connect to {}",
+                    self.addr
+                )
+            })
+            .map_err(|e| e.rank(rank))?;
+            let wait = left.min(Duration::from_millis(500));
+            let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+            fds.extend(
+                self.pending
+                    .iter()
+                    .map(|p| PollFd::new(p.stream.as_fd(), PollFlags::POLLIN)),
+            );
+            let ms =
+                PollTimeout::try_from(wait.as_millis().max(1) as u64).unwrap_or(PollTimeout::MAX);
+            match nix::poll::poll(&mut fds, ms) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(Error::io(ErrorKind::System, "poll", e.into()).rank(rank)),
+            }
+        }
+    }
+}
+
+impl TcpListenerImpl {
+    fn finish(
+        &self,
+        p: Pending,
+        peer: usize,
+        deadline: Instant,
+    ) -> Result<(usize, Box<dyn Endpoint>)> {
+        let rank = self.ctx.rank;
+        let mut s = p.stream;
+        let what = || format!("TCP accept from peer {peer} at {}", p.from);
+        s.set_nonblocking(false)
+            .map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
+        tune(&s, &self.ctx).map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
+        let mut ack = [0u8; ACK_LEN];
+        ack[..8].copy_from_slice(&ACK_MAGIC);
+        ack[8..12].copy_from_slice(&(rank as u32).to_le_bytes());
+        net::write_all_by(&mut s, &ack, deadline, &what).map_err(|e| e.rank(rank).peer(peer))?;
+        ccl_trace!(
+            Some(rank),
+            "TCP transport: accepted peer {peer} from {}",
+            p.from
+        );
+        let ep = TcpEndpoint::boxed(peer, s, p.from).map_err(|e| e.rank(rank))?;
+        Ok((peer, ep))
+    }
+}
+
+/// A connected peer.
+struct TcpEndpoint {
+    peer: usize,
+    addr: SocketAddr,
+    stream: TcpStream,
+    stage: Box<[u8]>,
+    head: usize,
+    tail: usize,
+}
+
+impl TcpEndpoint {
+    fn boxed(peer: usize, stream: TcpStream, addr: SocketAddr) -> Result<Box<dyn Endpoint>> {
+        stream.set_nonblocking(true).map_err(|e| {
+            Error::io(
+                ErrorKind::System,
+                format!("TCP connection to peer {peer}"),
+                e,
+            )
+            .peer(peer)
+        })?;
+        Ok(Box::new(TcpEndpoint {
+            peer,
+            addr,
+            stream,
+            stage: vec![0u8; STAGE_LEN].into_boxed_slice(),
+            head: 0,
+            tail: 0,
+        }))
+    }
+
+    fn io_error(&self, doing: &str, e: io::Error) -> Error {
+        Error::io(
+            classify_io(&e),
+            format!("TCP {doing} peer {} at {}", self.peer, self.addr),
+            e,
+        )
+        .peer(self.peer)
+    }
+
+    fn closed(&self) -> Error {
+        Error::remote(format!(
+            "TCP connection to peer {} at {} was closed by the peer (did it exit or fail?)",
+            self.peer, self.addr
+        ))
+        .peer(self.peer)
+    }
+
+    /// Maps a non-blocking read's result: Ok(None) = interrupted (retry), Ok(Some(0)) = would
+    /// block, end of stream = the peer closed the connection.
+    fn read_result(&self, r: io::Result<usize>) -> Result<Option<usize>> {
+        match r {
+            Ok(0) => Err(self.closed()),
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Some(0)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => Err(self.io_error("receive from", e)),
+        }
+    }
+
+    /// Reads up to `len` more bytes into the staging buffer after `tail`.
+    fn fill_stage(&mut self, len: usize) -> Result<usize> {
+        loop {
+            let end = (self.tail + len).min(self.stage.len());
+            if end == self.tail {
+                // Full: a zero-length read would look like end of stream.
+                return Ok(0);
+            }
+            let r = self.stream.read(&mut self.stage[self.tail..end]);
+            if let Some(n) = self.read_result(r)? {
+                return Ok(n);
+            }
+        }
+    }
+}
+
+impl Endpoint for TcpEndpoint {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn send(&mut self, src: &[u8]) -> Result<usize> {
+        if src.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            return match self.stream.write(src) {
+                Ok(n) => Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(self.io_error("send to", e)),
+            };
+        }
+    }
+
+    fn recv(&mut self, dst: &mut [u8]) -> Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        // Bytes staged by an earlier lending receive come first: the stream is ordered.
+        if self.head < self.tail {
+            let n = (self.tail - self.head).min(dst.len());
+            dst[..n].copy_from_slice(&self.stage[self.head..self.head + n]);
+            self.head += n;
+            if self.head == self.tail {
+                self.head = 0;
+                self.tail = 0;
+            }
+            return Ok(n);
+        }
+        loop {
+            let r = self.stream.read(dst);
+            if let Some(n) = self.read_result(r)? {
+                return Ok(n);
+            }
+        }
+    }
+
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let avail = self.tail - self.head;
+        if avail < max {
+            if self.tail == self.stage.len()
+                || (self.head > 0 && self.stage.len() - self.tail < max - avail)
+            {
+                self.stage.copy_within(self.head..self.tail, 0);
+                self.head = 0;
+                self.tail = avail;
+            }
+            // Never read past this transfer's end, so the next plain receive can go straight
+            // into its destination.
+            let n = self.fill_stage(max - avail)?;
+            self.tail += n;
+        }
+        let avail = (self.tail - self.head).min(max);
+        if avail == 0 {
+            return Ok(0);
+        }
+        let used = consume(&self.stage[self.head..self.head + avail]);
+        debug_assert!(used <= avail);
+        self.head += used;
+        if self.head == self.tail {
+            self.head = 0;
+            self.tail = 0;
+        }
+        Ok(used)
+    }
+
+    fn prepare_wait(&mut self, _interest: Interest) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn wait_fds<'a>(&'a self, interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
+        let mut f = PollFlags::empty();
+        if interest.recv {
+            f |= PollFlags::POLLIN;
+        }
+        if interest.send {
+            f |= PollFlags::POLLOUT;
+        }
+        if !f.is_empty() {
+            out.push((self.stream.as_fd(), f));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn handle_round_trip() {
+        for a in [
+            SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 4567),
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 9)), 1),
+        ] {
+            assert_eq!(decode_handle(&encode_handle(a)).unwrap(), a);
+        }
+    }
+
+    #[test]
+    fn bad_handles_are_refused() {
+        let good = encode_handle("127.0.0.1:80".parse().unwrap());
+        let mut b = good.as_bytes().to_vec();
+        b[2] = 9;
+        assert!(
+            decode_handle(&Handle::new(&b).unwrap())
+                .unwrap_err()
+                .to_string()
+                .contains("version 9")
+        );
+        assert!(decode_handle(&Handle::new(b"IBxxxxxxxx").unwrap()).is_err());
+        assert!(decode_handle(&Handle::new(&good.as_bytes()[..7]).unwrap()).is_err());
+        assert!(decode_handle(&Handle::new(&[]).unwrap()).is_err());
+        // Every truncation and every single-byte corruption decodes to an error or an address,
+        // never a panic.
+        for n in 0..good.as_bytes().len() {
+            let _ = decode_handle(&Handle::new(&good.as_bytes()[..n]).unwrap());
+        }
+        for i in 0..good.as_bytes().len() {
+            for v in [0u8, 1, 4, 6, 0xff] {
+                let mut c = good.as_bytes().to_vec();
+                c[i] = v;
+                let _ = decode_handle(&Handle::new(&c).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn secret_comparison() {
+        let a = [7u8; 32];
+        let mut b = a;
+        assert!(secrets_equal(&a, &b));
+        b[31] ^= 1;
+        assert!(!secrets_equal(&a, &b));
+    }
+}
