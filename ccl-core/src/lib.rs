@@ -3,10 +3,12 @@
 #![deny(unsafe_code)]
 
 pub mod bootstrap;
+pub mod comm;
 pub mod config;
 pub mod error;
 pub mod log;
 pub mod net;
+pub mod reduce;
 pub mod transport;
 pub mod types;
 

@@ -1,0 +1,507 @@
+//! The executor: runs any [`Schedule`] over a communicator's endpoints.
+//!
+//! It keeps, per peer, a queue of sends and a queue of receives in wire order, and a queue of
+//! local ops. Each pass offers every queue head as much work as its dependencies allow, using the
+//! endpoints' non-blocking calls; a send that streams from a receive forwards bytes as they are
+//! reduced (in pieces of at least `CCL_CHUNK_SIZE`, so the pipeline does not degrade into tiny
+//! writes). Reducing receives reduce straight from the transport's buffer into their destination.
+//!
+//! When a pass makes no progress the executor spins for `CCL_SPIN_US`, then blocks in `poll(2)`
+//! on the endpoints' descriptors and the communicator's abort signal. A wait that sees no
+//! progress for `CCL_TIMEOUT` fails with an error that names the peers it was waiting on and how
+//! far each transfer got.
+//!
+//! The executor allocates nothing on the way through a collective except when it is about to
+//! block (the poll set), and reuses its state between calls.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use ccl_core::comm::{Comm, Links};
+use ccl_core::reduce::{self, Order};
+use ccl_core::transport::Interest;
+use ccl_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
+
+/// The buffers a schedule works on, as bytes.
+#[derive(Debug)]
+pub struct Buffers<'a> {
+    /// Input of an out-of-place collective (`None` in place).
+    pub send: Option<&'a [u8]>,
+    pub recv: &'a mut [u8],
+    pub scratch: &'a mut [u8],
+}
+
+impl Buffers<'_> {
+    fn range(r: &Region, es: usize) -> std::ops::Range<usize> {
+        r.off * es..r.end() * es
+    }
+
+    fn get(&self, r: &Region, es: usize) -> Result<&[u8]> {
+        let b: &[u8] = match r.buf {
+            Buf::Send => self
+                .send
+                .ok_or_else(|| Error::internal("schedule reads the send buffer in place"))?,
+            Buf::Recv => self.recv,
+            Buf::Scratch => self.scratch,
+        };
+        b.get(Self::range(r, es))
+            .ok_or_else(|| Error::internal(format!("schedule region {r:?} is outside its buffer")))
+    }
+
+    fn get_mut(&mut self, r: &Region, es: usize) -> Result<&mut [u8]> {
+        let b: &mut [u8] = match r.buf {
+            Buf::Send => return Err(Error::internal("schedule writes the send buffer")),
+            Buf::Recv => self.recv,
+            Buf::Scratch => self.scratch,
+        };
+        b.get_mut(Self::range(r, es))
+            .ok_or_else(|| Error::internal(format!("schedule region {r:?} is outside its buffer")))
+    }
+
+    /// `dst` for writing and `src` for reading; `None` for `src` when it is `dst` itself.
+    fn pair(
+        &mut self,
+        dst: &Region,
+        src: &Region,
+        es: usize,
+    ) -> Result<(&mut [u8], Option<&[u8]>)> {
+        if dst == src {
+            return Ok((self.get_mut(dst, es)?, None));
+        }
+        if dst.overlaps(src) {
+            return Err(Error::internal(format!(
+                "overlapping operands {dst:?} {src:?}"
+            )));
+        }
+        if dst.buf != src.buf {
+            let Buffers {
+                send,
+                recv,
+                scratch,
+            } = self;
+            let no_send = || Error::internal("schedule reads the send buffer in place");
+            let (d, sb): (&mut [u8], &[u8]) = match (dst.buf, src.buf) {
+                (Buf::Recv, Buf::Send) => (recv, send.ok_or_else(no_send)?),
+                (Buf::Recv, Buf::Scratch) => (recv, scratch),
+                (Buf::Scratch, Buf::Send) => (scratch, send.ok_or_else(no_send)?),
+                (Buf::Scratch, Buf::Recv) => (scratch, recv),
+                _ => return Err(Error::internal("schedule writes the send buffer")),
+            };
+            let outside = |r: &Region| {
+                Error::internal(format!("schedule region {r:?} is outside its buffer"))
+            };
+            let sl = sb.get(Self::range(src, es)).ok_or_else(|| outside(src))?;
+            let dl = d
+                .get_mut(Self::range(dst, es))
+                .ok_or_else(|| outside(dst))?;
+            return Ok((dl, Some(sl)));
+        }
+        // Same buffer, disjoint ranges: split it.
+        let whole: &mut [u8] = match dst.buf {
+            Buf::Recv => self.recv,
+            Buf::Scratch => self.scratch,
+            Buf::Send => return Err(Error::internal("schedule writes the send buffer")),
+        };
+        let (dr, sr) = (Self::range(dst, es), Self::range(src, es));
+        if dr.end.max(sr.end) > whole.len() {
+            return Err(Error::internal("schedule region outside its buffer"));
+        }
+        if dr.start < sr.start {
+            let (a, b) = whole.split_at_mut(sr.start);
+            Ok((&mut a[dr], Some(&b[..sr.len()])))
+        } else {
+            let (a, b) = whole.split_at_mut(dr.start);
+            Ok((&mut b[..dr.len()], Some(&a[sr])))
+        }
+    }
+}
+
+/// Describes the running collective in error messages.
+#[derive(Clone, Copy, Debug)]
+pub struct OpInfo<'a> {
+    /// `allreduce`, `broadcast`, ...
+    pub name: &'a str,
+    pub seq: u64,
+    pub bytes: usize,
+}
+
+/// Reusable executor state.
+#[derive(Debug, Default)]
+pub struct ExecState {
+    /// Bytes done per op.
+    done: Vec<usize>,
+    send_cur: Vec<usize>,
+    recv_cur: Vec<usize>,
+    local_cur: usize,
+    remaining: usize,
+}
+
+impl ExecState {
+    fn reset(&mut self, s: &Schedule, es: usize) {
+        self.done.clear();
+        self.done.resize(s.ops.len(), 0);
+        self.send_cur.clear();
+        self.send_cur.resize(s.peers.len(), 0);
+        self.recv_cur.clear();
+        self.recv_cur.resize(s.peers.len(), 0);
+        self.local_cur = 0;
+        self.remaining = s.ops.iter().filter(|o| o.action.len() * es > 0).count();
+    }
+
+    #[inline]
+    fn complete(&self, s: &Schedule, id: OpId, es: usize) -> bool {
+        self.done[id] == s.ops[id].action.len() * es
+    }
+
+    #[inline]
+    fn deps_done(&self, s: &Schedule, id: OpId, es: usize) -> bool {
+        s.ops[id].deps.iter().all(|&d| self.complete(s, d, es))
+    }
+
+    /// How many bytes of send `id` may go now.
+    #[inline]
+    fn allowed(&self, s: &Schedule, id: OpId, es: usize) -> usize {
+        if !self.deps_done(s, id, es) {
+            return 0;
+        }
+        let len = s.ops[id].action.len() * es;
+        match s.ops[id].stream_from {
+            Some(p) => self.done[p].min(len),
+            None => len,
+        }
+    }
+}
+
+/// Runs `s` to completion (or error). `n` is the world size (for `Avg`).
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    comm: &Comm,
+    links: &mut Links,
+    st: &mut ExecState,
+    s: &Schedule,
+    bufs: &mut Buffers<'_>,
+    dtype: DataType,
+    op: ReduceOp,
+    info: &OpInfo<'_>,
+) -> Result<()> {
+    let es = dtype.size();
+    let n = comm.size();
+    let cfg = comm.config();
+    let chunk = cfg.chunk_size.max(es);
+    let abort = comm.abort_signal();
+    // Zero-length ops count as complete from the start (0 of 0 bytes done).
+    st.reset(s, es);
+    let fail = |e: Error| -> Error {
+        e.rank(comm.rank()).context(format!(
+            "{} #{} ({}, {} bytes)",
+            info.name, info.seq, s.algo, info.bytes
+        ))
+    };
+    let mut last_progress = Instant::now();
+    while st.remaining > 0 {
+        if abort.is_raised() {
+            return Err(comm.check().err().unwrap_or_else(|| {
+                Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(comm.rank())
+            }));
+        }
+        let mut progressed = false;
+
+        // Local ops run whole, in order, once their dependencies are done.
+        while let Some(&id) = s.locals.get(st.local_cur) {
+            if !st.deps_done(s, id, es) {
+                break;
+            }
+            run_local(s, id, bufs, dtype, op, n, es).map_err(fail)?;
+            st.done[id] = s.ops[id].action.len() * es;
+            if st.done[id] > 0 {
+                st.remaining -= 1;
+            }
+            st.local_cur += 1;
+            progressed = true;
+        }
+
+        for (pi, p) in s.peers.iter().enumerate() {
+            // Sends.
+            while let Some(&id) = p.sends.get(st.send_cur[pi]) {
+                let len = s.ops[id].action.len() * es;
+                if st.done[id] == len {
+                    st.send_cur[pi] += 1;
+                    continue;
+                }
+                let allowed = st.allowed(s, id, es);
+                let pending = allowed.saturating_sub(st.done[id]);
+                if pending == 0 || (allowed < len && pending < chunk) {
+                    break;
+                }
+                let Action::Send { src, .. } = s.ops[id].action else {
+                    unreachable!("send queue holds sends")
+                };
+                let data = bufs.get(&src, es).map_err(fail)?;
+                let ep = links.get(p.peer).map_err(fail)?;
+                let k = ep.send(&data[st.done[id]..allowed]).map_err(|e| {
+                    fail(e.context(format!(
+                        "sending step {} to peer {}",
+                        s.ops[id].step, p.peer
+                    )))
+                })?;
+                if k == 0 {
+                    break;
+                }
+                st.done[id] += k;
+                progressed = true;
+                if st.done[id] == len {
+                    st.remaining -= 1;
+                    st.send_cur[pi] += 1;
+                } else {
+                    break;
+                }
+            }
+            // Receives.
+            while let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
+                let len = s.ops[id].action.len() * es;
+                if st.done[id] == len {
+                    st.recv_cur[pi] += 1;
+                    continue;
+                }
+                if !st.deps_done(s, id, es) {
+                    break;
+                }
+                let k = recv_some(
+                    s,
+                    id,
+                    st.done[id],
+                    len,
+                    bufs,
+                    links,
+                    p.peer,
+                    dtype,
+                    op,
+                    n,
+                    es,
+                )
+                .map_err(|e| {
+                    fail(e.context(format!(
+                        "receiving step {} from peer {}",
+                        s.ops[id].step, p.peer
+                    )))
+                })?;
+                if k == 0 {
+                    break;
+                }
+                st.done[id] += k;
+                progressed = true;
+                if st.done[id] == len {
+                    st.remaining -= 1;
+                    st.recv_cur[pi] += 1;
+                } else {
+                    break;
+                }
+            }
+        }
+
+        if progressed {
+            last_progress = Instant::now();
+            continue;
+        }
+        let idle = last_progress.elapsed();
+        if idle >= cfg.timeout {
+            return Err(fail(Error::timeout(format!(
+                "no progress for {:.1} s; {}",
+                idle.as_secs_f64(),
+                describe_pending(s, st, es)
+            ))));
+        }
+        if idle < cfg.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        block(comm, links, st, s, es, chunk, cfg.timeout - idle).map_err(fail)?;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn recv_some(
+    s: &Schedule,
+    id: OpId,
+    done: usize,
+    len: usize,
+    bufs: &mut Buffers<'_>,
+    links: &mut Links,
+    peer: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    n: usize,
+    es: usize,
+) -> Result<usize> {
+    let Action::Recv { dst, combine, .. } = s.ops[id].action else {
+        unreachable!("receive queue holds receives")
+    };
+    let ep = links.get(peer)?;
+    match combine {
+        Combine::Copy => {
+            let d = bufs.get_mut(&dst, es)?;
+            ep.recv(&mut d[done..])
+        }
+        Combine::Reduce {
+            with,
+            incoming_first,
+            finish_avg,
+        } => {
+            let (d, w) = match with {
+                Some(w) => bufs.pair(&dst, &w, es)?,
+                None => (bufs.get_mut(&dst, es)?, None),
+            };
+            let mut off = done;
+            let order = if incoming_first {
+                Order::SrcFirst
+            } else {
+                Order::AccFirst
+            };
+            ep.recv_with(len - done, &mut |incoming: &[u8]| {
+                // Whole elements only; a partial one is offered again once complete.
+                let k = incoming.len() / es * es;
+                if k == 0 {
+                    return 0;
+                }
+                let out = &mut d[off..off + k];
+                match w {
+                    None => reduce::reduce_inplace(dtype, op, out, &incoming[..k], order),
+                    Some(w) => {
+                        let mine = &w[off..off + k];
+                        if incoming_first {
+                            reduce::reduce_into(dtype, op, out, &incoming[..k], mine)
+                        } else {
+                            reduce::reduce_into(dtype, op, out, mine, &incoming[..k])
+                        }
+                    }
+                }
+                if finish_avg {
+                    reduce::finish_avg(dtype, out, n);
+                }
+                off += k;
+                k
+            })
+        }
+    }
+}
+
+fn run_local(
+    s: &Schedule,
+    id: OpId,
+    bufs: &mut Buffers<'_>,
+    dtype: DataType,
+    op: ReduceOp,
+    n: usize,
+    es: usize,
+) -> Result<()> {
+    match s.ops[id].action {
+        Action::Copy { src, dst } => {
+            let (d, sr) = bufs.pair(&dst, &src, es)?;
+            if let Some(sr) = sr {
+                d.copy_from_slice(sr);
+            }
+        }
+        Action::Reduce {
+            dst,
+            src,
+            src_first,
+        } => {
+            let (d, sr) = bufs.pair(&dst, &src, es)?;
+            let sr = sr.ok_or_else(|| Error::internal("local reduce of a region with itself"))?;
+            let order = if src_first {
+                Order::SrcFirst
+            } else {
+                Order::AccFirst
+            };
+            reduce::reduce_inplace(dtype, op, d, sr, order);
+        }
+        Action::FinishAvg { region } => {
+            if op == ReduceOp::Avg {
+                reduce::finish_avg(dtype, bufs.get_mut(&region, es)?, n);
+            }
+        }
+        Action::Send { .. } | Action::Recv { .. } => unreachable!("local queue holds local ops"),
+    }
+    Ok(())
+}
+
+/// What each peer queue is waiting for, for timeout messages.
+fn describe_pending(s: &Schedule, st: &ExecState, es: usize) -> String {
+    let mut out = String::new();
+    for (pi, p) in s.peers.iter().enumerate() {
+        if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
+            let len = s.ops[id].action.len() * es;
+            let _ = write!(
+                out,
+                "waiting to receive from peer {} (step {}: {} of {len} bytes arrived); ",
+                p.peer, s.ops[id].step, st.done[id]
+            );
+        }
+        if let Some(&id) = p.sends.get(st.send_cur[pi]) {
+            let len = s.ops[id].action.len() * es;
+            if st.allowed(s, id, es) > st.done[id] {
+                let _ = write!(
+                    out,
+                    "sending to peer {} blocked (step {}: {} of {len} bytes taken; is peer {} reading?); ",
+                    p.peer, s.ops[id].step, st.done[id], p.peer
+                );
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push_str("no transfer pending (schedule stalled)");
+    }
+    out.trim_end_matches("; ").to_string()
+}
+
+/// Sleeps in poll(2) until an endpoint we wait on or the abort signal is ready, or `max` passes.
+fn block(
+    comm: &Comm,
+    links: &mut Links,
+    st: &ExecState,
+    s: &Schedule,
+    es: usize,
+    chunk: usize,
+    max: std::time::Duration,
+) -> Result<()> {
+    let mut interests: Vec<(usize, Interest)> = Vec::with_capacity(s.peers.len());
+    for (pi, p) in s.peers.iter().enumerate() {
+        let mut i = Interest::default();
+        if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
+            i.recv = st.deps_done(s, id, es);
+        }
+        if let Some(&id) = p.sends.get(st.send_cur[pi]) {
+            let len = s.ops[id].action.len() * es;
+            let allowed = st.allowed(s, id, es);
+            let pending = allowed.saturating_sub(st.done[id]);
+            i.send = pending > 0 && (allowed == len || pending >= chunk);
+        }
+        if i.recv || i.send {
+            interests.push((p.peer, i));
+        }
+    }
+    for &(peer, i) in &interests {
+        if !links.get(peer)?.prepare_wait(i)? {
+            return Ok(());
+        }
+    }
+    let mut fds: Vec<(std::os::fd::BorrowedFd<'_>, PollFlags)> =
+        Vec::with_capacity(interests.len() + 1);
+    fds.push((comm.abort_signal().fd(), PollFlags::POLLIN));
+    for &(peer, i) in &interests {
+        if let Some(Some(ep)) = links.endpoints.get(peer) {
+            ep.wait_fds(i, &mut fds);
+        }
+    }
+    let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(fd, f)| PollFd::new(*fd, *f)).collect();
+    // Wake at least every 100 ms to re-check the deadline.
+    let ms = max.as_millis().clamp(1, 100) as u16;
+    match nix::poll::poll(&mut pfds, PollTimeout::from(ms)) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(e) => Err(Error::io(ErrorKind::System, "poll", e.into())),
+    }
+}

@@ -1,0 +1,13 @@
+//! Collective algorithms of ccl.
+//!
+//! A collective is a [`schedule::Schedule`]: data that says, for one rank, what to send to whom,
+//! what to receive and how to combine it, and what depends on what. Schedules are built by pure
+//! functions of (rank, world size, count, placement), checked exhaustively by the
+//! [`symbolic`] executor, cached, and run by the one [`exec`]utor over any transport.
+#![forbid(unsafe_code)]
+
+pub mod allreduce;
+pub mod exec;
+pub mod schedule;
+pub mod select;
+pub mod symbolic;

@@ -1,0 +1,291 @@
+//! Schedules: a collective written down as data.
+//!
+//! A [`Schedule`] is one rank's list of [`Op`]s: sends and receives to and from peers, and local
+//! copies and reductions, over three buffers (the caller's send and receive buffers and a scratch
+//! buffer). Each op lists the ops that must finish before it starts (`deps`); a send may instead
+//! **stream** from the op that produces its data (`stream_from`), forwarding bytes as soon as they
+//! are produced: that is what pipelines a ring without cutting it into many small ops.
+//!
+//! Schedules are pure functions of (rank, world size, count, placement), so they can be checked
+//! exhaustively without a network (see [`crate::symbolic`]) and cached per communicator.
+
+use ccl_core::ReduceOp;
+
+/// Which buffer a region lies in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// The caller's input (out-of-place collectives only).
+    Send,
+    /// The caller's output (and input, in place).
+    Recv,
+    /// Temporary space owned by the communicator.
+    Scratch,
+}
+
+/// A range of a buffer, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    pub buf: Buf,
+    pub off: usize,
+    pub len: usize,
+}
+
+impl Region {
+    pub const fn new(buf: Buf, off: usize, len: usize) -> Region {
+        Region { buf, off, len }
+    }
+
+    pub const fn end(&self) -> usize {
+        self.off + self.len
+    }
+
+    /// Whether the two regions share any element.
+    pub fn overlaps(&self, o: &Region) -> bool {
+        self.buf == o.buf && self.off < o.end() && o.off < self.end()
+    }
+}
+
+/// How a receive combines incoming data with what is there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Combine {
+    /// `dst = incoming`.
+    Copy,
+    /// `dst = with (op) incoming`, or `incoming (op) with` when `incoming_first`; `with` of
+    /// `None` means `dst` itself. With `finish_avg`, the result is also divided by the world size
+    /// (the last reduction of an `Avg`).
+    Reduce {
+        with: Option<Region>,
+        incoming_first: bool,
+        finish_avg: bool,
+    },
+}
+
+/// What an op does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Send {
+        peer: usize,
+        src: Region,
+    },
+    Recv {
+        peer: usize,
+        dst: Region,
+        combine: Combine,
+    },
+    /// Local: `dst = src`.
+    Copy {
+        src: Region,
+        dst: Region,
+    },
+    /// Local: `dst = dst (op) src`, or `src (op) dst` when `src_first`.
+    Reduce {
+        dst: Region,
+        src: Region,
+        src_first: bool,
+    },
+    /// Local: divide by the world size (end of an `Avg`).
+    FinishAvg {
+        region: Region,
+    },
+}
+
+impl Action {
+    /// Elements the op moves or touches.
+    pub fn len(&self) -> usize {
+        match self {
+            Action::Send { src, .. } => src.len,
+            Action::Recv { dst, .. } => dst.len,
+            Action::Copy { dst, .. } | Action::Reduce { dst, .. } => dst.len,
+            Action::FinishAvg { region } => region.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The peer of a send or receive.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            Action::Send { peer, .. } | Action::Recv { peer, .. } => Some(*peer),
+            _ => None,
+        }
+    }
+}
+
+/// Index of an op in its schedule.
+pub type OpId = usize;
+
+/// One step of a schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Op {
+    pub action: Action,
+    /// Ops that must be complete before this one starts.
+    pub deps: Vec<OpId>,
+    /// For a send: the op producing its data, element for element; the send may go as far as that
+    /// op has progressed.
+    pub stream_from: Option<OpId>,
+    /// Which step of the algorithm this is, for error messages and traces.
+    pub step: u32,
+}
+
+/// Ops touching one peer, in the order they go on the wire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerOps {
+    pub peer: usize,
+    pub sends: Vec<OpId>,
+    pub recvs: Vec<OpId>,
+}
+
+/// One rank's part of a collective.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// The algorithm, e.g. `ring`.
+    pub algo: &'static str,
+    pub ops: Vec<Op>,
+    /// Elements of scratch space needed.
+    pub scratch: usize,
+    /// Per-peer queues, derived by [`Schedule::finish`].
+    pub peers: Vec<PeerOps>,
+    /// Local ops in order, derived by [`Schedule::finish`].
+    pub locals: Vec<OpId>,
+}
+
+impl Schedule {
+    pub fn new(algo: &'static str) -> Schedule {
+        Schedule {
+            algo,
+            ops: Vec::new(),
+            scratch: 0,
+            peers: Vec::new(),
+            locals: Vec::new(),
+        }
+    }
+
+    /// Appends an op and returns its id.
+    pub fn push(
+        &mut self,
+        action: Action,
+        deps: &[OpId],
+        stream_from: Option<OpId>,
+        step: u32,
+    ) -> OpId {
+        debug_assert!(deps.iter().all(|&d| d < self.ops.len()));
+        debug_assert!(stream_from.is_none_or(|s| s < self.ops.len()));
+        self.ops.push(Op {
+            action,
+            deps: deps.to_vec(),
+            stream_from,
+            step,
+        });
+        self.ops.len() - 1
+    }
+
+    /// Derives the per-peer and local queues. Call once after the last push.
+    pub fn finish(mut self) -> Schedule {
+        let mut peers: Vec<PeerOps> = Vec::new();
+        let mut locals = Vec::new();
+        for (id, op) in self.ops.iter().enumerate() {
+            match op.action {
+                Action::Send { peer, .. } | Action::Recv { peer, .. } => {
+                    let i = match peers.iter().position(|p| p.peer == peer) {
+                        Some(i) => i,
+                        None => {
+                            peers.push(PeerOps {
+                                peer,
+                                sends: Vec::new(),
+                                recvs: Vec::new(),
+                            });
+                            peers.len() - 1
+                        }
+                    };
+                    if matches!(op.action, Action::Send { .. }) {
+                        peers[i].sends.push(id);
+                    } else {
+                        peers[i].recvs.push(id);
+                    }
+                }
+                _ => locals.push(id),
+            }
+        }
+        self.peers = peers;
+        self.locals = locals;
+        self
+    }
+
+    /// Checks structural rules: regions inside their buffers, dependencies pointing backwards,
+    /// streams pairing equal lengths, no op reading the send buffer in place, and no receive
+    /// writing a region that an unfinished earlier op still reads or writes.
+    pub fn validate(&self, count: usize, in_place: bool) -> Result<(), String> {
+        let inside = |r: &Region| -> Result<(), String> {
+            let cap = match r.buf {
+                Buf::Send if in_place => {
+                    return Err(format!("{r:?} uses the send buffer in place"));
+                }
+                Buf::Send | Buf::Recv => count,
+                Buf::Scratch => self.scratch,
+            };
+            if r.end() > cap {
+                return Err(format!("{r:?} exceeds its buffer of {cap} elements"));
+            }
+            Ok(())
+        };
+        for (id, op) in self.ops.iter().enumerate() {
+            if op.deps.iter().any(|&d| d >= id) || op.stream_from.is_some_and(|s| s >= id) {
+                return Err(format!("op {id} depends on a later op"));
+            }
+            match op.action {
+                Action::Send { src, .. } => inside(&src)?,
+                Action::Recv { dst, combine, .. } => {
+                    inside(&dst)?;
+                    if dst.buf == Buf::Send {
+                        return Err(format!("op {id} writes the send buffer"));
+                    }
+                    if let Combine::Reduce { with: Some(w), .. } = combine {
+                        inside(&w)?;
+                        if w.len != dst.len || (w.overlaps(&dst) && w != dst) {
+                            return Err(format!("op {id}: operand {w:?} does not match {dst:?}"));
+                        }
+                    }
+                }
+                Action::Copy { src, dst } | Action::Reduce { src, dst, .. } => {
+                    inside(&src)?;
+                    inside(&dst)?;
+                    if src.len != dst.len || src.overlaps(&dst) || dst.buf == Buf::Send {
+                        return Err(format!("op {id}: bad local operands {src:?} -> {dst:?}"));
+                    }
+                }
+                Action::FinishAvg { region } => inside(&region)?,
+            }
+            if let Some(s) = op.stream_from {
+                if self.ops[s].action.len() != op.action.len()
+                    || !matches!(op.action, Action::Send { .. })
+                {
+                    return Err(format!("op {id} streams from op {s} of a different length"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Total bytes this rank sends.
+    pub fn bytes_sent(&self, elem: usize) -> usize {
+        self.ops
+            .iter()
+            .filter_map(|o| match o.action {
+                Action::Send { src, .. } => Some(src.len * elem),
+                _ => None,
+            })
+            .sum()
+    }
+}
+
+/// What a schedule computes, for building and caching it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub rank: usize,
+    pub size: usize,
+    pub count: usize,
+    pub in_place: bool,
+    pub op: ReduceOp,
+}

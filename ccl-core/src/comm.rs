@@ -1,0 +1,277 @@
+//! The transport-level part of a communicator: who the ranks are, connections to every peer, the
+//! sticky error and abort.
+//!
+//! [`Comm`] is the shared, thread-safe half (rank, size, settings, host names, abort signal, first
+//! error); [`Links`] holds the endpoints, which the collective executor drives with exclusive
+//! access. Keeping them apart lets `abort()` run from any thread while a collective holds the
+//! links.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use crate::bootstrap::Bootstrap;
+use crate::config::Config;
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::{ConnectContext, Endpoint, Handle, MAX_HANDLE_LEN, Transport};
+use crate::{ccl_info, ccl_warn, net};
+
+/// Ends every wait of a communicator: a flag checked by busy loops and an eventfd that wakes
+/// `poll(2)`.
+#[derive(Debug)]
+pub struct AbortSignal {
+    flag: AtomicBool,
+    fd: EventFd,
+}
+
+impl AbortSignal {
+    pub fn new() -> Result<AbortSignal> {
+        Ok(AbortSignal {
+            flag: AtomicBool::new(false),
+            fd: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| Error::io(ErrorKind::System, "eventfd", e.into()))?,
+        })
+    }
+
+    /// Raises the signal (idempotent).
+    pub fn raise(&self) {
+        self.flag.store(true, Ordering::Release);
+        let _ = self.fd.write(1);
+    }
+
+    #[inline]
+    pub fn is_raised(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+
+    /// Readable once raised; add it to every poll set.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// The shared half of a communicator.
+#[derive(Debug)]
+pub struct Comm {
+    rank: usize,
+    size: usize,
+    config: Config,
+    transport_name: &'static str,
+    transport_props: crate::transport::TransportProperties,
+    hosts: Vec<String>,
+    abort: AbortSignal,
+    error: Mutex<Option<Error>>,
+    seq: AtomicU64,
+}
+
+/// Connections to every peer, indexed by rank (`None` for this rank).
+#[derive(Debug, Default)]
+pub struct Links {
+    pub endpoints: Vec<Option<Box<dyn Endpoint>>>,
+}
+
+impl Links {
+    /// The endpoint to `peer`.
+    pub fn get(&mut self, peer: usize) -> Result<&mut Box<dyn Endpoint>> {
+        self.endpoints
+            .get_mut(peer)
+            .and_then(|e| e.as_mut())
+            .ok_or_else(|| Error::internal(format!("no connection to peer {peer}")))
+    }
+}
+
+impl Comm {
+    /// Connects to every peer, using `bootstrap` to agree on a transport and exchange handles,
+    /// then releases the bootstrap.
+    ///
+    /// `candidates` are the transports usable on this rank, most preferred first; the ranks pick
+    /// the first one that every rank has (so `auto` on a mix of RDMA and plain hosts falls back to
+    /// TCP everywhere instead of failing). Lower ranks connect to higher ones and accept from lower
+    /// ones; a connect only waits for a higher rank, so the waits form no cycle.
+    pub fn connect(
+        mut bootstrap: Bootstrap,
+        candidates: Vec<Arc<dyn Transport>>,
+        config: Config,
+    ) -> Result<(Arc<Comm>, Links)> {
+        let (rank, size) = (bootstrap.rank(), bootstrap.size());
+        for var in &config.unknown {
+            ccl_warn!(
+                Some(rank),
+                "{var} is set but is not a ccl setting (see docs/env.md)"
+            );
+        }
+        let mine: Vec<&str> = candidates.iter().map(|t| t.name()).collect();
+        let offers = bootstrap.allgather(mine.join(",").as_bytes())?;
+        let offers: Vec<String> = offers
+            .iter()
+            .map(|o| String::from_utf8_lossy(o).into_owned())
+            .collect();
+        let transport = candidates
+            .iter()
+            .find(|t| offers.iter().all(|o| o.split(',').any(|n| n == t.name())))
+            .cloned()
+            .ok_or_else(|| {
+                let who: Vec<String> = offers.iter().enumerate().map(|(r, o)| format!("rank {r}: {o}")).collect();
+                Error::invalid_usage(format!(
+                    "the ranks have no transport in common ({}); set CCL_TRANSPORT alike on every rank",
+                    who.join("; ")
+                ))
+                .rank(rank)
+            })?;
+        let local_ip = match &config.socket_ifname {
+            Some(spec) => net::pick_local_ip(Some(spec)).map_err(|e| e.rank(rank))?,
+            None => bootstrap.local_ip()?,
+        };
+        let ctx = ConnectContext {
+            rank,
+            size,
+            secret: bootstrap.secret(),
+            local_ip,
+            config: config.clone(),
+        };
+        let mut listener = if size > 1 {
+            Some(transport.listen(&ctx)?)
+        } else {
+            None
+        };
+        // Each rank's blob: [handle length][handle][host name].
+        let mut blob = Vec::with_capacity(1 + MAX_HANDLE_LEN + 64);
+        let handle = listener.as_ref().map(|l| l.handle());
+        let hb = handle.as_ref().map(|h| h.as_bytes()).unwrap_or(&[]);
+        blob.push(hb.len() as u8);
+        blob.extend_from_slice(hb);
+        blob.extend_from_slice(crate::log::hostname().as_bytes());
+        let all = bootstrap.allgather(&blob)?;
+        let mut handles = Vec::with_capacity(size);
+        let mut hosts = Vec::with_capacity(size);
+        for (r, b) in all.iter().enumerate() {
+            let n = *b.first().ok_or_else(|| {
+                Error::remote(format!("empty bootstrap record from rank {r}")).rank(rank)
+            })? as usize;
+            if b.len() < 1 + n {
+                return Err(
+                    Error::remote(format!("truncated bootstrap record from rank {r}")).rank(rank),
+                );
+            }
+            handles.push(Handle::new(&b[1..1 + n]).map_err(|e| e.rank(rank).peer(r))?);
+            hosts.push(String::from_utf8_lossy(&b[1 + n..]).into_owned());
+        }
+        let deadline = Instant::now() + config.timeout;
+        let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..size).map(|_| None).collect();
+        for peer in rank + 1..size {
+            let ep = transport
+                .connect(&ctx, peer, &handles[peer], deadline)
+                .map_err(|e| {
+                    e.rank(rank)
+                        .peer(peer)
+                        .context(format!("connecting to peer {peer}"))
+                })?;
+            endpoints[peer] = Some(ep);
+        }
+        if let Some(l) = listener.as_mut() {
+            for _ in 0..rank {
+                let (peer, ep) = l
+                    .accept(deadline)
+                    .map_err(|e| e.rank(rank).context("waiting for lower ranks to connect"))?;
+                if peer >= rank || endpoints[peer].is_some() {
+                    return Err(Error::remote(format!(
+                        "unexpected connection claiming rank {peer}"
+                    ))
+                    .rank(rank)
+                    .peer(peer));
+                }
+                endpoints[peer] = Some(ep);
+            }
+        }
+        bootstrap.finish()?;
+        ccl_info!(
+            Some(rank),
+            "communicator ready: {size} ranks over {} (listening on {local_ip})",
+            transport.name()
+        );
+        let comm = Comm {
+            rank,
+            size,
+            config,
+            transport_name: transport.name(),
+            transport_props: transport.properties(),
+            hosts,
+            abort: AbortSignal::new()?,
+            error: Mutex::new(None),
+            seq: AtomicU64::new(0),
+        };
+        Ok((Arc::new(comm), Links { endpoints }))
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn transport_name(&self) -> &'static str {
+        self.transport_name
+    }
+
+    pub fn transport_properties(&self) -> crate::transport::TransportProperties {
+        self.transport_props
+    }
+
+    /// Host name of every rank, in rank order.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    pub fn abort_signal(&self) -> &AbortSignal {
+        &self.abort
+    }
+
+    /// Fails the communicator and ends every wait at once. Safe to call more than once and from
+    /// any thread.
+    pub fn abort(&self) {
+        self.fail(Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(self.rank));
+        self.abort.raise();
+    }
+
+    /// The first error this communicator failed with, if any.
+    pub fn error(&self) -> Option<Error> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `Ok` unless the communicator has failed; then the original error.
+    pub fn check(&self) -> Result<()> {
+        match self.error() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Records `e` as the communicator's error unless one is already recorded; returns the
+    /// recorded one. Errors stick: a collective that failed part-way leaves peers and buffers in
+    /// an unknown state, so nothing more may run.
+    pub fn fail(&self, e: Error) -> Error {
+        let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        match &*g {
+            Some(first) => first.clone(),
+            None => {
+                ccl_warn!(Some(self.rank), "communicator failed: {e}");
+                *g = Some(e.clone());
+                e
+            }
+        }
+    }
+
+    /// The next collective sequence number (1, 2, ...).
+    pub fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}

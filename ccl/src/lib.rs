@@ -1,0 +1,358 @@
+//! # ccl: collective communication for training programs
+//!
+//! Allreduce (and, as they land, the other collectives) across processes and hosts over RDMA
+//! (RoCEv2 verbs), TCP, or threads of one process, with NCCL's semantics and a safe Rust API.
+//!
+//! ## Quick start
+//!
+//! Every rank creates a [`Communicator`] from the same [`UniqueId`] (made by one process and
+//! passed to the others: through MPI, a file, an environment variable), its rank and the number
+//! of ranks; or from launcher variables with [`Communicator::from_env`] (torchrun, mpirun, srun).
+//!
+//! ```
+//! use ccl::{Communicator, Config, ReduceOp, UniqueId};
+//! # fn main() -> ccl::Result<()> {
+//! // Starts the rendezvous root in this process. `UniqueId::new()` listens on the interface named
+//! // by CCL_SOCKET_IFNAME (default: the first non-loopback one) for jobs across hosts; this
+//! // example keeps everything on one host.
+//! let id = UniqueId::new_at([127, 0, 0, 1].into(), &Config::from_env()?)?;
+//! let size = 2;
+//! let ranks: Vec<_> = (0..size)
+//!     .map(|rank| {
+//!         let id = id.clone();
+//!         std::thread::spawn(move || -> ccl::Result<Vec<f32>> {
+//!             let comm = Communicator::init(&id, rank, size)?;
+//!             let mine = vec![rank as f32 + 1.0; 4];
+//!             let mut sum = vec![0.0f32; 4];
+//!             comm.all_reduce(&mine, &mut sum, ReduceOp::Sum)?;
+//!             Ok(sum)
+//!         })
+//!     })
+//!     .collect();
+//! for r in ranks {
+//!     assert_eq!(r.join().unwrap()?, vec![3.0; 4]);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## What to expect
+//! - Every blocking call has a deadline (`CCL_TIMEOUT`, default 600 s without progress); when it
+//!   passes, the error names the peer and the transfer that stalled.
+//! - Errors are sticky: after a collective fails, the communicator returns that error from every
+//!   call. [`Communicator::abort`] (any thread) ends every wait at once.
+//! - Results are bit-identical on every rank. Collectives must be called in the same order with
+//!   matching arguments on every rank, as with NCCL and MPI.
+//! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ccl_algos::allreduce::{self, Algo};
+use ccl_algos::exec::{self, Buffers, ExecState, OpInfo};
+use ccl_algos::schedule::{Schedule, Shape};
+use ccl_algos::select::Overrides;
+use ccl_core::bootstrap::Bootstrap;
+use ccl_core::bootstrap::env::Launch;
+use ccl_core::comm::{Comm, Links};
+use ccl_core::config::TransportKind;
+use ccl_core::transport::Transport;
+use ccl_core::transport::local::LocalTransport;
+use ccl_core::transport::tcp::TcpTransport;
+use ccl_core::{ccl_info, ccl_trace};
+
+pub use ccl_core::config::Config;
+pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, UniqueId};
+
+/// Most cached schedules per communicator; beyond that the cache starts over.
+const PLAN_CACHE_LIMIT: usize = 256;
+
+/// A group of ranks that run collectives together.
+///
+/// `Communicator` is `Send + Sync`: it can be shared between threads, for instance so one thread
+/// can [`abort`](Communicator::abort) while another is blocked in a collective. Collectives on one
+/// communicator run one at a time.
+pub struct Communicator {
+    comm: Arc<Comm>,
+    overrides: Overrides,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    links: Links,
+    exec: ExecState,
+    plans: HashMap<(Algo, Shape), Arc<Schedule>>,
+    /// Scratch space, as u64 so it is aligned for every element type.
+    scratch: Vec<u64>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("transport", &self.transport_name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Communicator {
+    /// Joins the communicator of `id` as `rank` of `size`, with settings from the environment.
+    pub fn init(id: &UniqueId, rank: usize, size: usize) -> Result<Communicator> {
+        Communicator::init_with_config(id, rank, size, Config::from_env()?)
+    }
+
+    /// [`init`](Communicator::init) with explicit settings.
+    pub fn init_with_config(
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        config: Config,
+    ) -> Result<Communicator> {
+        let b = Bootstrap::connect(id, rank, size, config.timeout)?;
+        Communicator::from_bootstrap(b, config)
+    }
+
+    /// Joins the job described by launcher variables (torchrun, mpirun, srun, or `CCL_RANK`,
+    /// `CCL_WORLD_SIZE` with `CCL_UNIQUE_ID`/`CCL_COMM_ID`/`MASTER_ADDR`); see `docs/bootstrap.md`.
+    pub fn from_env() -> Result<Communicator> {
+        let config = Config::from_env()?;
+        let launch = Launch::from_env(&config)?;
+        ccl_info!(
+            Some(launch.rank),
+            "rank {} of {} from {} variables",
+            launch.rank,
+            launch.size,
+            launch.launcher
+        );
+        let b = launch.bootstrap(&config)?;
+        Communicator::from_bootstrap(b, config)
+    }
+
+    fn from_bootstrap(b: Bootstrap, config: Config) -> Result<Communicator> {
+        let rank = b.rank();
+        let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
+            .map_err(|m| Error::invalid_argument(m).rank(rank))?;
+        let candidates = transports(config.transport, rank)?;
+        let (comm, links) = Comm::connect(b, candidates, config)?;
+        let c = Communicator {
+            comm,
+            overrides,
+            inner: Mutex::new(Inner {
+                links,
+                exec: ExecState::default(),
+                plans: HashMap::new(),
+                scratch: Vec::new(),
+            }),
+        };
+        c.log_algorithm_table();
+        Ok(c)
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// The transport in use (`tcp`, `local`, `ib`).
+    pub fn transport_name(&self) -> &'static str {
+        self.comm.transport_name()
+    }
+
+    /// Host name of every rank.
+    pub fn hosts(&self) -> &[String] {
+        self.comm.hosts()
+    }
+
+    /// Fails the communicator and ends every wait at once, from any thread; idempotent.
+    pub fn abort(&self) {
+        self.comm.abort();
+    }
+
+    /// The error the communicator failed with, if it has (NCCL's `ncclCommGetAsyncError`).
+    pub fn error(&self) -> Option<Error> {
+        self.comm.error()
+    }
+
+    /// Elementwise reduction of every rank's `send` into every rank's `recv` (out of place).
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(Error::invalid_argument(format!(
+                "all_reduce: send buffer has {} elements but receive buffer has {}",
+                send.len(),
+                recv.len()
+            ))
+            .rank(self.rank()));
+        }
+        let count = recv.len();
+        self.all_reduce_bytes(
+            Some(bytemuck::cast_slice(send)),
+            bytemuck::cast_slice_mut(recv),
+            count,
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// Elementwise reduction of every rank's `buf`, in place.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = buf.len();
+        self.all_reduce_bytes(None, bytemuck::cast_slice_mut(buf), count, T::DTYPE, op)
+    }
+
+    /// Untyped allreduce of `count` elements of `dtype`: out of place from `send`, or in place in
+    /// `recv` when `send` is `None`. Buffers must be exactly `count` elements long.
+    pub fn all_reduce_bytes(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let rank = self.rank();
+        let bytes = dtype.bytes_for(count).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "all_reduce: {count} elements of {dtype} overflow the address space"
+            ))
+            .rank(rank)
+        })?;
+        if recv.len() != bytes || send.is_some_and(|s| s.len() != bytes) {
+            return Err(Error::invalid_argument(format!(
+                "all_reduce: {count} elements of {dtype} are {bytes} bytes, but the buffers have {} (send) and {} (receive)",
+                send.map_or("none".to_string(), |s| s.len().to_string()),
+                recv.len()
+            ))
+            .rank(rank));
+        }
+        self.comm.check()?;
+        let mut g = self.lock();
+        let n = self.size();
+        let algo = self
+            .overrides
+            .allreduce
+            .unwrap_or_else(|| allreduce::choose(n, bytes, &self.comm.transport_properties()));
+        let shape = Shape {
+            rank,
+            size: n,
+            count,
+            in_place: send.is_none(),
+            op,
+        };
+        let sched = g.plan(algo, &shape, rank);
+        let seq = self.comm.next_seq();
+        let inner = &mut *g;
+        let need = (sched.scratch * dtype.size()).div_ceil(8);
+        if inner.scratch.len() < need {
+            inner.scratch.resize(need, 0);
+        }
+        let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])
+            [..sched.scratch * dtype.size()];
+        let mut bufs = Buffers {
+            send,
+            recv,
+            scratch,
+        };
+        let info = OpInfo {
+            name: "allreduce",
+            seq,
+            bytes,
+        };
+        exec::run(
+            &self.comm,
+            &mut inner.links,
+            &mut inner.exec,
+            &sched,
+            &mut bufs,
+            dtype,
+            op,
+            &info,
+        )
+        .map_err(|e| self.comm.fail(e))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic inside a collective leaves the links in an unknown state; the communicator
+        // records that as its error, and the lock itself stays usable for abort/drop.
+        self.inner.lock().unwrap_or_else(|p| {
+            self.comm
+                .fail(Error::internal("a previous collective panicked").rank(self.rank()));
+            p.into_inner()
+        })
+    }
+
+    /// Logs, once, which allreduce algorithm the cost model picks at which size.
+    fn log_algorithm_table(&self) {
+        if !ccl_core::log::enabled(ccl_core::config::LogLevel::Info) || self.rank() != 0 {
+            return;
+        }
+        if let Some(a) = self.overrides.allreduce {
+            ccl_info!(Some(0), "allreduce algorithm: {a} (CCL_ALGO)");
+            return;
+        }
+        let props = self.comm.transport_properties();
+        let mut table = String::new();
+        let mut prev = None;
+        for p in 0..=34 {
+            let b = 1usize << p;
+            let a = allreduce::choose(self.size(), b, &props);
+            if prev != Some(a) {
+                table.push_str(&format!(" {a} from {b} B;"));
+                prev = Some(a);
+            }
+        }
+        ccl_info!(
+            Some(0),
+            "allreduce algorithms:{}",
+            table.trim_end_matches(';')
+        );
+    }
+}
+
+impl Inner {
+    fn plan(&mut self, algo: Algo, shape: &Shape, rank: usize) -> Arc<Schedule> {
+        if let Some(s) = self.plans.get(&(algo, *shape)) {
+            return s.clone();
+        }
+        if self.plans.len() >= PLAN_CACHE_LIMIT {
+            self.plans.clear();
+        }
+        let s = Arc::new(algo.build(shape));
+        ccl_trace!(
+            Some(rank),
+            "built {algo} allreduce schedule: {} ops, count {}, in place {}",
+            s.ops.len(),
+            shape.count,
+            shape.in_place
+        );
+        self.plans.insert((algo, *shape), s.clone());
+        s
+    }
+}
+
+/// The transports this rank can use for `kind`, most preferred first.
+fn transports(kind: TransportKind, rank: usize) -> Result<Vec<Arc<dyn Transport>>> {
+    let tcp: Arc<dyn Transport> = Arc::new(TcpTransport::new());
+    Ok(match kind {
+        TransportKind::Tcp => vec![tcp],
+        TransportKind::Local => vec![Arc::new(LocalTransport::new())],
+        TransportKind::Ib => {
+            return Err(Error::invalid_usage(
+                "CCL_TRANSPORT=ib: this build has no verbs transport",
+            )
+            .rank(rank));
+        }
+        TransportKind::Auto => {
+            ccl_info!(
+                Some(rank),
+                "transport auto: no RDMA transport in this build, using tcp"
+            );
+            vec![tcp]
+        }
+    })
+}

@@ -1,0 +1,196 @@
+//! Helpers shared by the integration tests: run N ranks as threads of this process.
+
+#![allow(dead_code)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use ccl::{Communicator, Config, UniqueId};
+use ccl_core::config::TransportKind;
+use half::{bf16, f16};
+
+pub const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// Settings for tests: loopback only, a deadline short enough that a hang fails the test.
+pub fn config(transport: TransportKind, timeout: Duration) -> Config {
+    Config {
+        transport,
+        timeout,
+        socket_ifname: Some("=lo".into()),
+        ..Config::default()
+    }
+}
+
+/// Runs `f(comm)` on `n` ranks (threads) and returns their results in rank order.
+pub fn run_ranks<R: Send + 'static>(
+    n: usize,
+    cfg: Config,
+    f: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
+) -> Vec<R> {
+    let id = UniqueId::new_at(LOOPBACK, &cfg).expect("unique id");
+    let hs: Vec<_> = (0..n)
+        .map(|rank| {
+            let (id, cfg, f) = (id.clone(), cfg.clone(), f.clone());
+            std::thread::Builder::new()
+                .name(format!("rank{rank}"))
+                .spawn(move || {
+                    let comm = Communicator::init_with_config(&id, rank, n, cfg)
+                        .unwrap_or_else(|e| panic!("rank {rank}: init: {e}"));
+                    f(comm)
+                })
+                .expect("spawn")
+        })
+        .collect();
+    hs.into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect()
+}
+
+/// Test values: small integers, exact in every type.
+pub trait TestVal: ccl::Element + Copy {
+    fn from_i64(v: i64) -> Self;
+    /// The `Avg` of ranks whose values sum to `sum`, as the library computes it.
+    fn avg(sum: i64, n: usize) -> Self;
+}
+
+macro_rules! int_val {
+    ($($t:ty),*) => {$(
+        impl TestVal for $t {
+            fn from_i64(v: i64) -> Self { v as $t }
+            fn avg(sum: i64, n: usize) -> Self { (sum as $t) / (n as $t) }
+        }
+    )*};
+}
+int_val!(i8, u8, i32, u32, i64, u64);
+
+impl TestVal for f32 {
+    fn from_i64(v: i64) -> Self {
+        v as f32
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        sum as f32 / n as f32
+    }
+}
+impl TestVal for f64 {
+    fn from_i64(v: i64) -> Self {
+        v as f64
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        sum as f64 / n as f64
+    }
+}
+impl TestVal for f16 {
+    fn from_i64(v: i64) -> Self {
+        f16::from_f32(v as f32)
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        f16::from_f32(sum as f32 / n as f32)
+    }
+}
+impl TestVal for bf16 {
+    fn from_i64(v: i64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        bf16::from_f32(sum as f32 / n as f32)
+    }
+}
+
+/// Rank `r`'s input at element `i` for `op`: 1..=4, or 1..=2 for products (so a product over
+/// eight ranks stays within 256, exact in bf16).
+pub fn input(op: ccl::ReduceOp, r: usize, i: usize) -> i64 {
+    match op {
+        ccl::ReduceOp::Prod => 1 + ((r + i) % 2) as i64,
+        _ => 1 + ((r * 3 + i) % 4) as i64,
+    }
+}
+
+/// The exact result at element `i` over `n` ranks.
+pub fn expected<T: TestVal>(op: ccl::ReduceOp, n: usize, i: usize) -> T {
+    let vals = (0..n).map(|r| input(op, r, i));
+    match op {
+        ccl::ReduceOp::Sum => T::from_i64(vals.sum()),
+        ccl::ReduceOp::Prod => T::from_i64(vals.product()),
+        ccl::ReduceOp::Min => T::from_i64(vals.min().unwrap_or(0)),
+        ccl::ReduceOp::Max => T::from_i64(vals.max().unwrap_or(0)),
+        ccl::ReduceOp::Avg => T::avg(vals.sum(), n),
+    }
+}
+
+/// Runs one allreduce of `count` elements and returns the number of wrong elements.
+pub fn allreduce_case<T: TestVal>(
+    comm: &Communicator,
+    count: usize,
+    op: ccl::ReduceOp,
+    in_place: bool,
+) -> usize {
+    let (r, n) = (comm.rank(), comm.size());
+    let send: Vec<T> = (0..count).map(|i| T::from_i64(input(op, r, i))).collect();
+    let out = if in_place {
+        let mut buf = send;
+        comm.all_reduce_in_place(&mut buf, op)
+            .unwrap_or_else(|e| panic!("rank {r}: {} count {count} {op}: {e}", T::DTYPE));
+        buf
+    } else {
+        // Poison the output so an element that is never written shows up.
+        let mut recv = vec![T::from_i64(99); count];
+        comm.all_reduce(&send, &mut recv, op)
+            .unwrap_or_else(|e| panic!("rank {r}: {} count {count} {op}: {e}", T::DTYPE));
+        recv
+    };
+    out.iter()
+        .enumerate()
+        .filter(|(i, v)| **v != expected::<T>(op, n, *i))
+        .count()
+}
+
+/// Every dtype for one (count, op, placement).
+pub fn all_dtypes(
+    comm: &Communicator,
+    count: usize,
+    op: ccl::ReduceOp,
+    in_place: bool,
+) -> Vec<(String, usize)> {
+    vec![
+        (
+            "int8".into(),
+            allreduce_case::<i8>(comm, count, op, in_place),
+        ),
+        (
+            "uint8".into(),
+            allreduce_case::<u8>(comm, count, op, in_place),
+        ),
+        (
+            "int32".into(),
+            allreduce_case::<i32>(comm, count, op, in_place),
+        ),
+        (
+            "uint32".into(),
+            allreduce_case::<u32>(comm, count, op, in_place),
+        ),
+        (
+            "int64".into(),
+            allreduce_case::<i64>(comm, count, op, in_place),
+        ),
+        (
+            "uint64".into(),
+            allreduce_case::<u64>(comm, count, op, in_place),
+        ),
+        (
+            "half".into(),
+            allreduce_case::<f16>(comm, count, op, in_place),
+        ),
+        (
+            "float".into(),
+            allreduce_case::<f32>(comm, count, op, in_place),
+        ),
+        (
+            "double".into(),
+            allreduce_case::<f64>(comm, count, op, in_place),
+        ),
+        (
+            "bfloat16".into(),
+            allreduce_case::<bf16>(comm, count, op, in_place),
+        ),
+    ]
+}
