@@ -315,7 +315,10 @@ pub fn run(
             ))));
         }
         if idle < cfg.spin {
-            std::hint::spin_loop();
+            // Give the core away if anything else wants it: on an oversubscribed machine the
+            // peer we are waiting for may be the one that is runnable. When nothing else is
+            // runnable this returns at once.
+            std::thread::yield_now();
             continue;
         }
         block(comm, links, st, s, es, chunk, cfg.timeout - idle).map_err(fail)?;

@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 pub mod bootstrap;
+pub mod check;
 pub mod comm;
 pub mod config;
 pub mod error;

@@ -116,7 +116,12 @@ impl Communicator {
     /// Joins the job described by launcher variables (torchrun, mpirun, srun, or `CCL_RANK`,
     /// `CCL_WORLD_SIZE` with `CCL_UNIQUE_ID`/`CCL_COMM_ID`/`MASTER_ADDR`); see `docs/bootstrap.md`.
     pub fn from_env() -> Result<Communicator> {
-        let config = Config::from_env()?;
+        Communicator::from_env_with_config(Config::from_env()?)
+    }
+
+    /// [`from_env`](Communicator::from_env) with explicit settings (the rendezvous still comes
+    /// from launcher variables and the `CCL_*` rendezvous fields of `config`).
+    pub fn from_env_with_config(config: Config) -> Result<Communicator> {
         let launch = Launch::from_env(&config)?;
         ccl_info!(
             Some(launch.rank),

@@ -46,76 +46,7 @@ pub fn run_ranks<R: Send + 'static>(
         .collect()
 }
 
-/// Test values: small integers, exact in every type.
-pub trait TestVal: ccl::Element + Copy {
-    fn from_i64(v: i64) -> Self;
-    /// The `Avg` of ranks whose values sum to `sum`, as the library computes it.
-    fn avg(sum: i64, n: usize) -> Self;
-}
-
-macro_rules! int_val {
-    ($($t:ty),*) => {$(
-        impl TestVal for $t {
-            fn from_i64(v: i64) -> Self { v as $t }
-            fn avg(sum: i64, n: usize) -> Self { (sum as $t) / (n as $t) }
-        }
-    )*};
-}
-int_val!(i8, u8, i32, u32, i64, u64);
-
-impl TestVal for f32 {
-    fn from_i64(v: i64) -> Self {
-        v as f32
-    }
-    fn avg(sum: i64, n: usize) -> Self {
-        sum as f32 / n as f32
-    }
-}
-impl TestVal for f64 {
-    fn from_i64(v: i64) -> Self {
-        v as f64
-    }
-    fn avg(sum: i64, n: usize) -> Self {
-        sum as f64 / n as f64
-    }
-}
-impl TestVal for f16 {
-    fn from_i64(v: i64) -> Self {
-        f16::from_f32(v as f32)
-    }
-    fn avg(sum: i64, n: usize) -> Self {
-        f16::from_f32(sum as f32 / n as f32)
-    }
-}
-impl TestVal for bf16 {
-    fn from_i64(v: i64) -> Self {
-        bf16::from_f32(v as f32)
-    }
-    fn avg(sum: i64, n: usize) -> Self {
-        bf16::from_f32(sum as f32 / n as f32)
-    }
-}
-
-/// Rank `r`'s input at element `i` for `op`: 1..=4, or 1..=2 for products (so a product over
-/// eight ranks stays within 256, exact in bf16).
-pub fn input(op: ccl::ReduceOp, r: usize, i: usize) -> i64 {
-    match op {
-        ccl::ReduceOp::Prod => 1 + ((r + i) % 2) as i64,
-        _ => 1 + ((r * 3 + i) % 4) as i64,
-    }
-}
-
-/// The exact result at element `i` over `n` ranks.
-pub fn expected<T: TestVal>(op: ccl::ReduceOp, n: usize, i: usize) -> T {
-    let vals = (0..n).map(|r| input(op, r, i));
-    match op {
-        ccl::ReduceOp::Sum => T::from_i64(vals.sum()),
-        ccl::ReduceOp::Prod => T::from_i64(vals.product()),
-        ccl::ReduceOp::Min => T::from_i64(vals.min().unwrap_or(0)),
-        ccl::ReduceOp::Max => T::from_i64(vals.max().unwrap_or(0)),
-        ccl::ReduceOp::Avg => T::avg(vals.sum(), n),
-    }
-}
+pub use ccl_core::check::{CheckValue as TestVal, input};
 
 /// Runs one allreduce of `count` elements and returns the number of wrong elements.
 pub fn allreduce_case<T: TestVal>(
@@ -138,10 +69,7 @@ pub fn allreduce_case<T: TestVal>(
             .unwrap_or_else(|e| panic!("rank {r}: {} count {count} {op}: {e}", T::DTYPE));
         recv
     };
-    out.iter()
-        .enumerate()
-        .filter(|(i, v)| **v != expected::<T>(op, n, *i))
-        .count()
+    ccl_core::check::count_wrong(&out, op, n)
 }
 
 /// Every dtype for one (count, op, placement).

@@ -1,0 +1,307 @@
+//! The shared benchmark loop (nccl-tests semantics): for each size, warm up, time `iters`
+//! back-to-back operations between barriers out of place and then in place, optionally check
+//! one more operation against closed-form results, and report the slowest rank's time.
+//!
+//! algbw = bytes / time (GB = 1e9 bytes); busbw = algbw x the collective's bus factor
+//! (allreduce: 2(n-1)/n), so numbers compare with every published nccl-tests table.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+use ccl::{Communicator, DataType, ReduceOp, Result};
+use serde::Serialize;
+
+/// One collective plugged into the harness.
+pub trait Collective {
+    /// Name in the header and the JSON (`allreduce`).
+    fn name(&self) -> &'static str;
+    /// busbw / algbw for `n` ranks.
+    fn bus_factor(&self, n: usize) -> f64;
+    /// Runs the collective once on `count` elements: from `send` into `recv`, or in place in
+    /// `recv` when `send` is `None`.
+    fn run(
+        &self,
+        comm: &Communicator,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// Writes this rank's inputs into `buf`.
+    fn fill(&self, comm: &Communicator, buf: &mut [u8], dtype: DataType, op: ReduceOp);
+    /// Counts the wrong elements of this rank's result.
+    fn wrong(&self, comm: &Communicator, buf: &[u8], dtype: DataType, op: ReduceOp) -> usize;
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub sizes: Vec<usize>,
+    pub iters: usize,
+    pub warmup: usize,
+    pub check: bool,
+    pub op: ReduceOp,
+    pub dtype: DataType,
+}
+
+/// One row of results (one size, one placement).
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub size: usize,
+    pub count: usize,
+    pub dtype: String,
+    pub op: String,
+    pub placement: &'static str,
+    pub time_us: f64,
+    pub algbw_gbs: f64,
+    pub busbw_gbs: f64,
+    pub wrong: u64,
+}
+
+/// The sizes from `min` to `max`, multiplying by `factor`.
+pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = min;
+    loop {
+        v.push(s);
+        if factor <= 1 || s >= max {
+            break;
+        }
+        match s.checked_mul(factor) {
+            Some(next) if next <= max => s = next,
+            _ => break,
+        }
+    }
+    v
+}
+
+fn barrier(comm: &Communicator) -> Result<()> {
+    let mut x = [0u32; 1];
+    comm.all_reduce_in_place(&mut x, ReduceOp::Sum)
+}
+
+fn time_loop(
+    coll: &dyn Collective,
+    comm: &Communicator,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    count: usize,
+    p: &Plan,
+) -> Result<f64> {
+    for _ in 0..p.warmup {
+        coll.run(comm, send, recv, count, p.dtype, p.op)?;
+    }
+    barrier(comm)?;
+    let t0 = Instant::now();
+    for _ in 0..p.iters {
+        coll.run(comm, send, recv, count, p.dtype, p.op)?;
+    }
+    Ok(t0.elapsed().as_secs_f64() / p.iters.max(1) as f64)
+}
+
+/// Runs the plan on this rank; every rank gets the same rows (times are the maximum over ranks,
+/// wrong counts the sum).
+pub fn run(
+    coll: &dyn Collective,
+    comm: &Communicator,
+    p: &Plan,
+    out: &mut dyn Write,
+) -> Result<Vec<Row>> {
+    let es = p.dtype.size();
+    let n = comm.size();
+    let max = p.sizes.iter().copied().max().unwrap_or(0);
+    // u64 storage keeps the buffers aligned for every element type.
+    let words = max.div_ceil(8);
+    let mut send_store = vec![0u64; words];
+    let mut recv_store = vec![0u64; words];
+    let rank0 = comm.rank() == 0;
+    let progress = rank0 && std::io::stderr().is_terminal();
+    if rank0 {
+        header(coll, comm, p, out);
+    }
+    let mut rows = Vec::new();
+    for (k, &size) in p.sizes.iter().enumerate() {
+        let count = size / es;
+        let bytes = count * es;
+        let send: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut send_store)[..bytes];
+        let recv: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut recv_store)[..bytes];
+        if progress {
+            eprint!("\r# size {} ({}/{})   ", bytes, k + 1, p.sizes.len());
+        }
+        coll.fill(comm, send, p.dtype, p.op);
+        let t_oop = time_loop(coll, comm, Some(send), recv, count, p)?;
+        let w_oop = if p.check {
+            coll.fill(comm, send, p.dtype, p.op);
+            coll.run(comm, Some(send), recv, count, p.dtype, p.op)?;
+            coll.wrong(comm, recv, p.dtype, p.op)
+        } else {
+            0
+        };
+        coll.fill(comm, recv, p.dtype, p.op);
+        let t_ip = time_loop(coll, comm, None, recv, count, p)?;
+        let w_ip = if p.check {
+            coll.fill(comm, recv, p.dtype, p.op);
+            coll.run(comm, None, recv, count, p.dtype, p.op)?;
+            coll.wrong(comm, recv, p.dtype, p.op)
+        } else {
+            0
+        };
+        // The slowest rank defines the time; wrong elements add up.
+        let mut times = [t_oop, t_ip];
+        comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
+        let mut wrong = [w_oop as u64, w_ip as u64];
+        comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
+        let mk = |placement, t: f64, w: u64| {
+            let algbw = if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+            Row {
+                size: bytes,
+                count,
+                dtype: p.dtype.name().to_string(),
+                op: p.op.name().to_string(),
+                placement,
+                time_us: t * 1e6,
+                algbw_gbs: algbw,
+                busbw_gbs: algbw * coll.bus_factor(n),
+                wrong: w,
+            }
+        };
+        let (a, b) = (
+            mk("out-of-place", times[0], wrong[0]),
+            mk("in-place", times[1], wrong[1]),
+        );
+        if rank0 {
+            if progress {
+                eprint!("\r\x1b[K");
+            }
+            row_line(&a, &b, out);
+        }
+        rows.push(a);
+        rows.push(b);
+    }
+    if rank0 {
+        footer(&rows, out);
+    }
+    Ok(rows)
+}
+
+fn header(coll: &dyn Collective, comm: &Communicator, p: &Plan, out: &mut dyn Write) {
+    let _ = writeln!(
+        out,
+        "# ccl-bench {}: nranks {} transport {} dtype {} op {} iters {} warmup {} check {}",
+        coll.name(),
+        comm.size(),
+        comm.transport_name(),
+        p.dtype,
+        p.op,
+        p.iters,
+        p.warmup,
+        u8::from(p.check)
+    );
+    let _ = writeln!(out, "#");
+    let _ = writeln!(
+        out,
+        "# {:>48}  {:>30}   {:>30}",
+        "", "out-of-place", "in-place"
+    );
+    let _ = writeln!(
+        out,
+        "# {:>10} {:>12} {:>8} {:>6} {:>5}  {:>9} {:>7} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>6}",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
+    );
+    let _ = writeln!(
+        out,
+        "# {:>10} {:>12} {:>8} {:>6} {:>5}  {:>9} {:>7} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>6}",
+        "(B)",
+        "(elements)",
+        "",
+        "",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        "",
+        "(us)",
+        "(GB/s)",
+        "(GB/s)",
+        ""
+    );
+}
+
+fn fmt_time(us: f64) -> String {
+    if us < 1e4 {
+        format!("{us:.2}")
+    } else if us < 1e6 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.0}")
+    }
+}
+
+fn row_line(a: &Row, b: &Row, out: &mut dyn Write) {
+    let _ = writeln!(
+        out,
+        "  {:>10} {:>12} {:>8} {:>6} {:>5}  {:>9} {:>7.3} {:>7.3} {:>6}  {:>9} {:>7.3} {:>7.3} {:>6}",
+        a.size,
+        a.count,
+        a.dtype,
+        a.op,
+        -1,
+        fmt_time(a.time_us),
+        a.algbw_gbs,
+        a.busbw_gbs,
+        a.wrong,
+        fmt_time(b.time_us),
+        b.algbw_gbs,
+        b.busbw_gbs,
+        b.wrong
+    );
+    let _ = out.flush();
+}
+
+fn footer(rows: &[Row], out: &mut dyn Write) {
+    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    let avg = if rows.is_empty() {
+        0.0
+    } else {
+        rows.iter().map(|r| r.busbw_gbs).sum::<f64>() / rows.len() as f64
+    };
+    let peak = rows.iter().map(|r| r.busbw_gbs).fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "# Out of bounds values : {wrong} {}",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    );
+    let _ = writeln!(out, "# Avg bus bandwidth : {avg:.4}");
+    let _ = writeln!(out, "# Peak bus bandwidth : {peak:.4}");
+    let _ = writeln!(out, "#");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_ladder() {
+        assert_eq!(sizes(8, 64, 2), vec![8, 16, 32, 64]);
+        assert_eq!(sizes(8, 100, 4), vec![8, 32]);
+        assert_eq!(sizes(1 << 20, 1 << 20, 2), vec![1 << 20]);
+        assert_eq!(sizes(8, 8, 1), vec![8]);
+        assert_eq!(
+            sizes(usize::MAX / 2 + 1, usize::MAX, 2),
+            vec![usize::MAX / 2 + 1]
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! `ccl-bench`: an nccl-tests-compatible bus-bandwidth benchmark.
+//!
+//! ```text
+//! ccl-bench allreduce --np 4 -b 8 -e 64M -f 2 -n 20 -w 5 -c 1 -o sum -d float --transport tcp
+//! mpirun -np 4 ccl-bench allreduce        # ranks from the launcher's variables
+//! ```
+//!
+//! With `--np N` the command starts N local ranks itself (processes; threads for
+//! `--transport local`) and acts as their rendezvous root; without it, the process is one rank
+//! of a job whose launcher set `RANK`/`WORLD_SIZE` (torchrun), `OMPI_COMM_WORLD_*` (mpirun),
+//! `SLURM_*` (srun) or `CCL_*`. Rank 0 prints the table; the exit status is non-zero when any rank
+//! fails or any element is wrong.
+
+mod allreduce;
+mod harness;
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use ccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
+use ccl_core::config::{TransportKind, parse_size};
+use clap::{Args, Parser, Subcommand};
+
+use harness::{Collective, Plan, Row};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ccl-bench",
+    version,
+    about = "nccl-tests-compatible bus-bandwidth benchmark for ccl"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Allreduce bandwidth (busbw factor 2(n-1)/n).
+    Allreduce(BenchArgs),
+}
+
+fn size_arg(s: &str) -> Result<usize, String> {
+    parse_size("size", s, 0).map_err(|e| e.message().to_string())
+}
+
+#[derive(Args, Debug, Clone)]
+struct BenchArgs {
+    /// Start N local ranks (processes; threads with --transport local) instead of reading the
+    /// rank from a launcher's environment.
+    #[arg(long, value_name = "N")]
+    np: Option<usize>,
+    /// Smallest size in bytes (K/M/G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = size_arg)]
+    min_bytes: usize,
+    /// Largest size in bytes (K/M/G suffixes).
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = size_arg)]
+    max_bytes: usize,
+    /// Multiply the size by this between steps.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    factor: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Untimed warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// Check results against closed-form values (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    check: u8,
+    /// Reduction: sum, prod, min, max, avg.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    op: ReduceOp,
+    /// Data type: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 (or f32, bf16, ...).
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: DataType,
+    /// auto, tcp, local (in-process threads), ib. Default: CCL_TRANSPORT, else auto.
+    #[arg(long)]
+    transport: Option<TransportKind>,
+    /// Force an algorithm (same syntax as CCL_ALGO).
+    #[arg(long)]
+    algo: Option<String>,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    collective: &'a str,
+    nranks: usize,
+    transport: &'a str,
+    results: &'a [Row],
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Cmd::Allreduce(args) = cli.cmd;
+    let coll = allreduce::AllReduce;
+    if args.factor == 0 || args.min_bytes > args.max_bytes {
+        eprintln!(
+            "ccl-bench: invalid size range: -b {} -e {} -f {} (need min <= max and a factor >= 1)",
+            args.min_bytes, args.max_bytes, args.factor
+        );
+        return ExitCode::from(2);
+    }
+    let config = match settings(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ccl-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match args.np {
+        Some(0) => {
+            eprintln!("ccl-bench: --np must be at least 1");
+            ExitCode::from(2)
+        }
+        Some(n) if config.transport == TransportKind::Local => run_threads(&coll, &args, config, n),
+        Some(n) => launch(&config, n),
+        None => match Communicator::from_env_with_config(config) {
+            Ok(comm) => bench_rank(&coll, &comm, &args),
+            Err(e) => {
+                eprintln!("ccl-bench: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// Settings from the environment with the command line on top.
+fn settings(args: &BenchArgs) -> ccl::Result<Config> {
+    let mut c = Config::from_env()?;
+    if let Some(t) = args.transport {
+        c.transport = t;
+    }
+    if let Some(a) = &args.algo {
+        c.algo = Some(a.clone());
+    }
+    Ok(c)
+}
+
+fn plan(args: &BenchArgs) -> Plan {
+    Plan {
+        sizes: harness::sizes(args.min_bytes, args.max_bytes, args.factor),
+        iters: args.iters,
+        warmup: args.warmup,
+        check: args.check == 1,
+        op: args.op,
+        dtype: args.dtype,
+    }
+}
+
+/// Runs the benchmark as one rank; rank 0 prints and writes the JSON.
+fn bench_rank(coll: &dyn Collective, comm: &Communicator, args: &BenchArgs) -> ExitCode {
+    // Only rank 0 prints. Never hold the stdout lock across a collective: in thread mode the
+    // other ranks share this process's stdout.
+    let mut out: Box<dyn Write> = if comm.rank() == 0 {
+        Box::new(std::io::stdout())
+    } else {
+        Box::new(std::io::sink())
+    };
+    let rows = match harness::run(coll, comm, &plan(args), &mut out) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = out.flush();
+            eprintln!("ccl-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if comm.rank() == 0
+        && let Some(path) = &args.json
+    {
+        let report = Report {
+            collective: coll.name(),
+            nranks: comm.size(),
+            transport: comm.transport_name(),
+            results: &rows,
+        };
+        let text = serde_json::to_string_pretty(&report).expect("rows serialize");
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("ccl-bench: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    if wrong > 0 {
+        if comm.rank() == 0 {
+            eprintln!("ccl-bench: {wrong} wrong element(s)");
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// `--np N --transport local`: the ranks are threads of this process.
+fn run_threads(
+    coll: &allreduce::AllReduce,
+    args: &BenchArgs,
+    config: Config,
+    n: usize,
+) -> ExitCode {
+    let id = match UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &config) {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("ccl-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let codes: Vec<ExitCode> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let (id, config) = (id.clone(), config.clone());
+                s.spawn(
+                    move || match Communicator::init_with_config(&id, rank, n, config) {
+                        Ok(comm) => bench_rank(coll, &comm, args),
+                        Err(e) => {
+                            eprintln!("ccl-bench: rank {rank}: {e}");
+                            ExitCode::FAILURE
+                        }
+                    },
+                )
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or(ExitCode::FAILURE))
+            .collect()
+    });
+    if codes.iter().all(|c| *c == ExitCode::SUCCESS) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `--np N`: start N rank processes of this program and be their rendezvous root.
+fn launch(config: &Config, n: usize) -> ExitCode {
+    let ip = match &config.socket_ifname {
+        Some(spec) => match ccl_core::net::pick_local_ip(Some(spec)) {
+            Ok(ip) => ip,
+            Err(e) => {
+                eprintln!("ccl-bench: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    };
+    let id = match UniqueId::new_at(ip, config) {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("ccl-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("ccl-bench: cannot find my own executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The children get the same arguments without --np.
+    let mut child_args: Vec<String> = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        if a == "--np" {
+            it.next();
+        } else if a.starts_with("--np=") {
+        } else {
+            child_args.push(a);
+        }
+    }
+    let mut children: Vec<Option<Child>> = Vec::with_capacity(n);
+    for rank in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.args(&child_args)
+            .env("CCL_UNIQUE_ID", id.to_hex())
+            .env("CCL_RANK", rank.to_string())
+            .env("CCL_WORLD_SIZE", n.to_string())
+            .env("CCL_LOCAL_RANK", rank.to_string())
+            .env("CCL_LOCAL_SIZE", n.to_string());
+        if config.socket_ifname.is_none() {
+            // A local job stays on loopback.
+            cmd.env("CCL_SOCKET_IFNAME", "=lo");
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push(Some(c)),
+            Err(e) => {
+                eprintln!("ccl-bench: cannot start rank {rank}: {e}");
+                kill_all(&mut children);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    // Wait for all; once one fails, give the others a grace period to fail on their own (they
+    // see the dead peer) and then stop them, so a failure never leaves the launcher hanging.
+    let grace = Duration::from_secs(10).min(config.timeout);
+    let mut failed: Vec<String> = Vec::new();
+    let mut first_failure: Option<Instant> = None;
+    let mut left = n;
+    while left > 0 {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    if !status.success() {
+                        failed.push(format!("rank {rank} ({status})"));
+                        first_failure.get_or_insert_with(Instant::now);
+                    }
+                    *slot = None;
+                    left -= 1;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    failed.push(format!("rank {rank} (wait failed: {e})"));
+                    *slot = None;
+                    left -= 1;
+                }
+            }
+        }
+        if first_failure.is_some_and(|t| t.elapsed() > grace) {
+            for (rank, slot) in children.iter().enumerate() {
+                if slot.is_some() {
+                    failed.push(format!("rank {rank} (stopped after another rank failed)"));
+                }
+            }
+            kill_all(&mut children);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("ccl-bench: failed: {}", failed.join(", "));
+        ExitCode::FAILURE
+    }
+}
+
+fn kill_all(children: &mut [Option<Child>]) {
+    for c in children.iter_mut().flatten() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

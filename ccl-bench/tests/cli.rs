@@ -1,0 +1,361 @@
+//! Multi-process tests: the benchmark binary as users run it.
+
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccl-bench");
+
+fn bench() -> Command {
+    let mut c = Command::new(BIN);
+    // Keep every test on loopback and bounded, whatever the caller's environment says.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CCL_")
+            || [
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            ]
+            .contains(&k.as_str())
+            || k.starts_with("OMPI_")
+            || k.starts_with("SLURM_")
+            || k.starts_with("PMI_")
+        {
+            c.env_remove(k);
+        }
+    }
+    c.env("CCL_SOCKET_IFNAME", "=lo").env("CCL_TIMEOUT", "60");
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The data rows of a result table: (size, wrong out-of-place, wrong in-place).
+fn rows(stdout: &str) -> Vec<(usize, u64, u64)> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 13, "row has 13 columns: {l}");
+            (
+                f[0].parse().unwrap(),
+                f[8].parse().unwrap(),
+                f[12].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn np4_checks_every_size_with_zero_wrong() {
+    for dtype in ["float", "bf16", "int8"] {
+        for op in ["sum", "avg"] {
+            let o = bench()
+                .args([
+                    "allreduce",
+                    "--np",
+                    "4",
+                    "-b",
+                    "8",
+                    "-e",
+                    "4M",
+                    "-f",
+                    "8",
+                    "-n",
+                    "2",
+                    "-w",
+                    "1",
+                    "-c",
+                    "1",
+                ])
+                .args(["-d", dtype, "-o", op, "--transport", "tcp"])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+            let out = String::from_utf8_lossy(&o.stdout);
+            let r = rows(&out);
+            assert_eq!(r.len(), 7, "{out}");
+            assert!(r.iter().all(|&(_, a, b)| a == 0 && b == 0), "{out}");
+            assert!(out.contains("# Avg bus bandwidth : "), "{out}");
+            assert!(out.contains("# Peak bus bandwidth : "), "{out}");
+            assert!(out.contains("nranks 4 transport tcp"), "{out}");
+        }
+    }
+}
+
+#[test]
+fn json_report() {
+    let path = std::env::temp_dir().join(format!("ccl-bench-test-{}.json", std::process::id()));
+    let o = bench()
+        .args([
+            "allreduce",
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+        ])
+        .args(["--json", path.to_str().unwrap(), "--transport", "tcp"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(v["collective"], "allreduce");
+    assert_eq!(v["nranks"], 2);
+    assert_eq!(v["transport"], "tcp");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 8);
+    for (i, r) in results.iter().enumerate() {
+        for k in [
+            "size",
+            "count",
+            "dtype",
+            "op",
+            "placement",
+            "time_us",
+            "algbw_gbs",
+            "busbw_gbs",
+            "wrong",
+        ] {
+            assert!(r.get(k).is_some(), "{k} missing in {r}");
+        }
+        assert_eq!(
+            r["placement"],
+            if i % 2 == 0 {
+                "out-of-place"
+            } else {
+                "in-place"
+            }
+        );
+        assert_eq!(r["wrong"], 0);
+        assert!(r["time_us"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(results[0]["size"], 1024);
+    assert_eq!(results[0]["count"], 256);
+}
+
+#[test]
+fn in_process_threads() {
+    let o = bench()
+        .args([
+            "allreduce",
+            "--np",
+            "3",
+            "-b",
+            "4",
+            "-e",
+            "1M",
+            "-f",
+            "16",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--transport",
+            "local",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("transport local"), "{out}");
+    assert!(
+        rows(&out).iter().all(|&(_, a, b)| a == 0 && b == 0),
+        "{out}"
+    );
+}
+
+/// Starts `n` rank processes with per-rank variables from `vars(rank)` and waits for all.
+fn spawn_ranks(n: usize, vars: impl Fn(usize) -> Vec<(String, String)>) -> Vec<Output> {
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = bench();
+            c.args([
+                "allreduce",
+                "-b",
+                "8",
+                "-e",
+                "256K",
+                "-f",
+                "8",
+                "-n",
+                "2",
+                "-w",
+                "1",
+                "--transport",
+                "tcp",
+            ]);
+            for (k, v) in vars(r) {
+                c.env(k, v);
+            }
+            c.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+#[test]
+fn torchrun_style_environment() {
+    let port = free_port();
+    let outs = spawn_ranks(4, |r| {
+        vec![
+            ("RANK".into(), r.to_string()),
+            ("WORLD_SIZE".into(), "4".into()),
+            ("LOCAL_RANK".into(), r.to_string()),
+            ("LOCAL_WORLD_SIZE".into(), "4".into()),
+            ("MASTER_ADDR".into(), "127.0.0.1".into()),
+            ("MASTER_PORT".into(), port.to_string()),
+        ]
+    });
+    for o in &outs {
+        assert!(o.status.success(), "{}", text(o));
+    }
+    let out = String::from_utf8_lossy(&outs[0].stdout);
+    assert!(out.contains("nranks 4"), "{out}");
+    assert!(
+        rows(&out).iter().all(|&(_, a, b)| a == 0 && b == 0),
+        "{out}"
+    );
+    // Only rank 0 prints the table.
+    assert!(outs[1].stdout.is_empty());
+}
+
+#[test]
+fn mpirun_style_environment_meets_through_a_file() {
+    let job = format!("test{}", std::process::id());
+    let outs = spawn_ranks(3, |r| {
+        vec![
+            ("OMPI_COMM_WORLD_RANK".into(), r.to_string()),
+            ("OMPI_COMM_WORLD_SIZE".into(), "3".into()),
+            ("OMPI_COMM_WORLD_LOCAL_RANK".into(), r.to_string()),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE".into(), "3".into()),
+            ("OMPI_MCA_ess_base_jobid".into(), job.clone()),
+        ]
+    });
+    for o in &outs {
+        assert!(o.status.success(), "{}", text(o));
+    }
+    assert!(String::from_utf8_lossy(&outs[0].stdout).contains("nranks 3"));
+}
+
+fn fails_with(args: &[&str], vars: &[(&str, &str)], needle: &str) -> Duration {
+    let mut c = bench();
+    c.args(args);
+    for (k, v) in vars {
+        c.env(k, v);
+    }
+    let t0 = Instant::now();
+    let o = c.output().unwrap();
+    let took = t0.elapsed();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(needle),
+        "expected '{needle}' in:\n{}",
+        text(&o)
+    );
+    assert!(!err.contains("panicked"), "{}", text(&o));
+    took
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let ar = ["allreduce", "-b", "8", "-e", "8"];
+    fails_with(
+        &ar,
+        &[("RANK", "0"), ("WORLD_SIZE", "abc")],
+        "WORLD_SIZE='abc'",
+    );
+    fails_with(
+        &ar,
+        &[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "1"),
+        ],
+        "rank 5 is out of range",
+    );
+    fails_with(
+        &ar,
+        &[
+            ("CCL_RANK", "0"),
+            ("CCL_WORLD_SIZE", "2"),
+            ("CCL_UNIQUE_ID", "00ff"),
+        ],
+        "malformed unique id",
+    );
+    fails_with(&ar, &[("CCL_TIMEOUT", "soon")], "CCL_TIMEOUT='soon'");
+    fails_with(&ar, &[], "no rank in the environment");
+    fails_with(&["allreduce", "-e", "99999999999999G"], &[], "overflows");
+    fails_with(
+        &["allreduce", "-b", "1M", "-e", "1K", "--np", "2"],
+        &[],
+        "invalid size range",
+    );
+    fails_with(
+        &["allreduce", "-d", "float128", "--np", "2"],
+        &[],
+        "float128",
+    );
+    fails_with(
+        &["allreduce", "--np", "2", "--algo", "bogus"],
+        &[],
+        "unknown allreduce algorithm 'bogus'",
+    );
+    fails_with(
+        &["allreduce", "--np", "2", "--transport", "carrier-pigeon"],
+        &[],
+        "carrier-pigeon",
+    );
+}
+
+#[test]
+fn unreachable_rendezvous_fails_within_the_timeout_naming_it() {
+    let port = free_port();
+    let took = fails_with(
+        &["allreduce", "-b", "8", "-e", "8"],
+        &[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port.to_string()),
+            ("CCL_TIMEOUT", "2"),
+        ],
+        &format!("127.0.0.1:{port}"),
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The main job: an allreduce bus-bandwidth test with 4 local ranks over the default transport
+# (verbs when an active RoCE device exists, else TCP), installing what it needs first.
+# Extra arguments go to ccl-bench, e.g. scripts/bench.sh -b 1M -e 256M -d bf16
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh build
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release -q -p ccl-bench
+exec ./target/release/ccl-bench allreduce --np "${NP:-4}" -b 8 -e 64M -f 2 -n 20 -w 5 -c 1 "$@"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what building and testing ccl needs on Debian/Ubuntu (as root), skipping whatever is
+# already there. Usage: scripts/install-deps.sh [build|test]
+#   build: a Rust toolchain check, a C compiler and pkg-config
+#   test:  build + what the test suite uses
+set -euo pipefail
+what=${1:-build}
+log() { echo "[install-deps] $*" >&2; }
+
+if ! command -v cargo >/dev/null 2>&1; then
+  for d in "$HOME/.cargo/bin" /usr/local/cargo/bin; do
+    [ -x "$d/cargo" ] && export PATH="$d:$PATH"
+  done
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  log "cargo not found: install a Rust toolchain (1.85 or newer), e.g. from https://rustup.rs, then rerun"
+  exit 1
+fi
+
+pkgs=(gcc pkg-config)
+case "$what" in
+  build) ;;
+  test) pkgs+=(procps) ;;
+  *) log "unknown mode '$what' (build|test)"; exit 2 ;;
+esac
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    log "missing packages ${missing[*]}: run as root or install them yourself"
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  log "apt-get update"
+  apt-get update -qq
+  log "apt-get install ${missing[*]}"
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
