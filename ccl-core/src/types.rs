@@ -244,7 +244,12 @@ mod tests {
         for o in ReduceOp::ALL {
             assert_eq!(o.name().parse::<ReduceOp>().unwrap(), o);
         }
-        assert!("float128".parse::<DataType>().unwrap_err().contains("float128"));
+        assert!(
+            "float128"
+                .parse::<DataType>()
+                .unwrap_err()
+                .contains("float128")
+        );
         assert!("xor".parse::<ReduceOp>().unwrap_err().contains("xor"));
     }
 
