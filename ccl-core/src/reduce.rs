@@ -1,0 +1,646 @@
+//! Reduce kernels: combine two buffers element by element for every [`DataType`] x [`ReduceOp`].
+//!
+//! # Why byte slices
+//! The data path is untyped: transports hand over `&[u8]` staging buffers, the C ABI passes a
+//! `void*` plus a [`DataType`] tag, and one algorithm serves every element type. So the public
+//! kernels take bytes and the tag, and [`reduce_slice`] is a thin typed front over them.
+//!
+//! Byte slices may start anywhere (a chunk at an odd offset of a receive buffer). Aligned input,
+//! the normal case, is reinterpreted in place with `bytemuck` at no cost. Misaligned input is copied
+//! block by block into aligned stack buffers and run through the same typed kernel, so both paths
+//! compute the identical expression and give identical bytes.
+//!
+//! # Dispatch once per call
+//! `dtype` and `op` are matched once per call, selecting a loop monomorphized for that element type
+//! and operator; the loops themselves are branch-free straight-line code over zipped slices, which
+//! the compiler vectorizes for the baseline target. No `target-cpu`/target features are enabled
+//! because the binaries also run on machines (and emulators) without them; f16 conversions still
+//! use F16C when the CPU has it, through `half`'s run-time detection.
+//!
+//! # Bit-identical results on every rank
+//! Collectives are only correct if every rank ends up with the same bytes, and an allreduce may
+//! evaluate `a op b` on one rank and `b op a` on another. Integer ops and float min/max are made
+//! symmetric down to the bit: min/max return the canonical quiet NaN whenever an operand is NaN
+//! (IEEE 754-2019 `minimum`/`maximum` leave the payload unspecified, hardware picks an operand's),
+//! and order `-0.0` below `+0.0`. Float sum/prod are symmetric except for which NaN payload
+//! survives; [`Order`] lets an algorithm fix the operand order so every rank evaluates the same
+//! expression anyway. f16 and bf16 sums and products are computed in f32 and rounded back once per
+//! element (round-to-nearest-even), so the result does not depend on how a buffer was blocked;
+//! their min/max compare the bits directly, which picks the same operand without converting.
+
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+
+use crate::types::{DataType, Element, ReduceOp};
+
+/// Which operand comes first when combining; matters only for NaN payloads of sum/prod on floats,
+/// but algorithms use it so every rank evaluates exactly the same expression (bit-identical
+/// results).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// `acc (op) src`.
+    AccFirst,
+    /// `src (op) acc`.
+    SrcFirst,
+}
+
+/// `acc[i] = acc[i] (op) src[i]` ([`Order::AccFirst`]) or `src[i] (op) acc[i]`
+/// ([`Order::SrcFirst`]).
+///
+/// `op` is applied as [`ReduceOp::combiner`]: `Avg` combines as `Sum`, and the division happens
+/// once in [`finish_avg`].
+///
+/// # Panics
+/// If `acc.len() != src.len()` or the length is not a multiple of `dtype.size()`; callers validate
+/// user input before reaching the data path.
+pub fn reduce_inplace(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
+    check_len(dtype, acc.len(), src.len());
+    match dtype {
+        DataType::I8 => inplace_bytes::<i8>(op, acc, src, order),
+        DataType::U8 => inplace_bytes::<u8>(op, acc, src, order),
+        DataType::I32 => inplace_bytes::<i32>(op, acc, src, order),
+        DataType::U32 => inplace_bytes::<u32>(op, acc, src, order),
+        DataType::I64 => inplace_bytes::<i64>(op, acc, src, order),
+        DataType::U64 => inplace_bytes::<u64>(op, acc, src, order),
+        DataType::F16 => inplace_bytes::<f16>(op, acc, src, order),
+        DataType::F32 => inplace_bytes::<f32>(op, acc, src, order),
+        DataType::F64 => inplace_bytes::<f64>(op, acc, src, order),
+        DataType::Bf16 => inplace_bytes::<bf16>(op, acc, src, order),
+    }
+}
+
+/// `dst[i] = a[i] (op) b[i]`, with `a` as the first operand; same rules as [`reduce_inplace`].
+///
+/// # Panics
+/// If the three lengths differ or are not a multiple of `dtype.size()`.
+pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    check_len(dtype, dst.len(), a.len());
+    check_len(dtype, dst.len(), b.len());
+    match dtype {
+        DataType::I8 => into_bytes::<i8>(op, dst, a, b),
+        DataType::U8 => into_bytes::<u8>(op, dst, a, b),
+        DataType::I32 => into_bytes::<i32>(op, dst, a, b),
+        DataType::U32 => into_bytes::<u32>(op, dst, a, b),
+        DataType::I64 => into_bytes::<i64>(op, dst, a, b),
+        DataType::U64 => into_bytes::<u64>(op, dst, a, b),
+        DataType::F16 => into_bytes::<f16>(op, dst, a, b),
+        DataType::F32 => into_bytes::<f32>(op, dst, a, b),
+        DataType::F64 => into_bytes::<f64>(op, dst, a, b),
+        DataType::Bf16 => into_bytes::<bf16>(op, dst, a, b),
+    }
+}
+
+/// `x[i] = x[i] / n`: the final step of [`ReduceOp::Avg`], run once on the reduced sum.
+///
+/// Floats divide in the element type (f16 and bf16 through f32, rounded back to nearest-even).
+/// Integers divide the wrapped sum with truncation toward zero, as C does, even when `n` does not
+/// fit in the element type.
+///
+/// # Panics
+/// If `n == 0` or `x.len()` is not a multiple of `dtype.size()`.
+pub fn finish_avg(dtype: DataType, x: &mut [u8], n: usize) {
+    assert!(n > 0, "finish_avg: division by zero ranks");
+    check_len(dtype, x.len(), x.len());
+    match dtype {
+        DataType::I8 => avg_bytes::<i8>(x, n),
+        DataType::U8 => avg_bytes::<u8>(x, n),
+        DataType::I32 => avg_bytes::<i32>(x, n),
+        DataType::U32 => avg_bytes::<u32>(x, n),
+        DataType::I64 => avg_bytes::<i64>(x, n),
+        DataType::U64 => avg_bytes::<u64>(x, n),
+        DataType::F16 => avg_bytes::<f16>(x, n),
+        DataType::F32 => avg_bytes::<f32>(x, n),
+        DataType::F64 => avg_bytes::<f64>(x, n),
+        DataType::Bf16 => avg_bytes::<bf16>(x, n),
+    }
+}
+
+/// Typed form of [`reduce_inplace`].
+///
+/// # Panics
+/// If `acc.len() != src.len()`.
+pub fn reduce_slice<T: Element>(op: ReduceOp, acc: &mut [T], src: &[T], order: Order) {
+    // Typed slices are always aligned, so this lands on the fast path; going through the byte
+    // entry point keeps a single dispatch table.
+    reduce_inplace(
+        T::DTYPE,
+        op,
+        bytemuck::cast_slice_mut(acc),
+        bytemuck::cast_slice(src),
+        order,
+    );
+}
+
+fn check_len(dtype: DataType, a: usize, b: usize) {
+    assert!(a == b, "reduce: operand lengths differ ({a} and {b} bytes)");
+    assert!(
+        a % dtype.size() == 0,
+        "reduce: {a} bytes is not a whole number of {dtype} elements"
+    );
+}
+
+/// Elements per stack block on the misaligned path. 512 x 8 bytes keeps three blocks within a few
+/// KiB of stack yet long enough that the per-block copies are plain `memcpy`s.
+const UNALIGNED_BLOCK: usize = 512;
+
+/// Elements per f32 staging block for f16: a multiple of the widest conversion vector, small
+/// enough for three blocks to stay in L1 next to the operands.
+const HALF_BLOCK: usize = 256;
+
+fn inplace_bytes<T: Kernel>(op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
+    if let (Ok(a), Ok(s)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(acc),
+        bytemuck::try_cast_slice::<u8, T>(src),
+    ) {
+        return T::inplace(op, a, s, order);
+    }
+    let size = size_of::<T>();
+    let mut ta = [T::zeroed(); UNALIGNED_BLOCK];
+    let mut ts = [T::zeroed(); UNALIGNED_BLOCK];
+    for (ac, sc) in acc
+        .chunks_mut(UNALIGNED_BLOCK * size)
+        .zip(src.chunks(UNALIGNED_BLOCK * size))
+    {
+        let n = ac.len() / size;
+        let (ta, ts) = (&mut ta[..n], &mut ts[..n]);
+        bytemuck::cast_slice_mut(&mut *ta).copy_from_slice(ac);
+        bytemuck::cast_slice_mut(&mut *ts).copy_from_slice(sc);
+        T::inplace(op, ta, ts, order);
+        ac.copy_from_slice(bytemuck::cast_slice(ta));
+    }
+}
+
+fn into_bytes<T: Kernel>(op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    if let (Ok(d), Ok(x), Ok(y)) = (
+        bytemuck::try_cast_slice_mut::<u8, T>(dst),
+        bytemuck::try_cast_slice::<u8, T>(a),
+        bytemuck::try_cast_slice::<u8, T>(b),
+    ) {
+        return T::into(op, d, x, y);
+    }
+    let size = size_of::<T>();
+    let mut td = [T::zeroed(); UNALIGNED_BLOCK];
+    let mut ta = [T::zeroed(); UNALIGNED_BLOCK];
+    let mut tb = [T::zeroed(); UNALIGNED_BLOCK];
+    let block = UNALIGNED_BLOCK * size;
+    for ((dc, ac), bc) in dst
+        .chunks_mut(block)
+        .zip(a.chunks(block))
+        .zip(b.chunks(block))
+    {
+        let n = dc.len() / size;
+        let (td, ta, tb) = (&mut td[..n], &mut ta[..n], &mut tb[..n]);
+        bytemuck::cast_slice_mut(&mut *ta).copy_from_slice(ac);
+        bytemuck::cast_slice_mut(&mut *tb).copy_from_slice(bc);
+        T::into(op, td, ta, tb);
+        dc.copy_from_slice(bytemuck::cast_slice(td));
+    }
+}
+
+fn avg_bytes<T: Kernel>(x: &mut [u8], n: usize) {
+    if let Ok(t) = bytemuck::try_cast_slice_mut::<u8, T>(x) {
+        return T::div(t, n);
+    }
+    let size = size_of::<T>();
+    let mut tx = [T::zeroed(); UNALIGNED_BLOCK];
+    for xc in x.chunks_mut(UNALIGNED_BLOCK * size) {
+        let tx = &mut tx[..xc.len() / size];
+        bytemuck::cast_slice_mut(&mut *tx).copy_from_slice(xc);
+        T::div(tx, n);
+        xc.copy_from_slice(bytemuck::cast_slice(tx));
+    }
+}
+
+/// A type with typed kernels; `op` is matched here once, outside the element loops.
+trait Kernel: Element {
+    fn inplace(op: ReduceOp, acc: &mut [Self], src: &[Self], order: Order);
+    fn into(op: ReduceOp, dst: &mut [Self], a: &[Self], b: &[Self]);
+    fn div(x: &mut [Self], n: usize);
+}
+
+/// A binary operator as a type, so each (type, operator) pair gets its own monomorphized loop.
+trait BinOp<T> {
+    fn apply(a: T, b: T) -> T;
+}
+
+struct Sum;
+struct Prod;
+struct Min;
+struct Max;
+
+#[inline(always)]
+fn apply_inplace<T: Copy, O: BinOp<T>>(acc: &mut [T], src: &[T], order: Order) {
+    // Two loops rather than a select inside one: the order is fixed for the whole call.
+    match order {
+        Order::AccFirst => {
+            for (a, &s) in acc.iter_mut().zip(src) {
+                *a = O::apply(*a, s);
+            }
+        }
+        Order::SrcFirst => {
+            for (a, &s) in acc.iter_mut().zip(src) {
+                *a = O::apply(s, *a);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn apply_into<T: Copy, O: BinOp<T>>(dst: &mut [T], a: &[T], b: &[T]) {
+    for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+        *d = O::apply(x, y);
+    }
+}
+
+macro_rules! native_kernel {
+    ($($t:ty),*) => {$(
+        impl Kernel for $t {
+            fn inplace(op: ReduceOp, acc: &mut [Self], src: &[Self], order: Order) {
+                match op.combiner() {
+                    ReduceOp::Sum | ReduceOp::Avg => apply_inplace::<$t, Sum>(acc, src, order),
+                    ReduceOp::Prod => apply_inplace::<$t, Prod>(acc, src, order),
+                    ReduceOp::Min => apply_inplace::<$t, Min>(acc, src, order),
+                    ReduceOp::Max => apply_inplace::<$t, Max>(acc, src, order),
+                }
+            }
+
+            fn into(op: ReduceOp, dst: &mut [Self], a: &[Self], b: &[Self]) {
+                match op.combiner() {
+                    ReduceOp::Sum | ReduceOp::Avg => apply_into::<$t, Sum>(dst, a, b),
+                    ReduceOp::Prod => apply_into::<$t, Prod>(dst, a, b),
+                    ReduceOp::Min => apply_into::<$t, Min>(dst, a, b),
+                    ReduceOp::Max => apply_into::<$t, Max>(dst, a, b),
+                }
+            }
+
+            fn div(x: &mut [Self], n: usize) {
+                <$t as Divide>::divide(x, n);
+            }
+        }
+    )*};
+}
+
+native_kernel!(i8, u8, i32, u32, i64, u64, f32, f64);
+
+macro_rules! int_ops {
+    ($($t:ty),*) => {$(
+        impl BinOp<$t> for Sum {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a.wrapping_add(b) }
+        }
+        impl BinOp<$t> for Prod {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a.wrapping_mul(b) }
+        }
+        impl BinOp<$t> for Min {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a.min(b) }
+        }
+        impl BinOp<$t> for Max {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a.max(b) }
+        }
+    )*};
+}
+
+int_ops!(i8, u8, i32, u32, i64, u64);
+
+/// Integer division with truncation toward zero, as C does, valid for any `n >= 1`.
+#[inline(always)]
+fn wide_divide<T: Copy + Into<i128> + TryFrom<i128>>(x: &mut [T], n: usize) {
+    for v in x {
+        let q = (*v).into() / n as i128;
+        // |x / n| <= |x|, so the quotient always fits.
+        *v = T::try_from(q).unwrap_or_else(|_| unreachable!());
+    }
+}
+
+macro_rules! int_divide_via_float {
+    ($($t:ty => $f:ty),*) => {$(
+        impl Divide for $t {
+            fn divide(x: &mut [Self], n: usize) {
+                // Exact, and unlike integer division it vectorizes. With |x| and n below
+                // 2^(mantissa bits) both convert exactly, and the rounding error of the quotient,
+                // at most |x / n| * 2^-mantissa < 1 / n, is smaller than the distance (at least
+                // 1 / n) from a non-integer quotient to the nearest integer, so the rounded
+                // quotient truncates to C's x / n.
+                if (n as u64) < 1 << <$f>::MANTISSA_DIGITS {
+                    let d = n as $f;
+                    x.iter_mut().for_each(|v| *v = (<$f>::from(*v) / d) as $t);
+                } else {
+                    wide_divide(x, n);
+                }
+            }
+        }
+    )*};
+}
+
+int_divide_via_float!(i8 => f32, u8 => f32, i32 => f64, u32 => f64);
+
+macro_rules! int_divide {
+    ($($t:ty),*) => {$(
+        impl Divide for $t {
+            fn divide(x: &mut [Self], n: usize) {
+                match <$t>::try_from(n) {
+                    // `/` truncates toward zero like C; `n >= 1` rules out MIN / -1.
+                    Ok(d) => x.iter_mut().for_each(|v| *v /= d),
+                    Err(_) => wide_divide(x, n),
+                }
+            }
+        }
+    )*};
+}
+
+int_divide!(i64, u64);
+
+/// Average division, per type family.
+trait Divide: Sized {
+    fn divide(x: &mut [Self], n: usize);
+}
+
+macro_rules! float_ops {
+    ($($t:ty),*) => {$(
+        impl BinOp<$t> for Sum {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a + b }
+        }
+        impl BinOp<$t> for Prod {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a * b }
+        }
+        impl BinOp<$t> for Min {
+            /// IEEE 754-2019 `minimum` with a canonical NaN, written as selects so it vectorizes.
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t {
+                // On x86 each select is one `minps`/`minpd`, which returns its second operand when
+                // the two compare equal. OR-ing both operand orders gives -0 for (+0, -0) in
+                // either order and the operand itself otherwise; cheaper than a separate
+                // equality test and select.
+                let ab = if a < b { a } else { b };
+                let ba = if b < a { b } else { a };
+                let r = <$t>::from_bits(ab.to_bits() | ba.to_bits());
+                if a.is_nan() | b.is_nan() { <$t>::NAN } else { r }
+            }
+        }
+        impl BinOp<$t> for Max {
+            /// IEEE 754-2019 `maximum` with a canonical NaN, written as selects so it vectorizes.
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t {
+                // As for `Min`; AND-ing the bits of +0 and -0 gives +0.
+                let ab = if a > b { a } else { b };
+                let ba = if b > a { b } else { a };
+                let r = <$t>::from_bits(ab.to_bits() & ba.to_bits());
+                if a.is_nan() | b.is_nan() { <$t>::NAN } else { r }
+            }
+        }
+        impl Divide for $t {
+            fn divide(x: &mut [Self], n: usize) {
+                let d = n as $t;
+                x.iter_mut().for_each(|v| *v /= d);
+            }
+        }
+    )*};
+}
+
+float_ops!(f32, f64);
+
+// f16 and bf16. Sum and prod are computed in f32 and rounded back once per element. Min and max
+// only ever pick an operand (or NaN), so they compare the bits directly and never convert.
+
+/// Per-type pieces of the f16/bf16 kernels.
+trait Half: Element {
+    /// Bits of +infinity: a magnitude above it is a NaN.
+    const INF_BITS: u16;
+    /// The canonical quiet NaN.
+    const NAN_BITS: u16;
+    fn bits(self) -> u16;
+    fn with_bits(bits: u16) -> Self;
+    /// `acc = acc (op) src` (or `src (op) acc`) computed in f32.
+    fn arith_inplace<O: BinOp<f32>>(acc: &mut [Self], src: &[Self], order: Order);
+    /// `dst = a (op) b` computed in f32.
+    fn arith_into<O: BinOp<f32>>(dst: &mut [Self], a: &[Self], b: &[Self]);
+    /// `x = x / n` computed in f32.
+    fn div_f32(x: &mut [Self], n: usize);
+}
+
+/// Maps half-precision bits to an integer with the same order as the float values (for non-NaN
+/// values): negatives get their magnitude bits flipped, so `-0` lands just below `+0`.
+#[inline(always)]
+fn half_order_key(bits: u16) -> i16 {
+    let b = bits as i16;
+    b ^ (((b >> 15) as u16) >> 1) as i16
+}
+
+#[inline(always)]
+fn half_is_nan<H: Half>(x: H) -> bool {
+    x.bits() & 0x7FFF > H::INF_BITS
+}
+
+macro_rules! half_minmax {
+    ($($t:ty),*) => {$(
+        impl BinOp<$t> for Min {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t {
+                // Equal keys mean equal bits, so the tie needs no rule of its own.
+                let r = if half_order_key(a.bits()) < half_order_key(b.bits()) { a } else { b };
+                if half_is_nan(a) | half_is_nan(b) { <$t>::with_bits(<$t>::NAN_BITS) } else { r }
+            }
+        }
+        impl BinOp<$t> for Max {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t {
+                let r = if half_order_key(a.bits()) > half_order_key(b.bits()) { a } else { b };
+                if half_is_nan(a) | half_is_nan(b) { <$t>::with_bits(<$t>::NAN_BITS) } else { r }
+            }
+        }
+    )*};
+}
+
+half_minmax!(f16, bf16);
+
+macro_rules! half_kernel {
+    ($($t:ty),*) => {$(
+        impl Kernel for $t {
+            fn inplace(op: ReduceOp, acc: &mut [Self], src: &[Self], order: Order) {
+                match op.combiner() {
+                    ReduceOp::Sum | ReduceOp::Avg => Self::arith_inplace::<Sum>(acc, src, order),
+                    ReduceOp::Prod => Self::arith_inplace::<Prod>(acc, src, order),
+                    ReduceOp::Min => apply_inplace::<$t, Min>(acc, src, order),
+                    ReduceOp::Max => apply_inplace::<$t, Max>(acc, src, order),
+                }
+            }
+
+            fn into(op: ReduceOp, dst: &mut [Self], a: &[Self], b: &[Self]) {
+                match op.combiner() {
+                    ReduceOp::Sum | ReduceOp::Avg => Self::arith_into::<Sum>(dst, a, b),
+                    ReduceOp::Prod => Self::arith_into::<Prod>(dst, a, b),
+                    ReduceOp::Min => apply_into::<$t, Min>(dst, a, b),
+                    ReduceOp::Max => apply_into::<$t, Max>(dst, a, b),
+                }
+            }
+
+            fn div(x: &mut [Self], n: usize) {
+                Self::div_f32(x, n);
+            }
+        }
+    )*};
+}
+
+half_kernel!(f16, bf16);
+
+/// f16 arithmetic goes through `half`'s slice conversions, which use F16C when the CPU has it
+/// (detected at run time, so the baseline build still runs everywhere). They work a slice at a
+/// time, hence the f32 staging blocks.
+impl Half for f16 {
+    const INF_BITS: u16 = 0x7C00;
+    const NAN_BITS: u16 = 0x7E00;
+
+    #[inline(always)]
+    fn bits(self) -> u16 {
+        self.to_bits()
+    }
+
+    #[inline(always)]
+    fn with_bits(bits: u16) -> Self {
+        f16::from_bits(bits)
+    }
+
+    fn arith_inplace<O: BinOp<f32>>(acc: &mut [Self], src: &[Self], order: Order) {
+        let mut fa = [0f32; HALF_BLOCK];
+        let mut fs = [0f32; HALF_BLOCK];
+        for (ac, sc) in acc.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
+            let (fa, fs) = (&mut fa[..ac.len()], &mut fs[..ac.len()]);
+            ac.convert_to_f32_slice(fa);
+            sc.convert_to_f32_slice(fs);
+            apply_inplace::<f32, O>(fa, fs, order);
+            ac.convert_from_f32_slice(fa);
+        }
+    }
+
+    fn arith_into<O: BinOp<f32>>(dst: &mut [Self], a: &[Self], b: &[Self]) {
+        let mut fd = [0f32; HALF_BLOCK];
+        let mut fa = [0f32; HALF_BLOCK];
+        let mut fb = [0f32; HALF_BLOCK];
+        for ((dc, ac), bc) in dst
+            .chunks_mut(HALF_BLOCK)
+            .zip(a.chunks(HALF_BLOCK))
+            .zip(b.chunks(HALF_BLOCK))
+        {
+            let n = dc.len();
+            let (fd, fa, fb) = (&mut fd[..n], &mut fa[..n], &mut fb[..n]);
+            ac.convert_to_f32_slice(fa);
+            bc.convert_to_f32_slice(fb);
+            apply_into::<f32, O>(fd, fa, fb);
+            dc.convert_from_f32_slice(fd);
+        }
+    }
+
+    fn div_f32(x: &mut [Self], n: usize) {
+        let d = n as f32;
+        let mut fx = [0f32; HALF_BLOCK];
+        for xc in x.chunks_mut(HALF_BLOCK) {
+            let fx = &mut fx[..xc.len()];
+            xc.convert_to_f32_slice(fx);
+            fx.iter_mut().for_each(|v| *v /= d);
+            xc.convert_from_f32_slice(fx);
+        }
+    }
+}
+
+/// bf16 is the upper half of an f32, so both conversions are a few integer operations; done per
+/// element inside the loop they vectorize with the arithmetic and need no staging buffers.
+/// (`half`'s own bf16 slice conversions are scalar loops with branches.)
+impl Half for bf16 {
+    const INF_BITS: u16 = 0x7F80;
+    const NAN_BITS: u16 = 0x7FC0;
+
+    #[inline(always)]
+    fn bits(self) -> u16 {
+        self.to_bits()
+    }
+
+    #[inline(always)]
+    fn with_bits(bits: u16) -> Self {
+        bf16::from_bits(bits)
+    }
+
+    fn arith_inplace<O: BinOp<f32>>(acc: &mut [Self], src: &[Self], order: Order) {
+        apply_inplace::<bf16, ViaF32<O>>(acc, src, order);
+    }
+
+    fn arith_into<O: BinOp<f32>>(dst: &mut [Self], a: &[Self], b: &[Self]) {
+        apply_into::<bf16, ViaF32<O>>(dst, a, b);
+    }
+
+    fn div_f32(x: &mut [Self], n: usize) {
+        let d = n as f32;
+        x.iter_mut()
+            .for_each(|v| *v = bf16_from_f32(bf16_to_f32(*v) / d));
+    }
+}
+
+/// A bf16 operator evaluated in f32 with one rounding back.
+struct ViaF32<O>(std::marker::PhantomData<O>);
+
+impl<O: BinOp<f32>> BinOp<bf16> for ViaF32<O> {
+    #[inline(always)]
+    fn apply(a: bf16, b: bf16) -> bf16 {
+        bf16_from_f32(O::apply(bf16_to_f32(a), bf16_to_f32(b)))
+    }
+}
+
+#[inline(always)]
+fn bf16_to_f32(x: bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
+/// Bit-for-bit `bf16::from_f32` (round to nearest even; a NaN stays a NaN, quieted, with its upper
+/// payload), without the branches that keep `half`'s scalar version from vectorizing.
+#[inline(always)]
+fn bf16_from_f32(x: f32) -> bf16 {
+    let b = x.to_bits();
+    // Adding 0x7FFF plus the kept LSB carries into bit 16 exactly when the dropped half is above
+    // half an ULP, or exactly half and the kept part is odd. Cannot overflow unless `x` is a NaN.
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let quiet_nan = ((b >> 16) | 0x0040) as u16;
+    bf16::from_bits(if b & 0x7FFF_FFFF > 0x7F80_0000 {
+        quiet_nan
+    } else {
+        rounded
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The branch-free conversion must agree with `half` on every rounding case: each upper half
+    /// combined with low halves just below, at and above the rounding midpoint, plus the extremes.
+    #[test]
+    fn bf16_rounding_matches_half() {
+        let lows = [0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF];
+        for hi in 0..=0xFFFFu32 {
+            for lo in lows {
+                let x = f32::from_bits(hi << 16 | lo);
+                assert_eq!(
+                    bf16_from_f32(x).to_bits(),
+                    bf16::from_f32(x).to_bits(),
+                    "{:#010x}",
+                    x.to_bits()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn half_order_key_is_monotone() {
+        // Every non-NaN f16 in increasing order maps to strictly increasing keys.
+        let mut v: Vec<f16> = (0..=0xFFFFu16)
+            .map(f16::from_bits)
+            .filter(|x| !x.is_nan())
+            .collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        for w in v.windows(2) {
+            assert!(half_order_key(w[0].to_bits()) < half_order_key(w[1].to_bits()));
+        }
+    }
+}
