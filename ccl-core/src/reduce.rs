@@ -304,8 +304,13 @@ macro_rules! int_ops {
 
 int_ops!(i8, u8, i32, u32, i64, u64);
 
-/// Integer division with truncation toward zero, as C does, valid for any `n >= 1`.
-#[inline(always)]
+/// The division of [`finish_avg`], per type family.
+trait Divide: Sized {
+    fn divide(x: &mut [Self], n: usize);
+}
+
+/// Integer division with truncation toward zero, as C does, valid for any `n >= 1`: the path for
+/// more ranks than the element type can count, where `n` cannot be converted to it.
 fn wide_divide<T: Copy + Into<i128> + TryFrom<i128>>(x: &mut [T], n: usize) {
     for v in x {
         let q = (*v).into() / n as i128;
@@ -314,27 +319,26 @@ fn wide_divide<T: Copy + Into<i128> + TryFrom<i128>>(x: &mut [T], n: usize) {
     }
 }
 
-macro_rules! int_divide_via_float {
-    ($($t:ty => $f:ty),*) => {$(
+macro_rules! int_divide_by_table {
+    ($($t:ty),*) => {$(
         impl Divide for $t {
             fn divide(x: &mut [Self], n: usize) {
-                // Exact, and unlike integer division it vectorizes. With |x| and n below
-                // 2^(mantissa bits) both convert exactly, and the rounding error of the quotient,
-                // at most |x / n| * 2^-mantissa < 1 / n, is smaller than the distance (at least
-                // 1 / n) from a non-integer quotient to the nearest integer, so the rounded
-                // quotient truncates to C's x / n.
-                if (n as u64) < 1 << <$f>::MANTISSA_DIGITS {
-                    let d = n as $f;
-                    x.iter_mut().for_each(|v| *v = (<$f>::from(*v) / d) as $t);
-                } else {
-                    wide_divide(x, n);
+                // Integer division does not vectorize and costs many cycles per element; with
+                // only 256 possible values, dividing each once and looking results up is several
+                // times faster on any buffer worth averaging.
+                let mut table = [0 as $t; 256];
+                for (b, q) in table.iter_mut().enumerate() {
+                    let v = i32::from(b as u8 as $t);
+                    // `/` truncates toward zero like C; every |v| <= 255 < n gives 0.
+                    *q = if n <= 255 { (v / n as i32) as $t } else { 0 };
                 }
+                x.iter_mut().for_each(|v| *v = table[*v as u8 as usize]);
             }
         }
     )*};
 }
 
-int_divide_via_float!(i8 => f32, u8 => f32, i32 => f64, u32 => f64);
+int_divide_by_table!(i8, u8);
 
 macro_rules! int_divide {
     ($($t:ty),*) => {$(
@@ -350,12 +354,7 @@ macro_rules! int_divide {
     )*};
 }
 
-int_divide!(i64, u64);
-
-/// Average division, per type family.
-trait Divide: Sized {
-    fn divide(x: &mut [Self], n: usize);
-}
+int_divide!(i32, u32, i64, u64);
 
 macro_rules! float_ops {
     ($($t:ty),*) => {$(
