@@ -501,7 +501,7 @@ trait Float: Element {
     fn canonical_nan() -> Self;
     fn nans() -> Vec<Self>;
     fn others() -> Vec<Self>;
-    fn is_nan_(self) -> bool;
+    fn is_nan_value(self) -> bool;
 }
 
 macro_rules! float_impl {
@@ -527,7 +527,7 @@ macro_rules! float_impl {
                 let v = [0.0f32, -0.0, 1.0, -2.5, f32::INFINITY, f32::NEG_INFINITY];
                 v.into_iter().map(|x| <$t>::from_f64(x as f64)).collect()
             }
-            fn is_nan_(self) -> bool {
+            fn is_nan_value(self) -> bool {
                 self.is_nan()
             }
         }
@@ -589,7 +589,7 @@ fn check_nan<T: Float>() {
         }
         for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Avg] {
             for r in combine_all(op, a, b) {
-                assert!(r.is_nan_(), "{} {op}({a:?}, {b:?}) = {r:?}", T::DTYPE);
+                assert!(r.is_nan_value(), "{} {op}({a:?}, {b:?}) = {r:?}", T::DTYPE);
             }
         }
     }
@@ -610,7 +610,7 @@ fn check_nan<T: Float>() {
         assert!(
             acc.iter()
                 .enumerate()
-                .all(|(i, x)| x.is_nan_() == (i == 37))
+                .all(|(i, x)| x.is_nan_value() == (i == 37))
         );
     }
 }
