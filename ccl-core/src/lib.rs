@@ -16,4 +16,5 @@ pub mod types;
 pub use bootstrap::UniqueId;
 pub use config::Config;
 pub use error::{Error, ErrorKind, Result};
+pub use reduce::{Order, finish_avg, reduce_inplace, reduce_into, reduce_slice};
 pub use types::{DataType, Element, ReduceOp};

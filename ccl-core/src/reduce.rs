@@ -24,8 +24,9 @@
 //! (IEEE 754-2019 `minimum`/`maximum` leave the payload unspecified, hardware picks an operand's),
 //! and order `-0.0` below `+0.0`. Float sum/prod are symmetric except for which NaN payload
 //! survives; [`Order`] lets an algorithm fix the operand order so every rank evaluates the same
-//! expression anyway. f16 and bf16 are computed in f32 and rounded back once per operation
-//! (round-to-nearest-even), so the result does not depend on how a buffer was blocked.
+//! expression anyway. f16 and bf16 sums and products are computed in f32 and rounded back once per
+//! element (round-to-nearest-even), so the result does not depend on how a buffer was blocked;
+//! their min/max compare the bits directly, which picks the same operand without converting.
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
@@ -298,29 +299,62 @@ macro_rules! int_ops {
             #[inline(always)]
             fn apply(a: $t, b: $t) -> $t { a.max(b) }
         }
+    )*};
+}
+
+int_ops!(i8, u8, i32, u32, i64, u64);
+
+/// The division of [`finish_avg`], per type family.
+trait Divide: Sized {
+    fn divide(x: &mut [Self], n: usize);
+}
+
+/// Integer division with truncation toward zero, as C does, valid for any `n >= 1`: the path for
+/// more ranks than the element type can count, where `n` cannot be converted to it.
+fn wide_divide<T: Copy + Into<i128> + TryFrom<i128>>(x: &mut [T], n: usize) {
+    for v in x {
+        let q = (*v).into() / n as i128;
+        // |x / n| <= |x|, so the quotient always fits.
+        *v = T::try_from(q).unwrap_or_else(|_| unreachable!());
+    }
+}
+
+macro_rules! int_divide_by_table {
+    ($($t:ty),*) => {$(
+        impl Divide for $t {
+            fn divide(x: &mut [Self], n: usize) {
+                // Integer division does not vectorize and costs many cycles per element; with
+                // only 256 possible values, dividing each once and looking results up is several
+                // times faster on any buffer worth averaging.
+                let mut table = [0 as $t; 256];
+                for (b, q) in table.iter_mut().enumerate() {
+                    let v = i32::from(b as u8 as $t);
+                    // `/` truncates toward zero like C; every |v| <= 255 < n gives 0.
+                    *q = if n <= 255 { (v / n as i32) as $t } else { 0 };
+                }
+                x.iter_mut().for_each(|v| *v = table[*v as u8 as usize]);
+            }
+        }
+    )*};
+}
+
+int_divide_by_table!(i8, u8);
+
+macro_rules! int_divide {
+    ($($t:ty),*) => {$(
         impl Divide for $t {
             fn divide(x: &mut [Self], n: usize) {
                 match <$t>::try_from(n) {
-                    // Rust's `/` truncates toward zero like C; `n >= 1` rules out MIN / -1.
+                    // `/` truncates toward zero like C; `n >= 1` rules out MIN / -1.
                     Ok(d) => x.iter_mut().for_each(|v| *v /= d),
-                    // More ranks than the type's maximum: only a wide division gets the edge
-                    // case right (i8: -128 / 128 == -1, everything else 0).
-                    Err(_) => x.iter_mut().for_each(|v| {
-                        let q = i128::from(*v) / n as i128;
-                        *v = <$t>::try_from(q).expect("|x / n| <= |x|");
-                    }),
+                    Err(_) => wide_divide(x, n),
                 }
             }
         }
     )*};
 }
 
-int_ops!(i8, u8, i32, u32, i64, u64);
-
-/// Average division, per type family.
-trait Divide: Sized {
-    fn divide(x: &mut [Self], n: usize);
-}
+int_divide!(i32, u32, i64, u64);
 
 macro_rules! float_ops {
     ($($t:ty),*) => {$(
@@ -336,9 +370,10 @@ macro_rules! float_ops {
             /// IEEE 754-2019 `minimum` with a canonical NaN, written as selects so it vectorizes.
             #[inline(always)]
             fn apply(a: $t, b: $t) -> $t {
-                // Each select is one SSE `minps`, which returns its second operand when the two
-                // compare equal. Both operand orders OR-ed together give `-0` for (+0, -0) in
-                // either order, and the operand itself otherwise.
+                // On x86 each select is one `minps`/`minpd`, which returns its second operand when
+                // the two compare equal. OR-ing both operand orders gives -0 for (+0, -0) in
+                // either order and the operand itself otherwise; cheaper than a separate
+                // equality test and select.
                 let ab = if a < b { a } else { b };
                 let ba = if b < a { b } else { a };
                 let r = <$t>::from_bits(ab.to_bits() | ba.to_bits());
