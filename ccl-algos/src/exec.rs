@@ -308,11 +308,16 @@ pub fn run(
         }
         let idle = last_progress.elapsed();
         if idle >= cfg.timeout {
-            return Err(fail(Error::timeout(format!(
+            let mut e = Error::timeout(format!(
                 "no progress for {:.1} s; {}",
                 idle.as_secs_f64(),
                 describe_pending(s, st, es)
-            ))));
+            ));
+            // The peer whose data we wait for is the one to look at first.
+            if let Some(p) = first_waited_peer(s, st, es) {
+                e = e.peer(p);
+            }
+            return Err(fail(e));
         }
         if idle < cfg.spin {
             // Give the core away if anything else wants it: on an oversubscribed machine the
@@ -430,6 +435,14 @@ fn run_local(
         Action::Send { .. } | Action::Recv { .. } => unreachable!("local queue holds local ops"),
     }
     Ok(())
+}
+
+/// The first peer with a receive whose dependencies are met but whose data has not arrived.
+fn first_waited_peer(s: &Schedule, st: &ExecState, es: usize) -> Option<usize> {
+    s.peers.iter().enumerate().find_map(|(pi, p)| {
+        let &id = p.recvs.get(st.recv_cur[pi])?;
+        st.deps_done(s, id, es).then_some(p.peer)
+    })
 }
 
 /// What each peer queue is waiting for, for timeout messages.
