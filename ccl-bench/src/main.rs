@@ -83,6 +83,11 @@ struct BenchArgs {
     /// Force an algorithm (same syntax as CCL_ALGO).
     #[arg(long)]
     algo: Option<String>,
+    /// With --np: bind rank r to the r-th CPU this process may use (`core`, the default when
+    /// there are at least as many CPUs as ranks, as Open MPI does), or leave placement to the
+    /// scheduler (`none`). Two ranks sharing a CPU take turns instead of overlapping.
+    #[arg(long, default_value = "core", value_parser = ["core", "none"])]
+    bind: String,
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -120,7 +125,7 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Some(n) if config.transport == TransportKind::Local => run_threads(&coll, &args, config, n),
-        Some(n) => launch(&config, n),
+        Some(n) => launch(&config, n, args.bind == "core"),
         None => match Communicator::from_env_with_config(config) {
             Ok(comm) => bench_rank(&coll, &comm, &args),
             Err(e) => {
@@ -237,7 +242,7 @@ fn run_threads(
 }
 
 /// `--np N`: start N rank processes of this program and be their rendezvous root.
-fn launch(config: &Config, n: usize) -> ExitCode {
+fn launch(config: &Config, n: usize, bind: bool) -> ExitCode {
     let ip = match &config.socket_ifname {
         Some(spec) => match ccl_core::net::pick_local_ip(Some(spec)) {
             Ok(ip) => ip,
@@ -287,7 +292,12 @@ fn launch(config: &Config, n: usize) -> ExitCode {
             cmd.env("CCL_SOCKET_IFNAME", "=lo");
         }
         match cmd.spawn() {
-            Ok(c) => children.push(Some(c)),
+            Ok(c) => {
+                if bind {
+                    bind_to_cpu(&c, rank, n);
+                }
+                children.push(Some(c))
+            }
             Err(e) => {
                 eprintln!("ccl-bench: cannot start rank {rank}: {e}");
                 kill_all(&mut children);
@@ -337,6 +347,26 @@ fn launch(config: &Config, n: usize) -> ExitCode {
     } else {
         eprintln!("ccl-bench: failed: {}", failed.join(", "));
         ExitCode::FAILURE
+    }
+}
+
+/// Pins a rank process to one of the CPUs this process may run on, when there is one per rank.
+fn bind_to_cpu(child: &Child, rank: usize, n: usize) {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    use nix::unistd::Pid;
+    let Ok(mine) = sched_getaffinity(Pid::from_raw(0)) else {
+        return;
+    };
+    let cpus: Vec<usize> = (0..CpuSet::count())
+        .filter(|&c| mine.is_set(c).unwrap_or(false))
+        .collect();
+    if cpus.len() < n {
+        return;
+    }
+    let mut set = CpuSet::new();
+    if set.set(cpus[rank]).is_ok() {
+        // Best effort: an unpinned rank still runs correctly.
+        let _ = sched_setaffinity(Pid::from_raw(child.id() as i32), &set);
     }
 }
 

@@ -37,28 +37,43 @@ impl Algo {
         }
     }
 
-    /// Alpha-beta estimate of the time of one allreduce of `bytes` over `n` ranks, in seconds.
+    /// Alpha-beta-gamma estimate of one allreduce of `bytes` over `n` ranks, in seconds:
+    /// latency per step, bytes on the wire per rank over the link bandwidth, and bytes reduced
+    /// per rank over the reduction rate (which separates the two algorithms at two ranks, where
+    /// both send the same bytes).
     pub fn cost(self, n: usize, bytes: usize, t: &TransportProperties) -> f64 {
         if n <= 1 {
             return 0.0;
         }
-        let (alpha, beta) = (t.latency.as_secs_f64(), 1.0 / t.bandwidth);
+        let (alpha, beta, gamma) = (
+            t.latency.as_secs_f64(),
+            1.0 / t.bandwidth,
+            1.0 / REDUCE_RATE,
+        );
         let nf = n as f64;
         let b = bytes as f64;
         match self {
-            Algo::Ring => 2.0 * (nf - 1.0) * alpha + 2.0 * (nf - 1.0) / nf * b * beta,
+            Algo::Ring => {
+                let share = (nf - 1.0) / nf * b;
+                2.0 * (nf - 1.0) * alpha + 2.0 * share * beta + share * gamma
+            }
             Algo::RecursiveDoubling => {
                 let p = if n.is_power_of_two() {
                     n
                 } else {
                     n.next_power_of_two() / 2
                 };
-                let steps = p.trailing_zeros() as f64 + if p == n { 0.0 } else { 2.0 };
-                steps * (alpha + b * beta)
+                let exchanges = p.trailing_zeros() as f64;
+                // Non-powers of two fold in and hand back: two more whole-buffer transfers.
+                let extra = if p == n { 0.0 } else { 2.0 };
+                (exchanges + extra) * (alpha + b * beta) + (exchanges + extra / 2.0) * b * gamma
             }
         }
     }
 }
+
+/// Bytes per second one core reduces (two operands in, one out) at sizes that leave the cache.
+const REDUCE_RATE: f64 = 10.0e9;
 
 impl fmt::Display for Algo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
