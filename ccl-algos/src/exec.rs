@@ -320,10 +320,10 @@ pub fn run(
             return Err(fail(e));
         }
         if idle < cfg.spin {
-            // Give the core away if anything else wants it: on an oversubscribed machine the
-            // peer we are waiting for may be the one that is runnable. When nothing else is
-            // runnable this returns at once.
-            std::thread::yield_now();
+            // Plain busy-polling: yielding here would hand a competing process a whole
+            // timeslice per round (measured: 8 B allreduce 3.4 us -> 1.5 ms beside one busy
+            // loop). Blocking after the spin window is what leaves the core to others.
+            std::hint::spin_loop();
             continue;
         }
         block(comm, links, st, s, es, chunk, cfg.timeout - idle).map_err(fail)?;

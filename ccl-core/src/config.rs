@@ -46,7 +46,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "CCL_SPIN_US",
-        default: "100",
+        default: "20",
         help: "microseconds a waiting rank busy-polls before it blocks in poll(2)",
     },
     Setting {

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Allreduce over loopback TCP, ccl against Open MPI (ob1 + TCP BTL, bound to cores as Open MPI
+# does by default for two ranks), measured side by side: ROUNDS interleaved rounds, median
+# busbw per size, as a markdown table. Installs Open MPI if it is missing.
+# Usage: scripts/compare-tcp.sh [NP] ; env ROUNDS (3), ITERS (20), MIN (8), MAX (256M bytes)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NP=${1:-2}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-20}; MIN=${MIN:-8}; MAX=${MAX:-268435456}
+scripts/install-deps.sh build
+if ! command -v mpicc.openmpi >/dev/null || ! command -v mpirun.openmpi >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -q --no-install-recommends openmpi-bin libopenmpi-dev >&2
+fi
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release -q -p ccl-bench
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+mpicc.openmpi -O2 -o "$out/mpi_allreduce" scripts/peers/mpi_allreduce.c
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+bind=(--bind-to core); [ "$NP" -gt "$(nproc)" ] && bind=(--oversubscribe --bind-to none)
+# Busy share of all CPUs over half a second, from /proc/stat, in percent.
+busy() {
+  local a b
+  a=($(head -1 /proc/stat)); sleep 0.5; b=($(head -1 /proc/stat))
+  local t=0 i
+  for i in 1 2 3 4 5 6 7 8; do t=$((t + b[i] - a[i])); done
+  local idle=$((b[4] - a[4] + b[5] - a[5]))
+  echo $(( t > 0 ? 100 * (t - idle) / t : 0 ))
+}
+# Wait (up to QUIET_WAIT s) until other work uses less than QUIET_PCT % of the machine.
+quiet() {
+  local waited=0 b
+  while b=$(busy); [ "$b" -ge "${QUIET_PCT:-15}" ] && [ "$waited" -lt "${QUIET_WAIT:-180}" ]; do
+    sleep 2; waited=$((waited + 3))
+  done
+  echo "  machine busy ${b}% before measuring (waited ${waited}s)" >&2
+}
+for r in $(seq 1 "$ROUNDS"); do
+  echo "round $r/$ROUNDS" >&2
+  quiet
+  ./target/release/ccl-bench allreduce --np "$NP" --transport tcp -b "$MIN" -e "$MAX" -f 4 \
+    -n "$ITERS" -w 5 -c 1 --json "$out/ccl.$r.json" >/dev/null
+  quiet
+  mpirun.openmpi -np "$NP" "${bind[@]}" --mca pml ob1 --mca btl self,tcp \
+    "$out/mpi_allreduce" "$MIN" "$MAX" 4 "$ITERS" 5 > "$out/mpi.$r.txt"
+done
+python3 - "$out" "$ROUNDS" "$NP" <<'PY'
+import json, sys, statistics as st
+out, rounds, np_ = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ccl, mpi = {}, {}
+for r in range(1, rounds + 1):
+    for row in json.load(open(f"{out}/ccl.{r}.json"))["results"]:
+        if row["placement"] == "out-of-place":
+            assert row["wrong"] == 0, row
+            ccl.setdefault(row["size"], []).append((row["time_us"], row["busbw_gbs"]))
+    for line in open(f"{out}/mpi.{r}.txt"):
+        b, t, bw, ok = line.split()
+        assert ok == "ok", line
+        mpi.setdefault(int(b), []).append((float(t), float(bw)))
+def fmt(b):
+    for u, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= s: return f"{b // s} {u}"
+    return f"{b} B"
+print(f"| size ({np_} ranks) | ccl time (us) | ccl busbw (GB/s) | Open MPI time (us) | Open MPI busbw (GB/s) | ccl / Open MPI |")
+print("|---:|---:|---:|---:|---:|---:|")
+for b in sorted(ccl):
+    ct = st.median(t for t, _ in ccl[b]); cb = st.median(x for _, x in ccl[b])
+    if b in mpi:
+        mt = st.median(t for t, _ in mpi[b]); mb = st.median(x for _, x in mpi[b])
+        print(f"| {fmt(b)} | {ct:.2f} | {cb:.3f} | {mt:.2f} | {mb:.3f} | {mt / ct:.2f}x |")
+PY
