@@ -269,11 +269,20 @@ pub fn run(
                 if !st.deps_done(s, id, es) {
                     break;
                 }
+                // A receive that streams from a producer (a second child's data reduced behind
+                // the first's) may go only as far as the producer has.
+                let limit = match s.ops[id].stream_from {
+                    Some(src) => st.done[src].min(len),
+                    None => len,
+                };
+                if limit <= st.done[id] {
+                    break;
+                }
                 let k = recv_some(
                     s,
                     id,
                     st.done[id],
-                    len,
+                    limit,
                     bufs,
                     links,
                     p.peer,
@@ -336,7 +345,7 @@ fn recv_some(
     s: &Schedule,
     id: OpId,
     done: usize,
-    len: usize,
+    limit: usize,
     bufs: &mut Buffers<'_>,
     links: &mut Links,
     peer: usize,
@@ -352,7 +361,7 @@ fn recv_some(
     match combine {
         Combine::Copy => {
             let d = bufs.get_mut(&dst, es)?;
-            ep.recv(&mut d[done..])
+            ep.recv(&mut d[done..limit])
         }
         Combine::Reduce {
             with,
@@ -369,7 +378,7 @@ fn recv_some(
             } else {
                 Order::AccFirst
             };
-            ep.recv_with(len - done, &mut |incoming: &[u8]| {
+            ep.recv_with(limit - done, &mut |incoming: &[u8]| {
                 // Whole elements only; a partial one is offered again once complete.
                 let k = incoming.len() / es * es;
                 if k == 0 {
@@ -488,7 +497,10 @@ fn block(
     for (pi, p) in s.peers.iter().enumerate() {
         let mut i = Interest::default();
         if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
-            i.recv = st.deps_done(s, id, es);
+            let streamed = s.ops[id]
+                .stream_from
+                .is_none_or(|src| st.done[src] > st.done[id]);
+            i.recv = st.deps_done(s, id, es) && streamed;
         }
         if let Some(&id) = p.sends.get(st.send_cur[pi]) {
             let len = s.ops[id].action.len() * es;

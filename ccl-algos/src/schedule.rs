@@ -122,8 +122,8 @@ pub struct Op {
     pub action: Action,
     /// Ops that must be complete before this one starts.
     pub deps: Vec<OpId>,
-    /// For a send: the op producing its data, element for element; the send may go as far as that
-    /// op has progressed.
+    /// For a send or a receive: the op producing its data (for a reducing receive, the partial
+    /// result it reduces into), element for element; the op may go as far as that op has.
     pub stream_from: Option<OpId>,
     /// Which step of the algorithm this is, for error messages and traces.
     pub step: u32,
@@ -216,13 +216,14 @@ impl Schedule {
     /// Checks structural rules: regions inside their buffers, dependencies pointing backwards,
     /// streams pairing equal lengths, no op reading the send buffer in place, and no receive
     /// writing a region that an unfinished earlier op still reads or writes.
-    pub fn validate(&self, count: usize, in_place: bool) -> Result<(), String> {
+    pub fn validate(&self, send_len: usize, recv_len: usize, in_place: bool) -> Result<(), String> {
         let inside = |r: &Region| -> Result<(), String> {
             let cap = match r.buf {
                 Buf::Send if in_place => {
                     return Err(format!("{r:?} uses the send buffer in place"));
                 }
-                Buf::Send | Buf::Recv => count,
+                Buf::Send => send_len,
+                Buf::Recv => recv_len,
                 Buf::Scratch => self.scratch,
             };
             if r.end() > cap {
@@ -258,10 +259,11 @@ impl Schedule {
                 Action::FinishAvg { region } => inside(&region)?,
             }
             if let Some(s) = op.stream_from {
-                if self.ops[s].action.len() != op.action.len()
-                    || !matches!(op.action, Action::Send { .. })
-                {
+                if self.ops[s].action.len() != op.action.len() {
                     return Err(format!("op {id} streams from op {s} of a different length"));
+                }
+                if !matches!(op.action, Action::Send { .. } | Action::Recv { .. }) {
+                    return Err(format!("op {id}: only sends and receives stream"));
                 }
             }
         }

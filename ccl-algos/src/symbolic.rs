@@ -196,6 +196,7 @@ pub fn simulate(
                 }
                 if let Some(&id) = p.recvs.get(st.recv_cur[pi])
                     && deps_ok(id)
+                    && s.ops[id].stream_from.is_none_or(|x| st.executed[x])
                     && !channels[p.peer][r].is_empty()
                 {
                     ready.push((r, id));

@@ -16,7 +16,7 @@ fn check(algo: Algo, n: usize, count: usize, in_place: bool, op: ReduceOp, seeds
                 in_place,
                 op,
             });
-            s.validate(count, in_place)
+            s.validate(count, count, in_place)
                 .unwrap_or_else(|e| panic!("{algo} n={n} rank={rank} count={count}: {e}"));
             s
         })

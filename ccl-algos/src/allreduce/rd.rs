@@ -202,7 +202,7 @@ mod tests {
                         op: ReduceOp::Avg,
                     };
                     build(&sh)
-                        .validate(5, in_place)
+                        .validate(5, 5, in_place)
                         .unwrap_or_else(|e| panic!("n={n} r={r}: {e}"));
                 }
             }

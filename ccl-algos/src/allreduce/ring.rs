@@ -150,7 +150,7 @@ mod tests {
                 in_place: true,
                 op: ReduceOp::Sum,
             });
-            sc.validate(count, true).unwrap();
+            sc.validate(count, count, true).unwrap();
             // 2(n-1) chunks of about count/n elements.
             let sent = sc.bytes_sent(4) as f64;
             let ideal = 2.0 * (n as f64 - 1.0) / n as f64 * count as f64 * 4.0;
