@@ -32,6 +32,19 @@ pub struct Buffers<'a> {
     pub send: Option<&'a [u8]>,
     pub recv: &'a mut [u8],
     pub scratch: &'a mut [u8],
+    /// More caller buffers (`Buf::Extra(i)`), for groups of sends and receives.
+    pub extra: Vec<ExtraBuf<'a>>,
+}
+
+/// A caller buffer of a point-to-point group: sent from, or received into.
+#[derive(Debug)]
+pub enum ExtraBuf<'a> {
+    Src(&'a [u8]),
+    Dst(&'a mut [u8]),
+}
+
+fn outside(r: &Region) -> Error {
+    Error::internal(format!("schedule region {r:?} is outside its buffer"))
 }
 
 impl Buffers<'_> {
@@ -46,9 +59,13 @@ impl Buffers<'_> {
                 .ok_or_else(|| Error::internal("schedule reads the send buffer in place"))?,
             Buf::Recv => self.recv,
             Buf::Scratch => self.scratch,
+            Buf::Extra(i) => match self.extra.get(i as usize) {
+                Some(ExtraBuf::Src(b)) => b,
+                Some(ExtraBuf::Dst(b)) => b,
+                None => return Err(Error::internal(format!("no group buffer {i}"))),
+            },
         };
-        b.get(Self::range(r, es))
-            .ok_or_else(|| Error::internal(format!("schedule region {r:?} is outside its buffer")))
+        b.get(Self::range(r, es)).ok_or_else(|| outside(r))
     }
 
     fn get_mut(&mut self, r: &Region, es: usize) -> Result<&mut [u8]> {
@@ -56,9 +73,17 @@ impl Buffers<'_> {
             Buf::Send => return Err(Error::internal("schedule writes the send buffer")),
             Buf::Recv => self.recv,
             Buf::Scratch => self.scratch,
+            Buf::Extra(i) => match self.extra.get_mut(i as usize) {
+                Some(ExtraBuf::Dst(b)) => b,
+                Some(ExtraBuf::Src(_)) => {
+                    return Err(Error::internal(format!(
+                        "schedule writes send-only group buffer {i}"
+                    )));
+                }
+                None => return Err(Error::internal(format!("no group buffer {i}"))),
+            },
         };
-        b.get_mut(Self::range(r, es))
-            .ok_or_else(|| Error::internal(format!("schedule region {r:?} is outside its buffer")))
+        b.get_mut(Self::range(r, es)).ok_or_else(|| outside(r))
     }
 
     /// `dst` for writing and `src` for reading; `None` for `src` when it is `dst` itself.
@@ -76,22 +101,24 @@ impl Buffers<'_> {
                 "overlapping operands {dst:?} {src:?}"
             )));
         }
+        let Buffers {
+            send,
+            recv,
+            scratch,
+            ..
+        } = self;
+        let no_send = || Error::internal("schedule reads the send buffer in place");
         if dst.buf != src.buf {
-            let Buffers {
-                send,
-                recv,
-                scratch,
-            } = self;
-            let no_send = || Error::internal("schedule reads the send buffer in place");
             let (d, sb): (&mut [u8], &[u8]) = match (dst.buf, src.buf) {
                 (Buf::Recv, Buf::Send) => (recv, send.ok_or_else(no_send)?),
                 (Buf::Recv, Buf::Scratch) => (recv, scratch),
                 (Buf::Scratch, Buf::Send) => (scratch, send.ok_or_else(no_send)?),
                 (Buf::Scratch, Buf::Recv) => (scratch, recv),
-                _ => return Err(Error::internal("schedule writes the send buffer")),
-            };
-            let outside = |r: &Region| {
-                Error::internal(format!("schedule region {r:?} is outside its buffer"))
+                _ => {
+                    return Err(Error::internal(
+                        "unsupported operand buffers for a local op",
+                    ));
+                }
             };
             let sl = sb.get(Self::range(src, es)).ok_or_else(|| outside(src))?;
             let dl = d
@@ -101,13 +128,17 @@ impl Buffers<'_> {
         }
         // Same buffer, disjoint ranges: split it.
         let whole: &mut [u8] = match dst.buf {
-            Buf::Recv => self.recv,
-            Buf::Scratch => self.scratch,
-            Buf::Send => return Err(Error::internal("schedule writes the send buffer")),
+            Buf::Recv => recv,
+            Buf::Scratch => scratch,
+            _ => {
+                return Err(Error::internal(
+                    "unsupported operand buffers for a local op",
+                ));
+            }
         };
         let (dr, sr) = (Self::range(dst, es), Self::range(src, es));
         if dr.end.max(sr.end) > whole.len() {
-            return Err(Error::internal("schedule region outside its buffer"));
+            return Err(outside(dst));
         }
         if dr.start < sr.start {
             let (a, b) = whole.split_at_mut(sr.start);

@@ -12,7 +12,7 @@
 use ccl_core::ReduceOp;
 
 /// Which buffer a region lies in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Buf {
     /// The caller's input (out-of-place collectives only).
     Send,
@@ -20,6 +20,8 @@ pub enum Buf {
     Recv,
     /// Temporary space owned by the communicator.
     Scratch,
+    /// More caller buffers, for groups of point-to-point operations.
+    Extra(u16),
 }
 
 /// A range of a buffer, in elements.
@@ -116,6 +118,30 @@ impl Action {
 /// Index of an op in its schedule.
 pub type OpId = usize;
 
+/// The regions an op reads and the regions it writes.
+pub fn access(a: &Action) -> (Vec<Region>, Vec<Region>) {
+    match *a {
+        Action::Send { src, .. } => (vec![src], vec![]),
+        Action::Recv { dst, combine, .. } => match combine {
+            Combine::Copy => (vec![], vec![dst]),
+            Combine::Reduce { with, .. } => (vec![with.unwrap_or(dst)], vec![dst]),
+        },
+        Action::Copy { src, dst } => (vec![src], vec![dst]),
+        Action::Reduce { dst, src, .. } => (vec![src, dst], vec![dst]),
+        Action::FinishAvg { region } => (vec![region], vec![region]),
+    }
+}
+
+fn conflicts(a: &Action, b: &Action) -> bool {
+    let (ar, aw) = access(a);
+    let (br, bw) = access(b);
+    let hit = |x: &[Region], y: &[Region]| {
+        x.iter()
+            .any(|p| p.len > 0 && y.iter().any(|q| q.len > 0 && p.overlaps(q)))
+    };
+    hit(&aw, &br) || hit(&ar, &bw) || hit(&aw, &bw)
+}
+
 /// One step of a schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Op {
@@ -181,6 +207,17 @@ impl Schedule {
         self.ops.len() - 1
     }
 
+    /// Appends an op that waits for every earlier op it conflicts with (one that writes data this
+    /// op reads, or reads or writes data this op writes), except `stream_from`, which it follows
+    /// piece by piece instead. Builders state only what streams; the hazards take care of
+    /// themselves.
+    pub fn push_auto(&mut self, action: Action, stream_from: Option<OpId>, step: u32) -> OpId {
+        let deps: Vec<OpId> = (0..self.ops.len())
+            .filter(|&i| Some(i) != stream_from && conflicts(&self.ops[i].action, &action))
+            .collect();
+        self.push(action, &deps, stream_from, step)
+    }
+
     /// Derives the per-peer and local queues. Call once after the last push.
     pub fn finish(mut self) -> Schedule {
         let mut peers: Vec<PeerOps> = Vec::new();
@@ -225,6 +262,8 @@ impl Schedule {
                 Buf::Send => send_len,
                 Buf::Recv => recv_len,
                 Buf::Scratch => self.scratch,
+                // Group buffers are sized by the caller; the executor bounds-checks them.
+                Buf::Extra(_) => usize::MAX,
             };
             if r.end() > cap {
                 return Err(format!("{r:?} exceeds its buffer of {cap} elements"));

@@ -2,28 +2,35 @@
 //! what they compute.
 //!
 //! Every element holds a symbolic value: the set of ranks whose input it contains (a bit mask;
-//! reducing two values that share a rank is an error: that contribution would count twice), a
-//! hash of the expression that produced it (reduction order included, so equal hashes mean
-//! bit-identical results), and whether the `Avg` division was applied (only to a complete sum,
-//! exactly once).
+//! reducing two values that share a rank is an error: that contribution would count twice), the
+//! element index it belongs to (reducing element 3 of one rank with element 5 of another is an
+//! error), a hash of the expression that produced it (reduction order included, so equal hashes
+//! mean bit-identical results), and whether the `Avg` division was applied (only to a complete
+//! sum, exactly once).
 //!
 //! Ops run in a random order among those the real executor could run (dependencies done, streams
 //! done, head of their per-peer queue, data present), and each one is checked against the ops
 //! before it in program order that have not run yet: reading data a previous op still has to
 //! write, or overwriting data a previous op still has to read or write, is a hazard. Many seeds
 //! make a check for all the interleavings that matter.
+//!
+//! In **rendezvous** mode a send happens only together with its matching receive (no buffering
+//! at all). Transports buffer a little, but a large message behaves like this: a schedule that
+//! deadlocks here can deadlock on a real network once the socket buffers fill.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use ccl_core::ReduceOp;
 
-use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
+use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule, access};
 
 /// Symbolic value of one element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Value {
     /// Ranks whose input this contains (up to 64 ranks).
     pub mask: u64,
+    /// The input element index this value derives from.
+    pub idx: u32,
     /// Hash of the expression that produced it.
     pub expr: u64,
     /// How many times the average division was applied.
@@ -35,6 +42,7 @@ impl Value {
     pub fn input(r: usize, i: usize) -> Value {
         Value {
             mask: 1 << r,
+            idx: i as u32,
             expr: mix(0x1234_5678 ^ r as u64, i as u64),
             divided: 0,
         }
@@ -44,11 +52,15 @@ impl Value {
         if a.mask & b.mask != 0 {
             return Err(format!("ranks {:#x} contributed twice", a.mask & b.mask));
         }
+        if a.idx != b.idx {
+            return Err(format!("reduced element {} with element {}", a.idx, b.idx));
+        }
         if a.divided != 0 || b.divided != 0 {
             return Err("reduced a value after dividing it".into());
         }
         Ok(Value {
             mask: a.mask | b.mask,
+            idx: a.idx,
             expr: mix(a.expr, b.expr),
             divided: 0,
         })
@@ -62,12 +74,55 @@ fn mix(a: u64, b: u64) -> u64 {
     h ^ (h >> 27)
 }
 
-type Slot = Option<Value>;
+/// An element: `None` until written.
+pub type Slot = Option<Value>;
+
+/// Rank `r`'s inputs for elements `0..len`.
+pub fn inputs(r: usize, len: usize) -> Vec<Slot> {
+    (0..len).map(|i| Some(Value::input(r, i))).collect()
+}
+
+/// What one element of a result must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// Exactly this value (a copy of some rank's input).
+    Exact(Value),
+    /// The reduction of input element `idx` over the ranks in `mask`.
+    Reduced { mask: u64, idx: u32 },
+}
+
+/// The mask of all `n` ranks.
+pub fn all_ranks(n: usize) -> u64 {
+    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+}
+
+/// The collective being checked.
+pub struct Setup {
+    /// Rank `r`'s send and receive buffers before the collective.
+    pub init: Box<dyn Fn(usize) -> (Vec<Slot>, Vec<Slot>)>,
+    /// What element `i` of rank `r`'s receive buffer must hold at the end (`None`: anything).
+    pub expect: Box<dyn Fn(usize, usize) -> Option<Expect>>,
+    /// Whether all ranks must end with bit-identical receive buffers.
+    pub identical: bool,
+    pub op: ReduceOp,
+    /// No buffering: a send happens together with its receive.
+    pub rendezvous: bool,
+    /// Sizes of extra buffers (`Buf::Extra(i)`) per rank, all initialised with inputs.
+    pub extra: Vec<usize>,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("identical", &self.identical)
+            .field("op", &self.op)
+            .field("rendezvous", &self.rendezvous)
+            .finish_non_exhaustive()
+    }
+}
 
 struct RankState {
-    send: Vec<Slot>,
-    recv: Vec<Slot>,
-    scratch: Vec<Slot>,
+    bufs: BTreeMap<Buf, Vec<Slot>>,
     executed: Vec<bool>,
     send_cur: Vec<usize>,
     recv_cur: Vec<usize>,
@@ -75,88 +130,81 @@ struct RankState {
 }
 
 impl RankState {
-    fn buf(&self, b: Buf) -> &Vec<Slot> {
-        match b {
-            Buf::Send => &self.send,
-            Buf::Recv => &self.recv,
-            Buf::Scratch => &self.scratch,
-        }
+    fn read(&self, r: &Region) -> Result<Vec<Slot>, String> {
+        self.bufs
+            .get(&r.buf)
+            .and_then(|b| b.get(r.off..r.end()))
+            .map(|s| s.to_vec())
+            .ok_or_else(|| format!("{r:?} is outside its buffer"))
     }
 
-    fn buf_mut(&mut self, b: Buf) -> &mut Vec<Slot> {
-        match b {
-            Buf::Send => &mut self.send,
-            Buf::Recv => &mut self.recv,
-            Buf::Scratch => &mut self.scratch,
-        }
-    }
-
-    fn read(&self, r: &Region) -> Vec<Slot> {
-        self.buf(r.buf)[r.off..r.end()].to_vec()
+    fn write(&mut self, r: &Region, v: &[Slot]) -> Result<(), String> {
+        self.bufs
+            .get_mut(&r.buf)
+            .and_then(|b| b.get_mut(r.off..r.end()))
+            .ok_or_else(|| format!("{r:?} is outside its buffer"))?
+            .copy_from_slice(v);
+        Ok(())
     }
 }
 
-/// Regions an op reads and writes.
-fn access(a: &Action) -> (Vec<Region>, Vec<Region>) {
-    match *a {
-        Action::Send { src, .. } => (vec![src], vec![]),
-        Action::Recv { dst, combine, .. } => match combine {
-            Combine::Copy => (vec![], vec![dst]),
-            Combine::Reduce { with, .. } => (vec![with.unwrap_or(dst)], vec![dst]),
-        },
-        Action::Copy { src, dst } => (vec![src], vec![dst]),
-        Action::Reduce { dst, src, .. } => (vec![src, dst], vec![dst]),
-        Action::FinishAvg { region } => (vec![region], vec![region]),
+/// Reduces `incoming` with `mine` element by element (lower operand first as the op says).
+fn reduce_values(
+    incoming: &[Slot],
+    mine: &[Slot],
+    incoming_first: bool,
+) -> Result<Vec<Slot>, String> {
+    incoming
+        .iter()
+        .zip(mine)
+        .enumerate()
+        .map(|(i, (a, b))| {
+            let (Some(a), Some(b)) = (a, b) else {
+                return Err(format!("element {i} is reduced before it was written"));
+            };
+            let v = if incoming_first {
+                Value::combine(*a, *b)
+            } else {
+                Value::combine(*b, *a)
+            };
+            v.map(Some).map_err(|e| format!("element {i}: {e}"))
+        })
+        .collect()
+}
+
+fn divide(v: Value, n: usize) -> Result<Value, String> {
+    if v.mask != all_ranks(n) {
+        return Err(format!("divided a partial sum (ranks {:#x})", v.mask));
     }
-}
-
-/// The expected contents of each rank's receive buffer at the end.
-pub struct Check {
-    /// What each rank's receive buffer must hold at the end, element by element: the set of
-    /// contributing ranks. `None` = don't care.
-    pub expect_mask: Box<dyn Fn(usize, usize) -> Option<u64>>,
-    /// Whether all ranks must end with bit-identical receive buffers.
-    pub identical: bool,
-}
-
-impl std::fmt::Debug for Check {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Check")
-            .field("identical", &self.identical)
-            .finish_non_exhaustive()
+    if v.divided != 0 {
+        return Err("divided twice".into());
     }
+    Ok(Value {
+        divided: 1,
+        expr: mix(v.expr, 0xa5a5),
+        ..v
+    })
 }
 
-/// Runs `scheds[r]` for every rank with `seed` choosing the interleaving. `recv_len` is the
-/// receive buffer size and `send_len` the send buffer size in elements; `in_place` makes the
-/// receive buffer hold the input.
-#[allow(clippy::too_many_arguments)]
-pub fn simulate(
-    scheds: &[Schedule],
-    send_len: usize,
-    recv_len: usize,
-    in_place: bool,
-    op: ReduceOp,
-    check: &Check,
-    seed: u64,
-) -> Result<Vec<Vec<Slot>>, String> {
+/// Runs `scheds[r]` for every rank with `seed` choosing the interleaving; returns every rank's
+/// receive buffer.
+pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec<Slot>>, String> {
     let n = scheds.len();
+    let op = setup.op;
     let mut states: Vec<RankState> = scheds
         .iter()
         .enumerate()
         .map(|(r, s)| {
-            let input: Vec<Slot> = (0..send_len).map(|i| Some(Value::input(r, i))).collect();
-            let (send, recv) = if in_place {
-                let mut recv = input;
-                recv.resize(recv_len, None);
-                (Vec::new(), recv)
-            } else {
-                (input, vec![None; recv_len])
-            };
+            let (send, recv) = (setup.init)(r);
+            let mut bufs = BTreeMap::new();
+            bufs.insert(Buf::Send, send);
+            bufs.insert(Buf::Recv, recv);
+            bufs.insert(Buf::Scratch, vec![None; s.scratch]);
+            for (i, &len) in setup.extra.iter().enumerate() {
+                bufs.insert(Buf::Extra(i as u16), inputs(r, len));
+            }
             RankState {
-                send,
-                recv,
-                scratch: vec![None; s.scratch],
+                bufs,
                 executed: vec![false; s.ops.len()],
                 send_cur: vec![0; s.peers.len()],
                 recv_cur: vec![0; s.peers.len()],
@@ -164,6 +212,11 @@ pub fn simulate(
             }
         })
         .collect();
+    for (r, s) in scheds.iter().enumerate() {
+        if let Some(p) = s.peers.iter().find(|p| p.peer >= n || p.peer == r) {
+            return Err(format!("rank {r}: bad peer {}", p.peer));
+        }
+    }
     // channels[src][dst]: messages in flight.
     let mut channels: Vec<Vec<VecDeque<Vec<Slot>>>> = vec![vec![VecDeque::new(); n]; n];
     let mut rng = seed | 1;
@@ -173,166 +226,66 @@ pub fn simulate(
         rng ^= rng << 17;
         rng
     };
+    // The receive at the head of rank `dst`'s queue from `src`, if ready but for its data.
+    let recv_head = |states: &[RankState], dst: usize, src: usize| -> Option<OpId> {
+        let s = &scheds[dst];
+        let st = &states[dst];
+        let pi = s.peers.iter().position(|p| p.peer == src)?;
+        let &id = s.peers[pi].recvs.get(st.recv_cur[pi])?;
+        let ok = s.ops[id].deps.iter().all(|&d| st.executed[d])
+            && s.ops[id].stream_from.is_none_or(|x| st.executed[x]);
+        ok.then_some(id)
+    };
     loop {
-        // Collect ready ops.
-        let mut ready: Vec<(usize, OpId)> = Vec::new();
+        // Ready ops: (rank, op) and, in rendezvous mode, the receive a send pairs with.
+        let mut ready: Vec<(usize, OpId, Option<(usize, OpId)>)> = Vec::new();
         for (r, s) in scheds.iter().enumerate() {
             let st = &states[r];
             let deps_ok = |id: OpId| s.ops[id].deps.iter().all(|&d| st.executed[d]);
             if let Some(&id) = s.locals.get(st.local_cur)
                 && deps_ok(id)
             {
-                ready.push((r, id));
+                ready.push((r, id, None));
             }
             for (pi, p) in s.peers.iter().enumerate() {
-                if p.peer >= n || p.peer == r {
-                    return Err(format!("rank {r}: bad peer {}", p.peer));
-                }
                 if let Some(&id) = p.sends.get(st.send_cur[pi])
                     && deps_ok(id)
                     && s.ops[id].stream_from.is_none_or(|x| st.executed[x])
                 {
-                    ready.push((r, id));
+                    if !setup.rendezvous {
+                        ready.push((r, id, None));
+                    } else if let Some(rid) = recv_head(&states, p.peer, r) {
+                        ready.push((r, id, Some((p.peer, rid))));
+                    }
                 }
-                if let Some(&id) = p.recvs.get(st.recv_cur[pi])
-                    && deps_ok(id)
-                    && s.ops[id].stream_from.is_none_or(|x| st.executed[x])
+                if !setup.rendezvous
+                    && let Some(id) = recv_head(&states, r, p.peer)
                     && !channels[p.peer][r].is_empty()
                 {
-                    ready.push((r, id));
+                    ready.push((r, id, None));
                 }
             }
         }
         if ready.is_empty() {
             break;
         }
-        let (r, id) = ready[(next_rand() % ready.len() as u64) as usize];
-        let s = &scheds[r];
-        // Hazards against earlier ops that have not run.
-        let (reads, writes) = access(&s.ops[id].action);
-        for e in 0..id {
-            if states[r].executed[e] {
-                continue;
-            }
-            let (er, ew) = access(&s.ops[e].action);
-            let hit = |a: &[Region], b: &[Region]| {
-                a.iter()
-                    .any(|x| b.iter().any(|y| x.overlaps(y) && x.len > 0))
-            };
-            if hit(&ew, &reads) || hit(&er, &writes) || hit(&ew, &writes) {
-                return Err(format!(
-                    "rank {r}: op {id} ({:?}) ran before earlier op {e} ({:?}) touching the same data",
-                    s.ops[id].action, s.ops[e].action
-                ));
-            }
+        let (r, id, pair) = ready[(next_rand() % ready.len() as u64) as usize];
+        execute(scheds, &mut states, &mut channels, r, id, n, op)?;
+        if let Some((peer, rid)) = pair {
+            execute(scheds, &mut states, &mut channels, peer, rid, n, op)?;
         }
-        let st = &mut states[r];
-        match s.ops[id].action {
-            Action::Send { peer, src } => {
-                channels[r][peer].push_back(st.read(&src));
-                let pi = s
-                    .peers
-                    .iter()
-                    .position(|p| p.peer == peer)
-                    .expect("peer queue");
-                st.send_cur[pi] += 1;
-            }
-            Action::Recv { peer, dst, combine } => {
-                let msg = channels[peer][r].pop_front().expect("ready");
-                if msg.len() != dst.len {
-                    return Err(format!(
-                        "rank {r}: op {id} expects {} elements from {peer}, the message has {}",
-                        dst.len,
-                        msg.len()
-                    ));
-                }
-                let out: Vec<Slot> = match combine {
-                    Combine::Copy => msg,
-                    Combine::Reduce {
-                        with,
-                        incoming_first,
-                        finish_avg,
-                    } => {
-                        let mine = st.read(&with.unwrap_or(dst));
-                        let mut out = Vec::with_capacity(msg.len());
-                        for (i, (a, b)) in msg.iter().zip(&mine).enumerate() {
-                            let (Some(a), Some(b)) = (a, b) else {
-                                return Err(format!(
-                                    "rank {r}: op {id} reduces an uninitialised element {i}"
-                                ));
-                            };
-                            let mut v = if incoming_first {
-                                Value::combine(*a, *b)
-                            } else {
-                                Value::combine(*b, *a)
-                            }
-                            .map_err(|e| format!("rank {r}: op {id} element {i}: {e}"))?;
-                            if finish_avg {
-                                v = divide(v, n).map_err(|e| format!("rank {r}: op {id}: {e}"))?;
-                            }
-                            out.push(Some(v));
-                        }
-                        out
-                    }
-                };
-                st.buf_mut(dst.buf)[dst.off..dst.end()].copy_from_slice(&out);
-                let pi = s
-                    .peers
-                    .iter()
-                    .position(|p| p.peer == peer)
-                    .expect("peer queue");
-                st.recv_cur[pi] += 1;
-            }
-            Action::Copy { src, dst } => {
-                let v = st.read(&src);
-                st.buf_mut(dst.buf)[dst.off..dst.end()].copy_from_slice(&v);
-                st.local_cur += 1;
-            }
-            Action::Reduce {
-                dst,
-                src,
-                src_first,
-            } => {
-                let (a, b) = (st.read(&dst), st.read(&src));
-                let mut out = Vec::with_capacity(a.len());
-                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                    let (Some(x), Some(y)) = (x, y) else {
-                        return Err(format!(
-                            "rank {r}: op {id} reduces an uninitialised element {i}"
-                        ));
-                    };
-                    let v = if src_first {
-                        Value::combine(*y, *x)
-                    } else {
-                        Value::combine(*x, *y)
-                    }
-                    .map_err(|e| format!("rank {r}: op {id}: {e}"))?;
-                    out.push(Some(v));
-                }
-                st.buf_mut(dst.buf)[dst.off..dst.end()].copy_from_slice(&out);
-                st.local_cur += 1;
-            }
-            Action::FinishAvg { region } => {
-                if op == ReduceOp::Avg {
-                    for i in region.off..region.end() {
-                        let v = st.buf(region.buf)[i].ok_or_else(|| {
-                            format!("rank {r}: op {id} divides an uninitialised element")
-                        })?;
-                        st.buf_mut(region.buf)[i] =
-                            Some(divide(v, n).map_err(|e| format!("rank {r}: op {id}: {e}"))?);
-                    }
-                }
-                st.local_cur += 1;
-            }
-        }
-        st.executed[id] = true;
     }
     // Everything must have run and every message been consumed.
     for (r, st) in states.iter().enumerate() {
         if let Some(id) = st.executed.iter().position(|e| !e) {
             return Err(format!(
-                "rank {r}: op {id} ({:?}) never ran (deadlock)",
-                scheds[r].ops[id].action
+                "rank {r}: op {id} ({:?}) never ran (deadlock{})",
+                scheds[r].ops[id].action,
+                if setup.rendezvous {
+                    " without buffering"
+                } else {
+                    ""
+                }
             ));
         }
         for (d, ch) in channels[r].iter().enumerate() {
@@ -344,32 +297,43 @@ pub fn simulate(
             }
         }
     }
-    for (r, st) in states.iter().enumerate() {
-        for (i, v) in st.recv.iter().enumerate() {
-            if let Some(m) = (check.expect_mask)(r, i) {
-                let v = v.ok_or_else(|| {
-                    format!("rank {r}: element {i} of the result was never written")
-                })?;
-                if v.mask != m {
-                    return Err(format!(
-                        "rank {r}: element {i} holds ranks {:#x}, expected {m:#x}",
-                        v.mask
-                    ));
+    let results: Vec<Vec<Slot>> = states
+        .into_iter()
+        .map(|mut s| s.bufs.remove(&Buf::Recv).unwrap_or_default())
+        .collect();
+    for (r, recv) in results.iter().enumerate() {
+        for (i, v) in recv.iter().enumerate() {
+            match (setup.expect)(r, i) {
+                None => {}
+                Some(Expect::Exact(want)) => {
+                    if *v != Some(want) {
+                        return Err(format!("rank {r}: element {i} is {v:?}, expected {want:?}"));
+                    }
                 }
-                // Dividing by a world size of one is exact, so schedules may skip it.
-                if op == ReduceOp::Avg && v.divided != 1 && !(n == 1 && v.divided == 0) {
-                    return Err(format!("rank {r}: element {i} divided {} times", v.divided));
+                Some(Expect::Reduced { mask, idx }) => {
+                    let v = v.ok_or_else(|| {
+                        format!("rank {r}: element {i} of the result was never written")
+                    })?;
+                    if v.mask != mask || v.idx != idx {
+                        return Err(format!(
+                            "rank {r}: element {i} holds element {} of ranks {:#x}, expected element {idx} of {mask:#x}",
+                            v.idx, v.mask
+                        ));
+                    }
+                    // Dividing by a world size of one is exact, so schedules may skip it.
+                    if op == ReduceOp::Avg && v.divided != 1 && !(n == 1 && v.divided == 0) {
+                        return Err(format!("rank {r}: element {i} divided {} times", v.divided));
+                    }
                 }
             }
         }
     }
-    if check.identical {
+    if setup.identical {
         for r in 1..n {
-            if states[r].recv != states[0].recv {
-                let i = states[r]
-                    .recv
+            if results[r] != results[0] {
+                let i = results[r]
                     .iter()
-                    .zip(&states[0].recv)
+                    .zip(&results[0])
                     .position(|(a, b)| a != b)
                     .unwrap_or(0);
                 return Err(format!(
@@ -378,20 +342,112 @@ pub fn simulate(
             }
         }
     }
-    Ok(states.into_iter().map(|s| s.recv).collect())
+    Ok(results)
 }
 
-fn divide(v: Value, n: usize) -> Result<Value, String> {
-    let full = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-    if v.mask != full {
-        return Err(format!("divided a partial sum (ranks {:#x})", v.mask));
+/// Runs op `id` of rank `r` after checking it against unexecuted earlier ops.
+fn execute(
+    scheds: &[Schedule],
+    states: &mut [RankState],
+    channels: &mut [Vec<VecDeque<Vec<Slot>>>],
+    r: usize,
+    id: OpId,
+    n: usize,
+    op: ReduceOp,
+) -> Result<(), String> {
+    let s = &scheds[r];
+    let (reads, writes) = access(&s.ops[id].action);
+    for e in 0..id {
+        if states[r].executed[e] {
+            continue;
+        }
+        let (er, ew) = access(&s.ops[e].action);
+        let hit = |a: &[Region], b: &[Region]| {
+            a.iter()
+                .any(|x| b.iter().any(|y| x.overlaps(y) && x.len > 0 && y.len > 0))
+        };
+        if hit(&ew, &reads) || hit(&er, &writes) || hit(&ew, &writes) {
+            return Err(format!(
+                "rank {r}: op {id} ({:?}) ran before earlier op {e} ({:?}) touching the same data",
+                s.ops[id].action, s.ops[e].action
+            ));
+        }
     }
-    if v.divided != 0 {
-        return Err("divided twice".into());
+    let fail = |e: String| format!("rank {r}: op {id}: {e}");
+    let st = &mut states[r];
+    match s.ops[id].action {
+        Action::Send { peer, src } => {
+            channels[r][peer].push_back(st.read(&src).map_err(fail)?);
+            let pi = s
+                .peers
+                .iter()
+                .position(|p| p.peer == peer)
+                .expect("peer queue");
+            st.send_cur[pi] += 1;
+        }
+        Action::Recv { peer, dst, combine } => {
+            let msg = channels[peer][r]
+                .pop_front()
+                .ok_or_else(|| fail("no message".into()))?;
+            if msg.len() != dst.len {
+                return Err(fail(format!(
+                    "expects {} elements from rank {peer}, the message has {}",
+                    dst.len,
+                    msg.len()
+                )));
+            }
+            let out = match combine {
+                Combine::Copy => msg,
+                Combine::Reduce {
+                    with,
+                    incoming_first,
+                    finish_avg,
+                } => {
+                    let mine = st.read(&with.unwrap_or(dst)).map_err(fail)?;
+                    let mut out = reduce_values(&msg, &mine, incoming_first).map_err(fail)?;
+                    if finish_avg {
+                        for v in out.iter_mut() {
+                            *v = Some(divide(v.expect("reduced"), n).map_err(fail)?);
+                        }
+                    }
+                    out
+                }
+            };
+            st.write(&dst, &out).map_err(fail)?;
+            let pi = s
+                .peers
+                .iter()
+                .position(|p| p.peer == peer)
+                .expect("peer queue");
+            st.recv_cur[pi] += 1;
+        }
+        Action::Copy { src, dst } => {
+            let v = st.read(&src).map_err(fail)?;
+            st.write(&dst, &v).map_err(fail)?;
+            st.local_cur += 1;
+        }
+        Action::Reduce {
+            dst,
+            src,
+            src_first,
+        } => {
+            let (a, b) = (st.read(&src).map_err(fail)?, st.read(&dst).map_err(fail)?);
+            let out = reduce_values(&a, &b, src_first).map_err(fail)?;
+            st.write(&dst, &out).map_err(fail)?;
+            st.local_cur += 1;
+        }
+        Action::FinishAvg { region } => {
+            if op == ReduceOp::Avg {
+                let mut v = st.read(&region).map_err(fail)?;
+                for x in v.iter_mut() {
+                    let val = x.ok_or_else(|| fail("divides an unwritten element".into()))?;
+                    *x = Some(divide(val, n).map_err(fail)?);
+                }
+                st.write(&region, &v).map_err(fail)?;
+            }
+            st.local_cur += 1;
+        }
     }
-    Ok(Value {
-        divided: 1,
-        expr: mix(v.expr, 0xa5a5),
-        ..v
-    })
+    st.executed[id] = true;
+    Ok(())
 }

@@ -1,10 +1,38 @@
 //! Every allreduce schedule, for world sizes 1..=64, computes the full reduction on every rank,
-//! bit-identically, with no hazard in any of many interleavings.
+//! bit-identically, with no hazard in any of many interleavings, with and without buffering.
 
 use ccl_algos::allreduce::Algo;
-use ccl_algos::schedule::Shape;
-use ccl_algos::symbolic::{Check, simulate};
+use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
+use ccl_algos::symbolic::{Expect, Setup, all_ranks, inputs, simulate};
 use ccl_core::ReduceOp;
+
+fn allreduce_setup(
+    n: usize,
+    count: usize,
+    in_place: bool,
+    op: ReduceOp,
+    rendezvous: bool,
+) -> Setup {
+    Setup {
+        init: Box::new(move |r| {
+            if in_place {
+                (Vec::new(), inputs(r, count))
+            } else {
+                (inputs(r, count), vec![None; count])
+            }
+        }),
+        expect: Box::new(move |_, i| {
+            Some(Expect::Reduced {
+                mask: all_ranks(n),
+                idx: i as u32,
+            })
+        }),
+        identical: true,
+        op,
+        rendezvous,
+        extra: Vec::new(),
+    }
+}
 
 fn check(algo: Algo, n: usize, count: usize, in_place: bool, op: ReduceOp, seeds: u64) {
     let scheds: Vec<_> = (0..n)
@@ -21,15 +49,13 @@ fn check(algo: Algo, n: usize, count: usize, in_place: bool, op: ReduceOp, seeds
             s
         })
         .collect();
-    let full = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-    let c = Check {
-        expect_mask: Box::new(move |_, _| Some(full)),
-        identical: true,
-    };
-    for seed in 0..seeds {
-        simulate(&scheds, count, count, in_place, op, &c, seed * 7919 + 1).unwrap_or_else(|e| {
-            panic!("{algo} n={n} count={count} in_place={in_place} {op} seed={seed}: {e}")
-        });
+    for rendezvous in [false, true] {
+        let setup = allreduce_setup(n, count, in_place, op, rendezvous);
+        for seed in 0..seeds {
+            simulate(&scheds, &setup, seed * 7919 + 1).unwrap_or_else(|e| {
+                panic!("{algo} n={n} count={count} in_place={in_place} {op} rendezvous={rendezvous} seed={seed}: {e}")
+            });
+        }
     }
 }
 
@@ -66,98 +92,154 @@ fn recursive_doubling_all_world_sizes() {
     }
 }
 
+fn two_rank(build: impl Fn(usize) -> Schedule) -> Vec<Schedule> {
+    (0..2).map(build).collect()
+}
+
 /// The checker itself must catch broken schedules, or the tests above prove nothing.
 #[test]
 fn checker_catches_broken_schedules() {
-    use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule};
-    let n = 2;
+    let setup = |in_place, rendezvous| allreduce_setup(2, 4, in_place, ReduceOp::Sum, rendezvous);
     // Both ranks send their buffer and reduce the incoming data into it in place, without waiting
     // for their own send: a write-after-read hazard.
-    let bad: Vec<Schedule> = (0..n)
-        .map(|r| {
-            let mut s = Schedule::new("bad");
-            let whole = Region::new(Buf::Recv, 0, 4);
-            s.push(
-                Action::Send {
-                    peer: 1 - r,
-                    src: whole,
+    let bad = two_rank(|r| {
+        let mut s = Schedule::new("bad");
+        let whole = Region::new(Buf::Recv, 0, 4);
+        s.push(
+            Action::Send {
+                peer: 1 - r,
+                src: whole,
+            },
+            &[],
+            None,
+            0,
+        );
+        s.push(
+            Action::Recv {
+                peer: 1 - r,
+                dst: whole,
+                combine: Combine::Reduce {
+                    with: None,
+                    incoming_first: r == 1,
+                    finish_avg: false,
                 },
-                &[],
-                None,
-                0,
-            );
-            s.push(
-                Action::Recv {
-                    peer: 1 - r,
-                    dst: whole,
-                    combine: Combine::Reduce {
-                        with: None,
-                        incoming_first: r == 1,
-                        finish_avg: false,
-                    },
-                },
-                &[],
-                None,
-                0,
-            );
-            s.finish()
-        })
-        .collect();
-    let c = Check {
-        expect_mask: Box::new(|_, _| Some(3)),
-        identical: true,
-    };
+            },
+            &[],
+            None,
+            0,
+        );
+        s.finish()
+    });
     let errs: Vec<String> = (0..50)
-        .filter_map(|seed| simulate(&bad, 4, 4, true, ReduceOp::Sum, &c, seed).err())
+        .filter_map(|seed| simulate(&bad, &setup(true, false), seed).err())
         .collect();
     assert!(
         errs.iter().any(|e| e.contains("ran before earlier op")),
         "{errs:?}"
     );
 
-    // A schedule whose ranks reduce in different orders is not bit-identical.
-    let unordered: Vec<Schedule> = (0..n)
-        .map(|r| {
-            let mut s = Schedule::new("unordered");
-            let src = Region::new(Buf::Send, 0, 4);
-            let dst = Region::new(Buf::Recv, 0, 4);
-            s.push(Action::Send { peer: 1 - r, src }, &[], None, 0);
-            s.push(
-                Action::Recv {
-                    peer: 1 - r,
-                    dst,
-                    combine: Combine::Reduce {
-                        with: Some(src),
-                        incoming_first: false,
-                        finish_avg: false,
-                    },
+    // The same with the hazard fixed by a dependency deadlocks without buffering: each rank
+    // waits for its send to finish before it receives.
+    let waits = two_rank(|r| {
+        let mut s = Schedule::new("waits");
+        let whole = Region::new(Buf::Recv, 0, 4);
+        s.push_auto(
+            Action::Send {
+                peer: 1 - r,
+                src: whole,
+            },
+            None,
+            0,
+        );
+        s.push_auto(
+            Action::Recv {
+                peer: 1 - r,
+                dst: whole,
+                combine: Combine::Reduce {
+                    with: None,
+                    incoming_first: r == 1,
+                    finish_avg: false,
                 },
-                &[],
-                None,
-                0,
-            );
-            s.finish()
-        })
-        .collect();
-    let e = simulate(&unordered, 4, 4, false, ReduceOp::Sum, &c, 1).unwrap_err();
+            },
+            None,
+            0,
+        );
+        s.finish()
+    });
+    assert!(simulate(&waits, &setup(true, false), 1).is_ok());
+    let e = simulate(&waits, &setup(true, true), 1).unwrap_err();
+    assert!(e.contains("deadlock without buffering"), "{e}");
+
+    // A schedule whose ranks reduce in different orders is not bit-identical.
+    let unordered = two_rank(|r| {
+        let mut s = Schedule::new("unordered");
+        let src = Region::new(Buf::Send, 0, 4);
+        let dst = Region::new(Buf::Recv, 0, 4);
+        s.push(Action::Send { peer: 1 - r, src }, &[], None, 0);
+        s.push(
+            Action::Recv {
+                peer: 1 - r,
+                dst,
+                combine: Combine::Reduce {
+                    with: Some(src),
+                    incoming_first: false,
+                    finish_avg: false,
+                },
+            },
+            &[],
+            None,
+            0,
+        );
+        s.finish()
+    });
+    let e = simulate(&unordered, &setup(false, false), 1).unwrap_err();
     assert!(e.contains("not bit-identical"), "{e}");
 
-    // A missing contribution is caught.
-    let lonely: Vec<Schedule> = (0..n)
-        .map(|_| {
-            let mut s = Schedule::new("lonely");
-            s.push(
-                Action::Copy {
-                    src: Region::new(Buf::Send, 0, 4),
-                    dst: Region::new(Buf::Recv, 0, 4),
+    // Reducing the wrong elements together is caught.
+    let shifted = two_rank(|r| {
+        let mut s = Schedule::new("shifted");
+        s.push(
+            Action::Send {
+                peer: 1 - r,
+                src: Region::new(Buf::Send, 0, 3),
+            },
+            &[],
+            None,
+            0,
+        );
+        s.push(
+            Action::Recv {
+                peer: 1 - r,
+                dst: Region::new(Buf::Recv, 1, 3),
+                combine: Combine::Reduce {
+                    with: Some(Region::new(Buf::Send, 1, 3)),
+                    incoming_first: r == 1,
+                    finish_avg: false,
                 },
-                &[],
-                None,
-                0,
-            );
-            s.finish()
-        })
-        .collect();
-    let e = simulate(&lonely, 4, 4, false, ReduceOp::Sum, &c, 1).unwrap_err();
-    assert!(e.contains("expected 0x3"), "{e}");
+            },
+            &[],
+            None,
+            0,
+        );
+        s.finish()
+    });
+    let e = simulate(&shifted, &setup(false, false), 1).unwrap_err();
+    assert!(e.contains("reduced element"), "{e}");
+
+    // A missing contribution is caught.
+    let lonely = two_rank(|_| {
+        let mut s = Schedule::new("lonely");
+        s.push(
+            Action::Copy {
+                src: Region::new(Buf::Send, 0, 4),
+                dst: Region::new(Buf::Recv, 0, 4),
+            },
+            &[],
+            None,
+            0,
+        );
+        s.finish()
+    });
+    let e = simulate(&lonely, &setup(false, false), 1).unwrap_err();
+    assert!(e.contains("expected element 0 of 0x3"), "{e}");
 }

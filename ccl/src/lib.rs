@@ -262,6 +262,7 @@ impl Communicator {
             send,
             recv,
             scratch,
+            extra: Vec::new(),
         };
         let info = OpInfo {
             name: "allreduce",
