@@ -96,10 +96,16 @@ pub fn all_ranks(n: usize) -> u64 {
     if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
 }
 
+/// Builds rank `r`'s send and receive buffers before the collective.
+pub type InitFn = Box<dyn Fn(usize) -> (Vec<Slot>, Vec<Slot>)>;
+
+/// An op ready to run: rank, op, and in rendezvous mode the receive a send pairs with.
+type Ready = (usize, OpId, Option<(usize, OpId)>);
+
 /// The collective being checked.
 pub struct Setup {
     /// Rank `r`'s send and receive buffers before the collective.
-    pub init: Box<dyn Fn(usize) -> (Vec<Slot>, Vec<Slot>)>,
+    pub init: InitFn,
     /// What element `i` of rank `r`'s receive buffer must hold at the end (`None`: anything).
     pub expect: Box<dyn Fn(usize, usize) -> Option<Expect>>,
     /// Whether all ranks must end with bit-identical receive buffers.
@@ -238,7 +244,7 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
     };
     loop {
         // Ready ops: (rank, op) and, in rendezvous mode, the receive a send pairs with.
-        let mut ready: Vec<(usize, OpId, Option<(usize, OpId)>)> = Vec::new();
+        let mut ready: Vec<Ready> = Vec::new();
         for (r, s) in scheds.iter().enumerate() {
             let st = &states[r];
             let deps_ok = |id: OpId| s.ops[id].deps.iter().all(|&d| st.executed[d]);
@@ -305,11 +311,10 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
         for (i, v) in recv.iter().enumerate() {
             match (setup.expect)(r, i) {
                 None => {}
-                Some(Expect::Exact(want)) => {
-                    if *v != Some(want) {
-                        return Err(format!("rank {r}: element {i} is {v:?}, expected {want:?}"));
-                    }
+                Some(Expect::Exact(want)) if *v != Some(want) => {
+                    return Err(format!("rank {r}: element {i} is {v:?}, expected {want:?}"));
                 }
+                Some(Expect::Exact(_)) => {}
                 Some(Expect::Reduced { mask, idx }) => {
                     let v = v.ok_or_else(|| {
                         format!("rank {r}: element {i} of the result was never written")
