@@ -6,6 +6,7 @@
 //! [`symbolic`] executor, cached, and run by the one [`exec`]utor over any transport.
 #![forbid(unsafe_code)]
 
+pub mod algo;
 pub mod allreduce;
 pub mod exec;
 pub mod schedule;

@@ -326,7 +326,25 @@ impl Schedule {
 pub struct Shape {
     pub rank: usize,
     pub size: usize,
+    /// NCCL's count: elements of the buffer (allreduce, broadcast, reduce), of each rank's block
+    /// (allgather input, reduce-scatter output, alltoall per peer).
     pub count: usize,
     pub in_place: bool,
     pub op: ReduceOp,
+    /// Root of broadcast and reduce (0 otherwise).
+    pub root: usize,
+}
+
+impl Shape {
+    /// A shape without a root.
+    pub fn new(rank: usize, size: usize, count: usize, in_place: bool, op: ReduceOp) -> Shape {
+        Shape {
+            rank,
+            size,
+            count,
+            in_place,
+            op,
+            root: 0,
+        }
+    }
 }

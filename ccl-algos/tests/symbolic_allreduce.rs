@@ -1,10 +1,11 @@
 //! Every allreduce schedule, for world sizes 1..=64, computes the full reduction on every rank,
 //! bit-identically, with no hazard in any of many interleavings, with and without buffering.
 
-use ccl_algos::allreduce::Algo;
+use ccl_algos::algo::{Algo, Collective, build};
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
 use ccl_algos::symbolic::{Expect, Setup, all_ranks, inputs, simulate};
 use ccl_core::ReduceOp;
+use ccl_core::topology::Topology;
 
 fn allreduce_setup(
     n: usize,
@@ -37,13 +38,13 @@ fn allreduce_setup(
 fn check(algo: Algo, n: usize, count: usize, in_place: bool, op: ReduceOp, seeds: u64) {
     let scheds: Vec<_> = (0..n)
         .map(|rank| {
-            let s = algo.build(&Shape {
-                rank,
-                size: n,
-                count,
-                in_place,
-                op,
-            });
+            let s = build(
+                Collective::AllReduce,
+                algo,
+                &Shape::new(rank, n, count, in_place, op),
+                &Topology::flat(n),
+            )
+            .unwrap();
             s.validate(count, count, in_place)
                 .unwrap_or_else(|e| panic!("{algo} n={n} rank={rank} count={count}: {e}"));
             s

@@ -334,7 +334,7 @@ fn bad_input_gets_clear_errors() {
     fails_with(
         &["allreduce", "--np", "2", "--algo", "bogus"],
         &[],
-        "unknown allreduce algorithm 'bogus'",
+        "unknown algorithm 'bogus'",
     );
     fails_with(
         &["allreduce", "--np", "2", "--transport", "carrier-pigeon"],

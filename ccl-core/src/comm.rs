@@ -16,6 +16,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
+use crate::topology::Topology;
 use crate::transport::{ConnectContext, Endpoint, Handle, MAX_HANDLE_LEN, Transport};
 use crate::{ccl_info, ccl_warn, net};
 
@@ -62,6 +63,7 @@ pub struct Comm {
     transport_name: &'static str,
     transport_props: crate::transport::TransportProperties,
     hosts: Vec<String>,
+    topology: Topology,
     abort: AbortSignal,
     error: Mutex<Option<Error>>,
     seq: AtomicU64,
@@ -198,6 +200,7 @@ impl Comm {
             config,
             transport_name: transport.name(),
             transport_props: transport.properties(),
+            topology: Topology::from_hosts(&hosts),
             hosts,
             abort: AbortSignal::new()?,
             error: Mutex::new(None),
@@ -229,6 +232,11 @@ impl Comm {
     /// Host name of every rank, in rank order.
     pub fn hosts(&self) -> &[String] {
         &self.hosts
+    }
+
+    /// Where the ranks are (host, rack, zone).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     pub fn abort_signal(&self) -> &AbortSignal {

@@ -10,6 +10,7 @@ pub mod error;
 pub mod log;
 pub mod net;
 pub mod reduce;
+pub mod topology;
 pub mod transport;
 pub mod types;
 

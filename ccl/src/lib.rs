@@ -48,7 +48,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ccl_algos::allreduce::{self, Algo};
+use ccl_algos::algo::{self, Algo, Collective};
 use ccl_algos::exec::{self, Buffers, ExecState, OpInfo};
 use ccl_algos::schedule::{Schedule, Shape};
 use ccl_algos::select::Overrides;
@@ -56,6 +56,7 @@ use ccl_core::bootstrap::Bootstrap;
 use ccl_core::bootstrap::env::Launch;
 use ccl_core::comm::{Comm, Links};
 use ccl_core::config::TransportKind;
+use ccl_core::topology::Topology;
 use ccl_core::transport::Transport;
 use ccl_core::transport::local::LocalTransport;
 use ccl_core::transport::tcp::TcpTransport;
@@ -81,7 +82,7 @@ pub struct Communicator {
 struct Inner {
     links: Links,
     exec: ExecState,
-    plans: HashMap<(Algo, Shape), Arc<Schedule>>,
+    plans: HashMap<(Collective, Algo, Shape), Arc<Schedule>>,
     /// Scratch space, as u64 so it is aligned for every element type.
     scratch: Vec<u64>,
 }
@@ -220,44 +221,84 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let rank = self.rank();
-        let bytes = dtype.bytes_for(count).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "all_reduce: {count} elements of {dtype} overflow the address space"
+        self.run(Collective::AllReduce, send, recv, count, dtype, op, 0)
+    }
+
+    /// Runs `coll` on untyped buffers after checking every argument: lengths against
+    /// [`Collective::buffer_lens`], the root against the world size.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        coll: Collective,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let (rank, n) = (self.rank(), self.size());
+        let bad = |m: String| Error::invalid_argument(format!("{coll}: {m}")).rank(rank);
+        if root >= n {
+            return Err(bad(format!("root {root} is out of range for {n} ranks")));
+        }
+        let (send_len, recv_len) = coll.buffer_lens(count, n);
+        let overflow = || {
+            bad(format!(
+                "{count} elements of {dtype} over {n} ranks overflow the address space"
             ))
-            .rank(rank)
-        })?;
-        if recv.len() != bytes || send.is_some_and(|s| s.len() != bytes) {
-            return Err(Error::invalid_argument(format!(
-                "all_reduce: {count} elements of {dtype} are {bytes} bytes, but the buffers have {} (send) and {} (receive)",
-                send.map_or("none".to_string(), |s| s.len().to_string()),
+        };
+        let send_bytes = send_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
+        let recv_bytes = recv_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
+        if recv.len() != recv_bytes {
+            return Err(bad(format!(
+                "count {count} of {dtype} needs a receive buffer of {recv_bytes} bytes, got {}",
                 recv.len()
-            ))
-            .rank(rank));
+            )));
+        }
+        if let Some(s) = send
+            && s.len() != send_bytes
+        {
+            return Err(bad(format!(
+                "count {count} of {dtype} needs a send buffer of {send_bytes} bytes, got {}",
+                s.len()
+            )));
         }
         self.comm.check()?;
-        let mut g = self.lock();
-        let n = self.size();
-        let algo = self
-            .overrides
-            .allreduce
-            .unwrap_or_else(|| allreduce::choose(n, bytes, &self.comm.transport_properties()));
+        // The nccl-tests size, for the cost model.
+        let size_bytes = match coll {
+            Collective::AllGather => recv_bytes,
+            Collective::ReduceScatter | Collective::AllToAll => send_bytes,
+            _ => recv_bytes,
+        };
+        let algo = match self.overrides.get(coll) {
+            Some(a) => a,
+            None => algo::choose(
+                coll,
+                n,
+                size_bytes,
+                &self.comm.transport_properties(),
+                self.comm.topology(),
+            ),
+        };
         let shape = Shape {
             rank,
             size: n,
             count,
             in_place: send.is_none(),
             op,
+            root,
         };
-        let sched = g.plan(algo, &shape, rank);
+        let mut g = self.lock();
+        let sched = g.plan(coll, algo, &shape, self.comm.topology())?;
         let seq = self.comm.next_seq();
         let inner = &mut *g;
-        let need = (sched.scratch * dtype.size()).div_ceil(8);
+        let scratch_bytes = sched.scratch * dtype.size();
+        let need = scratch_bytes.div_ceil(8);
         if inner.scratch.len() < need {
             inner.scratch.resize(need, 0);
         }
-        let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])
-            [..sched.scratch * dtype.size()];
+        let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])[..scratch_bytes];
         let mut bufs = Buffers {
             send,
             recv,
@@ -265,9 +306,9 @@ impl Communicator {
             extra: Vec::new(),
         };
         let info = OpInfo {
-            name: "allreduce",
+            name: coll.name(),
             seq,
-            bytes,
+            bytes: size_bytes,
         };
         exec::run(
             &self.comm,
@@ -292,52 +333,63 @@ impl Communicator {
         })
     }
 
-    /// Logs, once, which allreduce algorithm the cost model picks at which size.
+    /// Logs, once, which algorithm the cost model picks for each collective at which size.
     fn log_algorithm_table(&self) {
         if !ccl_core::log::enabled(ccl_core::config::LogLevel::Info) || self.rank() != 0 {
             return;
         }
-        if let Some(a) = self.overrides.allreduce {
-            ccl_info!(Some(0), "allreduce algorithm: {a} (CCL_ALGO)");
-            return;
-        }
         let props = self.comm.transport_properties();
-        let mut table = String::new();
-        let mut prev = None;
-        for p in 0..=34 {
-            let b = 1usize << p;
-            let a = allreduce::choose(self.size(), b, &props);
-            if prev != Some(a) {
-                table.push_str(&format!(" {a} from {b} B;"));
-                prev = Some(a);
+        for coll in Collective::ALL {
+            if coll.algos().is_empty() {
+                continue;
             }
+            if let Some(a) = self.overrides.get(coll) {
+                ccl_info!(Some(0), "{coll} algorithm: {a} (CCL_ALGO)");
+                continue;
+            }
+            let mut table = String::new();
+            let mut prev = None;
+            for p in 0..=34 {
+                let b = 1usize << p;
+                let a = algo::choose(coll, self.size(), b, &props, self.comm.topology());
+                if prev != Some(a) {
+                    table.push_str(&format!(" {a} from {b} B;"));
+                    prev = Some(a);
+                }
+            }
+            ccl_info!(Some(0), "{coll} algorithms:{}", table.trim_end_matches(';'));
         }
-        ccl_info!(
-            Some(0),
-            "allreduce algorithms:{}",
-            table.trim_end_matches(';')
-        );
     }
 }
 
 impl Inner {
-    fn plan(&mut self, algo: Algo, shape: &Shape, rank: usize) -> Arc<Schedule> {
-        if let Some(s) = self.plans.get(&(algo, *shape)) {
-            return s.clone();
+    fn plan(
+        &mut self,
+        coll: Collective,
+        algo: Algo,
+        shape: &Shape,
+        topo: &Topology,
+    ) -> Result<Arc<Schedule>> {
+        let key = (coll, algo, *shape);
+        if let Some(s) = self.plans.get(&key) {
+            return Ok(s.clone());
         }
         if self.plans.len() >= PLAN_CACHE_LIMIT {
             self.plans.clear();
         }
-        let s = Arc::new(algo.build(shape));
+        let s = Arc::new(
+            algo::build(coll, algo, shape, topo)
+                .map_err(|m| Error::invalid_usage(m).rank(shape.rank))?,
+        );
         ccl_trace!(
-            Some(rank),
-            "built {algo} allreduce schedule: {} ops, count {}, in place {}",
+            Some(shape.rank),
+            "built {algo} {coll} schedule: {} ops, count {}, in place {}",
             s.ops.len(),
             shape.count,
             shape.in_place
         );
-        self.plans.insert((algo, *shape), s.clone());
-        s
+        self.plans.insert(key, s.clone());
+        Ok(s)
     }
 }
 

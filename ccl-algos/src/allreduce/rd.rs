@@ -194,13 +194,7 @@ mod tests {
         for n in 1..=16 {
             for r in 0..n {
                 for in_place in [false, true] {
-                    let sh = Shape {
-                        rank: r,
-                        size: n,
-                        count: 5,
-                        in_place,
-                        op: ReduceOp::Avg,
-                    };
+                    let sh = Shape::new(r, n, 5, in_place, ReduceOp::Avg);
                     build(&sh)
                         .validate(5, 5, in_place)
                         .unwrap_or_else(|e| panic!("n={n} r={r}: {e}"));

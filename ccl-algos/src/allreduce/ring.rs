@@ -143,13 +143,7 @@ mod tests {
     fn ring_bytes_are_bandwidth_optimal() {
         let count = 1 << 20;
         for n in 2..=8 {
-            let sc = build(&Shape {
-                rank: 0,
-                size: n,
-                count,
-                in_place: true,
-                op: ReduceOp::Sum,
-            });
+            let sc = build(&Shape::new(0, n, count, true, ReduceOp::Sum));
             sc.validate(count, count, true).unwrap();
             // 2(n-1) chunks of about count/n elements.
             let sent = sc.bytes_sent(4) as f64;
