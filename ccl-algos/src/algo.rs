@@ -10,8 +10,8 @@ use std::str::FromStr;
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 
-use crate::allreduce;
 use crate::schedule::{Schedule, Shape};
+use crate::{allgather, allreduce, alltoall, barrier, broadcast, reduce, reduce_scatter};
 
 /// A collective operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,7 +65,10 @@ impl Collective {
     pub fn algos(self) -> &'static [Algo] {
         match self {
             Collective::AllReduce => &[Algo::Ring, Algo::RecursiveDoubling],
-            _ => &[],
+            Collective::Broadcast | Collective::Reduce => &[Algo::Ring],
+            Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring, Algo::Pairwise],
+            Collective::AllToAll => &[Algo::Pairwise],
+            Collective::Barrier => &[Algo::RecursiveDoubling],
         }
     }
 }
@@ -98,17 +101,21 @@ impl FromStr for Collective {
 pub enum Algo {
     /// Around a ring (a chain for rooted collectives): bandwidth-optimal, pipelined.
     Ring,
-    /// `log2(n)` exchanges with partner `r ^ 2^k`: latency-optimal.
+    /// `log2(n)` exchanges with partner `r ^ 2^k` (dissemination for the barrier):
+    /// latency-optimal.
     RecursiveDoubling,
+    /// Every rank sends straight to every other at once: one step.
+    Pairwise,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 2] = [Algo::Ring, Algo::RecursiveDoubling];
+    pub const ALL: [Algo; 3] = [Algo::Ring, Algo::RecursiveDoubling, Algo::Pairwise];
 
     pub const fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
             Algo::RecursiveDoubling => "rd",
+            Algo::Pairwise => "pairwise",
         }
     }
 }
@@ -125,7 +132,8 @@ impl FromStr for Algo {
         let t = s.trim().to_ascii_lowercase().replace('-', "_");
         match t.as_str() {
             "ring" | "chain" => Ok(Algo::Ring),
-            "rd" | "recursive_doubling" => Ok(Algo::RecursiveDoubling),
+            "rd" | "recursive_doubling" | "dissemination" => Ok(Algo::RecursiveDoubling),
+            "pairwise" | "direct" => Ok(Algo::Pairwise),
             _ => {
                 let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
                 Err(format!(
@@ -147,6 +155,14 @@ pub fn build(
     match (coll, algo) {
         (Collective::AllReduce, Algo::Ring) => Ok(allreduce::ring::build(shape)),
         (Collective::AllReduce, Algo::RecursiveDoubling) => Ok(allreduce::rd::build(shape)),
+        (Collective::Broadcast, Algo::Ring) => Ok(broadcast::ring::build(shape)),
+        (Collective::Reduce, Algo::Ring) => Ok(reduce::ring::build(shape)),
+        (Collective::AllGather, Algo::Ring) => Ok(allgather::ring(shape)),
+        (Collective::AllGather, Algo::Pairwise) => Ok(allgather::pairwise(shape)),
+        (Collective::ReduceScatter, Algo::Ring) => Ok(reduce_scatter::ring(shape)),
+        (Collective::ReduceScatter, Algo::Pairwise) => Ok(reduce_scatter::pairwise(shape)),
+        (Collective::AllToAll, Algo::Pairwise) => Ok(alltoall::pairwise(shape)),
+        (Collective::Barrier, Algo::RecursiveDoubling) => Ok(barrier::dissemination(shape)),
         _ => Err(format!("{coll} has no {algo} algorithm")),
     }
 }
@@ -197,10 +213,19 @@ pub fn cost(
             let extra = if p == n { 0.0 } else { 2.0 };
             (exchanges + extra) * (alpha + b * beta) + (exchanges + extra / 2.0) * b * gamma
         }
-        _ => {
-            let _ = log2_ceil;
-            return None;
+        (Collective::Broadcast, Algo::Ring) => (nf - 1.0) * alpha + b * beta,
+        (Collective::Reduce, Algo::Ring) => (nf - 1.0) * alpha + b * beta + b * gamma,
+        (Collective::AllGather, Algo::Ring) => (nf - 1.0) * alpha + share * beta,
+        (Collective::ReduceScatter, Algo::Ring) => (nf - 1.0) * alpha + share * (beta + gamma),
+        // All messages leave at once: one latency plus a per-message cost, and the same bytes.
+        (Collective::AllGather | Collective::AllToAll, Algo::Pairwise) => {
+            (1.0 + 0.25 * (nf - 1.0)) * alpha + share * beta
         }
+        (Collective::ReduceScatter, Algo::Pairwise) => {
+            (1.0 + 0.25 * (nf - 1.0)) * alpha + share * (beta + gamma)
+        }
+        (Collective::Barrier, Algo::RecursiveDoubling) => log2_ceil(n) * alpha,
+        _ => return None,
     })
 }
 

@@ -7,8 +7,14 @@
 #![forbid(unsafe_code)]
 
 pub mod algo;
+pub mod allgather;
 pub mod allreduce;
+pub mod alltoall;
+pub mod barrier;
+pub mod broadcast;
 pub mod exec;
+pub mod reduce;
+pub mod reduce_scatter;
 pub mod schedule;
 pub mod select;
 pub mod symbolic;

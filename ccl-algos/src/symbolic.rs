@@ -89,6 +89,8 @@ pub enum Expect {
     Exact(Value),
     /// The reduction of input element `idx` over the ranks in `mask`.
     Reduced { mask: u64, idx: u32 },
+    /// Never written (the collective must leave it alone).
+    Unwritten,
 }
 
 /// The mask of all `n` ranks.
@@ -127,9 +129,16 @@ impl std::fmt::Debug for Setup {
     }
 }
 
+/// Regions an op reads and writes.
+type Access = (Vec<Region>, Vec<Region>);
+
 struct RankState {
     bufs: BTreeMap<Buf, Vec<Slot>>,
     executed: Vec<bool>,
+    /// `access()` of every op, computed once.
+    access: Vec<Access>,
+    /// Every op before this index has run.
+    first_pending: usize,
     send_cur: Vec<usize>,
     recv_cur: Vec<usize>,
     local_cur: usize,
@@ -212,6 +221,8 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
             RankState {
                 bufs,
                 executed: vec![false; s.ops.len()],
+                access: s.ops.iter().map(|o| access(&o.action)).collect(),
+                first_pending: 0,
                 send_cur: vec![0; s.peers.len()],
                 recv_cur: vec![0; s.peers.len()],
                 local_cur: 0,
@@ -232,53 +243,106 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
         rng ^= rng << 17;
         rng
     };
+    // peer_index[r][p]: position of peer p in rank r's peer list.
+    let peer_index: Vec<Vec<Option<usize>>> = scheds
+        .iter()
+        .map(|s| {
+            let mut v = vec![None; n];
+            for (pi, p) in s.peers.iter().enumerate() {
+                v[p.peer] = Some(pi);
+            }
+            v
+        })
+        .collect();
     // The receive at the head of rank `dst`'s queue from `src`, if ready but for its data.
     let recv_head = |states: &[RankState], dst: usize, src: usize| -> Option<OpId> {
         let s = &scheds[dst];
         let st = &states[dst];
-        let pi = s.peers.iter().position(|p| p.peer == src)?;
+        let pi = peer_index[dst][src]?;
         let &id = s.peers[pi].recvs.get(st.recv_cur[pi])?;
         let ok = s.ops[id].deps.iter().all(|&d| st.executed[d])
             && s.ops[id].stream_from.is_none_or(|x| st.executed[x]);
         ok.then_some(id)
     };
-    loop {
-        // Ready ops: (rank, op) and, in rendezvous mode, the receive a send pairs with.
-        let mut ready: Vec<Ready> = Vec::new();
-        for (r, s) in scheds.iter().enumerate() {
-            let st = &states[r];
-            let deps_ok = |id: OpId| s.ops[id].deps.iter().all(|&d| st.executed[d]);
-            if let Some(&id) = s.locals.get(st.local_cur)
+    // What rank `r` can run now. It depends only on `r`'s own state, the channels into `r`, and
+    // in rendezvous mode on the receive heads of `r`'s peers; so after an op runs only the ranks
+    // it touched (and, in rendezvous mode, their peers) need a new look.
+    let ready_of = |states: &[RankState],
+                    channels: &[Vec<VecDeque<Vec<Slot>>>],
+                    r: usize,
+                    out: &mut Vec<Ready>| {
+        out.clear();
+        let s = &scheds[r];
+        let st = &states[r];
+        let deps_ok = |id: OpId| s.ops[id].deps.iter().all(|&d| st.executed[d]);
+        if let Some(&id) = s.locals.get(st.local_cur)
+            && deps_ok(id)
+        {
+            out.push((r, id, None));
+        }
+        for (pi, p) in s.peers.iter().enumerate() {
+            if let Some(&id) = p.sends.get(st.send_cur[pi])
                 && deps_ok(id)
+                && s.ops[id].stream_from.is_none_or(|x| st.executed[x])
             {
-                ready.push((r, id, None));
+                if !setup.rendezvous {
+                    out.push((r, id, None));
+                } else if let Some(rid) = recv_head(states, p.peer, r) {
+                    out.push((r, id, Some((p.peer, rid))));
+                }
             }
-            for (pi, p) in s.peers.iter().enumerate() {
-                if let Some(&id) = p.sends.get(st.send_cur[pi])
-                    && deps_ok(id)
-                    && s.ops[id].stream_from.is_none_or(|x| st.executed[x])
-                {
-                    if !setup.rendezvous {
-                        ready.push((r, id, None));
-                    } else if let Some(rid) = recv_head(&states, p.peer, r) {
-                        ready.push((r, id, Some((p.peer, rid))));
-                    }
-                }
-                if !setup.rendezvous
-                    && let Some(id) = recv_head(&states, r, p.peer)
-                    && !channels[p.peer][r].is_empty()
-                {
-                    ready.push((r, id, None));
-                }
+            if !setup.rendezvous
+                && !channels[p.peer][r].is_empty()
+                && let Some(id) = recv_head(states, r, p.peer)
+            {
+                out.push((r, id, None));
             }
         }
-        if ready.is_empty() {
+    };
+    let mut ready: Vec<Vec<Ready>> = vec![Vec::new(); n];
+    for r in 0..n {
+        ready_of(&states, &channels, r, &mut ready[r]);
+    }
+    let mut dirty: Vec<bool> = vec![false; n];
+    loop {
+        let total: usize = ready.iter().map(|v| v.len()).sum();
+        if total == 0 {
             break;
         }
-        let (r, id, pair) = ready[(next_rand() % ready.len() as u64) as usize];
+        let mut k = (next_rand() % total as u64) as usize;
+        let mut pick = None;
+        for v in &ready {
+            if k < v.len() {
+                pick = Some(v[k]);
+                break;
+            }
+            k -= v.len();
+        }
+        let (r, id, pair) = pick.expect("k < total");
         execute(scheds, &mut states, &mut channels, r, id, n, op)?;
+        let mut touched = vec![r];
+        if let Some(p) = scheds[r].ops[id].action.peer() {
+            touched.push(p);
+        }
         if let Some((peer, rid)) = pair {
             execute(scheds, &mut states, &mut channels, peer, rid, n, op)?;
+            touched.push(peer);
+        }
+        for &t in &touched {
+            dirty[t] = true;
+            if setup.rendezvous {
+                for p in &scheds[t].peers {
+                    dirty[p.peer] = true;
+                }
+            }
+        }
+        for r in 0..n {
+            if dirty[r] {
+                dirty[r] = false;
+                let mut v = std::mem::take(&mut ready[r]);
+                ready_of(&states, &channels, r, &mut v);
+                ready[r] = v;
+            }
         }
     }
     // Everything must have run and every message been consumed.
@@ -315,6 +379,12 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
                     return Err(format!("rank {r}: element {i} is {v:?}, expected {want:?}"));
                 }
                 Some(Expect::Exact(_)) => {}
+                Some(Expect::Unwritten) if v.is_some() => {
+                    return Err(format!(
+                        "rank {r}: element {i} was written ({v:?}) but must be left alone"
+                    ));
+                }
+                Some(Expect::Unwritten) => {}
                 Some(Expect::Reduced { mask, idx }) => {
                     let v = v.ok_or_else(|| {
                         format!("rank {r}: element {i} of the result was never written")
@@ -361,17 +431,17 @@ fn execute(
     op: ReduceOp,
 ) -> Result<(), String> {
     let s = &scheds[r];
-    let (reads, writes) = access(&s.ops[id].action);
-    for e in 0..id {
+    let (reads, writes) = &states[r].access[id];
+    for e in states[r].first_pending..id {
         if states[r].executed[e] {
             continue;
         }
-        let (er, ew) = access(&s.ops[e].action);
+        let (er, ew) = &states[r].access[e];
         let hit = |a: &[Region], b: &[Region]| {
             a.iter()
                 .any(|x| b.iter().any(|y| x.overlaps(y) && x.len > 0 && y.len > 0))
         };
-        if hit(&ew, &reads) || hit(&er, &writes) || hit(&ew, &writes) {
+        if hit(ew, reads) || hit(er, writes) || hit(ew, writes) {
             return Err(format!(
                 "rank {r}: op {id} ({:?}) ran before earlier op {e} ({:?}) touching the same data",
                 s.ops[id].action, s.ops[e].action
@@ -454,5 +524,8 @@ fn execute(
         }
     }
     st.executed[id] = true;
+    while st.first_pending < st.executed.len() && st.executed[st.first_pending] {
+        st.first_pending += 1;
+    }
     Ok(())
 }

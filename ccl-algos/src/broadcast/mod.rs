@@ -1,0 +1,3 @@
+//! Broadcast algorithms: copy the root's buffer to every rank.
+
+pub mod ring;
