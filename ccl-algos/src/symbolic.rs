@@ -300,8 +300,8 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
         }
     };
     let mut ready: Vec<Vec<Ready>> = vec![Vec::new(); n];
-    for r in 0..n {
-        ready_of(&states, &channels, r, &mut ready[r]);
+    for (r, v) in ready.iter_mut().enumerate() {
+        ready_of(&states, &channels, r, v);
     }
     let mut dirty: Vec<bool> = vec![false; n];
     loop {
