@@ -3,7 +3,7 @@
 
 use ccl_algos::algo::{Algo, Collective, build};
 use ccl_algos::schedule::{Schedule, Shape};
-use ccl_algos::symbolic::{Expect, Setup, Slot, Value, all_ranks, inputs, simulate};
+use ccl_algos::symbolic::{Expect, InitFn, Setup, Value, all_ranks, inputs, simulate};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 
@@ -24,7 +24,7 @@ fn setup(
     } else {
         recv_len
     };
-    let init: Box<dyn Fn(usize) -> (Vec<Slot>, Vec<Slot>)> = match coll {
+    let init: InitFn = match coll {
         Collective::AllGather => Box::new(move |r| {
             if in_place {
                 let mut recv = vec![None; buf_len];
@@ -102,6 +102,7 @@ fn setup(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check(
     coll: Collective,
     algo: Algo,
