@@ -13,23 +13,27 @@ pub fn dissemination(s: &Shape) -> Schedule {
     } else {
         n.next_power_of_two().trailing_zeros() as usize
     };
-    let mut prev_recv: Option<OpId> = None;
+    // A round's signal may leave only once every earlier round's signal has arrived: that is
+    // what carries each rank's arrival on to the others.
+    let mut heard: Vec<OpId> = Vec::with_capacity(rounds);
     for k in 0..rounds {
         let d = 1 << k;
-        let deps: Vec<OpId> = prev_recv.into_iter().collect();
+        let src = Region::new(Buf::Scratch, k, 1);
         sc.push(
             Action::Send {
                 peer: (r + d) % n,
-                src: Region::new(Buf::Scratch, k, 1),
+                src,
             },
-            &deps,
+            &heard,
             None,
             k as u32,
         );
-        prev_recv = Some(sc.push(
+        let dst = Region::new(Buf::Scratch, rounds + k, 1);
+        let from = (r + n - d) % n;
+        heard.push(sc.push(
             Action::Recv {
-                peer: (r + n - d) % n,
-                dst: Region::new(Buf::Scratch, rounds + k, 1),
+                peer: from,
+                dst,
                 combine: Combine::Copy,
             },
             &[],

@@ -39,6 +39,11 @@ impl Overrides {
         Ok(())
     }
 
+    /// Back to the automatic choice for `coll`.
+    pub fn clear(&mut self, coll: Collective) {
+        self.by_coll[index(coll)] = None;
+    }
+
     pub fn parse(spec: &str) -> Result<Overrides, String> {
         let mut o = Overrides::default();
         let spec = spec.trim();

@@ -117,6 +117,9 @@ pub struct Setup {
     pub rendezvous: bool,
     /// Sizes of extra buffers (`Buf::Extra(i)`) per rank, all initialised with inputs.
     pub extra: Vec<usize>,
+    /// Every rank must finish having heard, directly or through others, from every rank (what a
+    /// barrier guarantees, and any collective whose result depends on all inputs).
+    pub causal: bool,
 }
 
 impl std::fmt::Debug for Setup {
@@ -132,8 +135,13 @@ impl std::fmt::Debug for Setup {
 /// Regions an op reads and writes.
 type Access = (Vec<Region>, Vec<Region>);
 
+/// A message in flight: the ranks its sender had heard from, and the data.
+type Message = (u64, Vec<Slot>);
+
 struct RankState {
     bufs: BTreeMap<Buf, Vec<Slot>>,
+    /// Ranks this rank has heard from, directly or through others.
+    heard: u64,
     executed: Vec<bool>,
     /// `access()` of every op, computed once.
     access: Vec<Access>,
@@ -220,6 +228,7 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
             }
             RankState {
                 bufs,
+                heard: 1 << r,
                 executed: vec![false; s.ops.len()],
                 access: s.ops.iter().map(|o| access(&o.action)).collect(),
                 first_pending: 0,
@@ -235,7 +244,7 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
         }
     }
     // channels[src][dst]: messages in flight.
-    let mut channels: Vec<Vec<VecDeque<Vec<Slot>>>> = vec![vec![VecDeque::new(); n]; n];
+    let mut channels: Vec<Vec<VecDeque<Message>>> = vec![vec![VecDeque::new(); n]; n];
     let mut rng = seed | 1;
     let mut next_rand = move || {
         rng ^= rng << 13;
@@ -268,7 +277,7 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
     // in rendezvous mode on the receive heads of `r`'s peers; so after an op runs only the ranks
     // it touched (and, in rendezvous mode, their peers) need a new look.
     let ready_of = |states: &[RankState],
-                    channels: &[Vec<VecDeque<Vec<Slot>>>],
+                    channels: &[Vec<VecDeque<Message>>],
                     r: usize,
                     out: &mut Vec<Ready>| {
         out.clear();
@@ -367,6 +376,16 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
             }
         }
     }
+    if setup.causal {
+        for (r, st) in states.iter().enumerate() {
+            if st.heard != all_ranks(n) {
+                return Err(format!(
+                    "rank {r} finished having heard only from ranks {:#x} (not from every rank)",
+                    st.heard
+                ));
+            }
+        }
+    }
     let results: Vec<Vec<Slot>> = states
         .into_iter()
         .map(|mut s| s.bufs.remove(&Buf::Recv).unwrap_or_default())
@@ -424,7 +443,7 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
 fn execute(
     scheds: &[Schedule],
     states: &mut [RankState],
-    channels: &mut [Vec<VecDeque<Vec<Slot>>>],
+    channels: &mut [Vec<VecDeque<Message>>],
     r: usize,
     id: OpId,
     n: usize,
@@ -452,7 +471,7 @@ fn execute(
     let st = &mut states[r];
     match s.ops[id].action {
         Action::Send { peer, src } => {
-            channels[r][peer].push_back(st.read(&src).map_err(fail)?);
+            channels[r][peer].push_back((st.heard, st.read(&src).map_err(fail)?));
             let pi = s
                 .peers
                 .iter()
@@ -461,9 +480,10 @@ fn execute(
             st.send_cur[pi] += 1;
         }
         Action::Recv { peer, dst, combine } => {
-            let msg = channels[peer][r]
+            let (heard, msg) = channels[peer][r]
                 .pop_front()
                 .ok_or_else(|| fail("no message".into()))?;
+            st.heard |= heard;
             if msg.len() != dst.len {
                 return Err(fail(format!(
                     "expects {} elements from rank {peer}, the message has {}",

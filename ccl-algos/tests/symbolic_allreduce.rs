@@ -32,6 +32,7 @@ fn allreduce_setup(
         op,
         rendezvous,
         extra: Vec::new(),
+        causal: true,
     }
 }
 
@@ -241,6 +242,14 @@ fn checker_catches_broken_schedules() {
         );
         s.finish()
     });
+    // Without talking to anyone a rank hears from nobody (the causal check) and computes the
+    // wrong values (the value check), each caught on its own.
     let e = simulate(&lonely, &setup(false, false), 1).unwrap_err();
+    assert!(e.contains("heard only from"), "{e}");
+    let values_only = Setup {
+        causal: false,
+        ..setup(false, false)
+    };
+    let e = simulate(&lonely, &values_only, 1).unwrap_err();
     assert!(e.contains("expected element 0 of 0x3"), "{e}");
 }

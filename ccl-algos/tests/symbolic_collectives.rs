@@ -99,6 +99,8 @@ fn setup(
         op,
         rendezvous,
         extra: Vec::new(),
+        // Rooted collectives do not make every rank depend on every other.
+        causal: !matches!(coll, Collective::Broadcast | Collective::Reduce),
     }
 }
 
@@ -222,4 +224,52 @@ fn barrier() {
 #[test]
 fn allreduce() {
     sweep(Collective::AllReduce);
+}
+
+/// A barrier whose rounds only wait for the previous round does not carry every arrival to every
+/// rank (rank 1's arrival never reaches rank 0 with 6 ranks); the causal check must catch it.
+#[test]
+fn causal_check_catches_a_broken_barrier() {
+    use ccl_algos::schedule::{Action, Buf, Combine, Region};
+    let n = 6;
+    let rounds = 3;
+    let scheds: Vec<Schedule> = (0..n)
+        .map(|r| {
+            let mut sc = Schedule::new("broken");
+            let mut prev = None;
+            for k in 0..rounds {
+                let d = 1 << k;
+                let deps: Vec<usize> = prev.into_iter().collect();
+                sc.push(
+                    Action::Send {
+                        peer: (r + d) % n,
+                        src: Region::new(Buf::Scratch, k, 1),
+                    },
+                    &deps,
+                    None,
+                    0,
+                );
+                prev = Some(sc.push(
+                    Action::Recv {
+                        peer: (r + n - d) % n,
+                        dst: Region::new(Buf::Scratch, rounds + k, 1),
+                        combine: Combine::Copy,
+                    },
+                    &[],
+                    None,
+                    0,
+                ));
+            }
+            sc.scratch = 2 * rounds;
+            sc.finish()
+        })
+        .collect();
+    let st = setup(Collective::Barrier, n, 0, true, ReduceOp::Sum, 0, false);
+    let errs: Vec<String> = (0..200)
+        .filter_map(|seed| simulate(&scheds, &st, seed).err())
+        .collect();
+    assert!(
+        errs.iter().any(|e| e.contains("heard only from")),
+        "{errs:?}"
+    );
 }

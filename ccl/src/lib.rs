@@ -48,7 +48,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ccl_algos::algo::{self, Algo, Collective};
+use ccl_algos::algo;
 use ccl_algos::exec::{self, Buffers, ExecState, OpInfo};
 use ccl_algos::schedule::{Schedule, Shape};
 use ccl_algos::select::Overrides;
@@ -62,8 +62,12 @@ use ccl_core::transport::local::LocalTransport;
 use ccl_core::transport::tcp::TcpTransport;
 use ccl_core::{ccl_info, ccl_trace};
 
+pub use ccl_algos::algo::{Algo, Collective};
 pub use ccl_core::config::Config;
 pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, UniqueId};
+
+mod group;
+pub use group::Group;
 
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
@@ -75,7 +79,7 @@ const PLAN_CACHE_LIMIT: usize = 256;
 /// communicator run one at a time.
 pub struct Communicator {
     comm: Arc<Comm>,
-    overrides: Overrides,
+    overrides: Mutex<Overrides>,
     inner: Mutex<Inner>,
 }
 
@@ -143,7 +147,7 @@ impl Communicator {
         let (comm, links) = Comm::connect(b, candidates, config)?;
         let c = Communicator {
             comm,
-            overrides,
+            overrides: Mutex::new(overrides),
             inner: Mutex::new(Inner {
                 links,
                 exec: ExecState::default(),
@@ -173,6 +177,21 @@ impl Communicator {
     /// Host name of every rank.
     pub fn hosts(&self) -> &[String] {
         self.comm.hosts()
+    }
+
+    /// Forces `algo` for `coll` on this rank (`None`: back to the cost model), like `CCL_ALGO`.
+    /// Every rank must make the same choice before its next call of `coll`.
+    pub fn set_algorithm(&self, coll: Collective, algo: Option<Algo>) -> Result<()> {
+        let mut o = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        match algo {
+            Some(a) => o
+                .set(coll, a)
+                .map_err(|m| Error::invalid_argument(m).rank(self.rank())),
+            None => {
+                o.clear(coll);
+                Ok(())
+            }
+        }
     }
 
     /// Fails the communicator and ends every wait at once, from any thread; idempotent.
@@ -224,6 +243,213 @@ impl Communicator {
         self.run(Collective::AllReduce, send, recv, count, dtype, op, 0)
     }
 
+    /// Copies `root`'s `send` into every rank's `recv` (`send` is read on the root only, but must
+    /// have the same length everywhere).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        self.same_len("broadcast", send.len(), recv.len())?;
+        let count = recv.len();
+        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+        self.run(
+            Collective::Broadcast,
+            Some(s),
+            r,
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+            root,
+        )
+    }
+
+    /// Copies `root`'s `buf` into every rank's `buf`.
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let count = buf.len();
+        let b = bytemuck::cast_slice_mut(buf);
+        self.run(
+            Collective::Broadcast,
+            None,
+            b,
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+            root,
+        )
+    }
+
+    /// Reduces every rank's `send` into `root`'s `recv`; other ranks' `recv` is left untouched.
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.same_len("reduce", send.len(), recv.len())?;
+        let count = recv.len();
+        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+        self.run(Collective::Reduce, Some(s), r, count, T::DTYPE, op, root)
+    }
+
+    /// Reduces every rank's `buf` into `root`'s `buf`; other ranks' `buf` is left untouched.
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let count = buf.len();
+        self.run(
+            Collective::Reduce,
+            None,
+            bytemuck::cast_slice_mut(buf),
+            count,
+            T::DTYPE,
+            op,
+            root,
+        )
+    }
+
+    /// Gathers every rank's `send` into every rank's `recv`, in rank order
+    /// (`recv.len() == send.len() * size`).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let count = send.len();
+        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+        self.run(
+            Collective::AllGather,
+            Some(s),
+            r,
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
+    }
+
+    /// Allgather in place: each rank's input is already at block `rank` of `buf`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.block_len("all_gather_in_place", buf.len())?;
+        let b = bytemuck::cast_slice_mut(buf);
+        self.run(
+            Collective::AllGather,
+            None,
+            b,
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
+    }
+
+    /// Rank `r` receives in `recv` the reduction of every rank's block `r` of `send`
+    /// (`send.len() == recv.len() * size`).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = recv.len();
+        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+        self.run(
+            Collective::ReduceScatter,
+            Some(s),
+            r,
+            count,
+            T::DTYPE,
+            op,
+            0,
+        )
+    }
+
+    /// Reduce-scatter in place: the result lands in block `rank` of `buf`; other blocks keep
+    /// their input.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.block_len("reduce_scatter_in_place", buf.len())?;
+        let b = bytemuck::cast_slice_mut(buf);
+        self.run(Collective::ReduceScatter, None, b, count, T::DTYPE, op, 0)
+    }
+
+    /// Block `k` of every rank's `send` goes to block `rank` of rank `k`'s `recv`.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let count = self.block_len("all_to_all", send.len())?;
+        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+        self.run(
+            Collective::AllToAll,
+            Some(s),
+            r,
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
+    }
+
+    /// Alltoall in place.
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.block_len("all_to_all_in_place", buf.len())?;
+        let b = bytemuck::cast_slice_mut(buf);
+        self.run(
+            Collective::AllToAll,
+            None,
+            b,
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
+    }
+
+    /// Returns once every rank has called it.
+    pub fn barrier(&self) -> Result<()> {
+        self.run(
+            Collective::Barrier,
+            None,
+            &mut [],
+            0,
+            DataType::U8,
+            ReduceOp::Sum,
+            0,
+        )
+    }
+
+    /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count (per-rank block for
+    /// allgather, reduce-scatter and alltoall), `send` is `None` in place, `root` is used by
+    /// broadcast and reduce. Buffer lengths are checked against the collective's rules.
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_bytes(
+        &self,
+        coll: Collective,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.run(coll, send, recv, count, dtype, op, root)
+    }
+
+    fn same_len(&self, what: &str, send: usize, recv: usize) -> Result<()> {
+        if send != recv {
+            return Err(Error::invalid_argument(format!(
+                "{what}: send buffer has {send} elements but receive buffer has {recv}"
+            ))
+            .rank(self.rank()));
+        }
+        Ok(())
+    }
+
+    /// `len / size`, when `len` splits into one block per rank.
+    fn block_len(&self, what: &str, len: usize) -> Result<usize> {
+        let n = self.size();
+        if len % n != 0 {
+            return Err(Error::invalid_argument(format!(
+                "{what}: a buffer of {len} elements does not split into {n} equal blocks"
+            ))
+            .rank(self.rank()));
+        }
+        Ok(len / n)
+    }
+
     /// Runs `coll` on untyped buffers after checking every argument: lengths against
     /// [`Collective::buffer_lens`], the root against the world size.
     #[allow(clippy::too_many_arguments)]
@@ -242,17 +468,36 @@ impl Communicator {
         if root >= n {
             return Err(bad(format!("root {root} is out of range for {n} ranks")));
         }
-        let (send_len, recv_len) = coll.buffer_lens(count, n);
         let overflow = || {
             bad(format!(
                 "{count} elements of {dtype} over {n} ranks overflow the address space"
             ))
         };
+        // buffer_lens multiplies unchecked; count * n must not wrap.
+        let blocks = count.checked_mul(n).ok_or_else(overflow)?;
+        let (send_len, recv_len) = match coll {
+            Collective::AllGather => (count, blocks),
+            Collective::ReduceScatter => (blocks, count),
+            Collective::AllToAll => (blocks, blocks),
+            _ => coll.buffer_lens(count, n),
+        };
         let send_bytes = send_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
         let recv_bytes = recv_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
-        if recv.len() != recv_bytes {
+        // In place, one buffer serves as both: NCCL's rules put allgather's input at block
+        // `rank` of the output and reduce-scatter's output at block `rank` of the input.
+        let buf_bytes = if send.is_none() {
+            send_bytes.max(recv_bytes)
+        } else {
+            recv_bytes
+        };
+        if recv.len() != buf_bytes {
             return Err(bad(format!(
-                "count {count} of {dtype} needs a receive buffer of {recv_bytes} bytes, got {}",
+                "count {count} of {dtype} needs a {} buffer of {buf_bytes} bytes, got {}",
+                if send.is_none() {
+                    "(in-place)"
+                } else {
+                    "receive"
+                },
                 recv.len()
             )));
         }
@@ -271,7 +516,12 @@ impl Communicator {
             Collective::ReduceScatter | Collective::AllToAll => send_bytes,
             _ => recv_bytes,
         };
-        let algo = match self.overrides.get(coll) {
+        let forced = self
+            .overrides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(coll);
+        let algo = match forced {
             Some(a) => a,
             None => algo::choose(
                 coll,
@@ -291,6 +541,34 @@ impl Communicator {
         };
         let mut g = self.lock();
         let sched = g.plan(coll, algo, &shape, self.comm.topology())?;
+        drop(g);
+        self.execute(
+            &sched,
+            send,
+            recv,
+            Vec::new(),
+            dtype,
+            op,
+            coll.name(),
+            size_bytes,
+        )
+    }
+
+    /// Runs a schedule with the communicator's links, scratch space and executor state.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn execute(
+        &self,
+        sched: &Schedule,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        extra: Vec<exec::ExtraBuf<'_>>,
+        dtype: DataType,
+        op: ReduceOp,
+        name: &str,
+        bytes: usize,
+    ) -> Result<()> {
+        let mut g = self.lock();
+        self.comm.check()?;
         let seq = self.comm.next_seq();
         let inner = &mut *g;
         let scratch_bytes = sched.scratch * dtype.size();
@@ -303,18 +581,14 @@ impl Communicator {
             send,
             recv,
             scratch,
-            extra: Vec::new(),
+            extra,
         };
-        let info = OpInfo {
-            name: coll.name(),
-            seq,
-            bytes: size_bytes,
-        };
+        let info = OpInfo { name, seq, bytes };
         exec::run(
             &self.comm,
             &mut inner.links,
             &mut inner.exec,
-            &sched,
+            sched,
             &mut bufs,
             dtype,
             op,
@@ -343,7 +617,12 @@ impl Communicator {
             if coll.algos().is_empty() {
                 continue;
             }
-            if let Some(a) = self.overrides.get(coll) {
+            let forced = self
+                .overrides
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(coll);
+            if let Some(a) = forced {
                 ccl_info!(Some(0), "{coll} algorithm: {a} (CCL_ALGO)");
                 continue;
             }
