@@ -64,6 +64,7 @@ pub struct Comm {
     transport_props: crate::transport::TransportProperties,
     hosts: Vec<String>,
     topology: Topology,
+    local_ip: std::net::IpAddr,
     abort: AbortSignal,
     error: Mutex<Option<Error>>,
     seq: AtomicU64,
@@ -201,6 +202,7 @@ impl Comm {
             transport_name: transport.name(),
             transport_props: transport.properties(),
             topology: Topology::from_hosts(&hosts),
+            local_ip,
             hosts,
             abort: AbortSignal::new()?,
             error: Mutex::new(None),
@@ -232,6 +234,11 @@ impl Comm {
     /// Host name of every rank, in rank order.
     pub fn hosts(&self) -> &[String] {
         &self.hosts
+    }
+
+    /// The address this rank listens on (where peers reached it).
+    pub fn local_ip(&self) -> std::net::IpAddr {
+        self.local_ip
     }
 
     /// Where the ranks are (host, rack, zone).

@@ -125,16 +125,18 @@ impl<'c, 'b> Group<'c, 'b> {
             return Ok(());
         }
         let sched = sched.finish();
-        self.comm.execute(
-            &sched,
-            None,
-            &mut [],
-            extra,
-            DataType::U8,
-            ReduceOp::Sum,
-            "send/recv",
-            bytes,
-        )
+        self.comm.sub().blocking(|s| {
+            s.execute(
+                &sched,
+                None,
+                &mut [],
+                extra,
+                DataType::U8,
+                ReduceOp::Sum,
+                "send/recv",
+                bytes,
+            )
+        })
     }
 }
 

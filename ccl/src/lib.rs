@@ -45,50 +45,41 @@
 //!   matching arguments on every rank, as with NCCL and MPI.
 //! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use ccl_algos::algo;
-use ccl_algos::exec::{self, Buffers, ExecState, OpInfo};
-use ccl_algos::schedule::{Schedule, Shape};
 use ccl_algos::select::Overrides;
 use ccl_core::bootstrap::Bootstrap;
 use ccl_core::bootstrap::env::Launch;
-use ccl_core::comm::{Comm, Links};
+use ccl_core::ccl_info;
+use ccl_core::comm::Comm;
 use ccl_core::config::TransportKind;
-use ccl_core::topology::Topology;
 use ccl_core::transport::Transport;
 use ccl_core::transport::local::LocalTransport;
 use ccl_core::transport::tcp::TcpTransport;
-use ccl_core::{ccl_info, ccl_trace};
 
 pub use ccl_algos::algo::{Algo, Collective};
 pub use ccl_core::config::Config;
 pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, UniqueId};
 
 mod group;
+mod order;
+mod shared;
+mod split;
 pub use group::Group;
+pub use order::Request;
 
-/// Most cached schedules per communicator; beyond that the cache starts over.
-const PLAN_CACHE_LIMIT: usize = 256;
+use order::{Progress, Submitter};
+use shared::Shared;
 
 /// A group of ranks that run collectives together.
 ///
-/// `Communicator` is `Send + Sync`: it can be shared between threads, for instance so one thread
-/// can [`abort`](Communicator::abort) while another is blocked in a collective. Collectives on one
-/// communicator run one at a time.
+/// `Communicator` is `Send + Sync`: share it between threads (for instance so one thread can
+/// [`abort`](Communicator::abort) while another is blocked in a collective). Operations run one
+/// at a time, in the order they were issued on this rank, blocking or not; every rank must issue
+/// the same operations in the same order.
 pub struct Communicator {
-    comm: Arc<Comm>,
-    overrides: Mutex<Overrides>,
-    inner: Mutex<Inner>,
-}
-
-struct Inner {
-    links: Links,
-    exec: ExecState,
-    plans: HashMap<(Collective, Algo, Shape), Arc<Schedule>>,
-    /// Scratch space, as u64 so it is aligned for every element type.
-    scratch: Vec<u64>,
+    s: Arc<Shared>,
+    progress: Mutex<Option<Progress>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -99,6 +90,25 @@ impl std::fmt::Debug for Communicator {
             .field("transport", &self.transport_name())
             .finish_non_exhaustive()
     }
+}
+
+/// Elements of `coll`'s count for buffers of these lengths (in place when `send` is `None`),
+/// following NCCL: allgather's count is the input block, reduce-scatter's the output block.
+fn count_for(s: &Shared, coll: Collective, send: Option<usize>, recv: usize) -> Result<usize> {
+    let what = coll.name();
+    Ok(match (coll, send) {
+        (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, Some(sl)) => {
+            s.same_len(what, sl, recv)?;
+            recv
+        }
+        (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, None) => recv,
+        (Collective::AllGather, Some(sl)) => sl,
+        (Collective::ReduceScatter, Some(_)) => recv,
+        (Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll, _) => {
+            s.block_len(what, recv)?
+        }
+        (Collective::Barrier, _) => 0,
+    })
 }
 
 impl Communicator {
@@ -146,43 +156,49 @@ impl Communicator {
         let candidates = transports(config.transport, rank)?;
         let (comm, links) = Comm::connect(b, candidates, config)?;
         let c = Communicator {
-            comm,
-            overrides: Mutex::new(overrides),
-            inner: Mutex::new(Inner {
-                links,
-                exec: ExecState::default(),
-                plans: HashMap::new(),
-                scratch: Vec::new(),
-            }),
+            s: Arc::new(Shared::new(comm, links, overrides)),
+            progress: Mutex::new(None),
         };
-        c.log_algorithm_table();
+        c.s.log_algorithm_table();
         Ok(c)
+    }
+
+    fn sub(&self) -> Submitter<'_> {
+        Submitter {
+            shared: &self.s,
+            progress: &self.progress,
+        }
     }
 
     /// This process's rank.
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.s.rank()
     }
 
     /// Number of ranks.
     pub fn size(&self) -> usize {
-        self.comm.size()
+        self.s.size()
     }
 
     /// The transport in use (`tcp`, `local`, `ib`).
     pub fn transport_name(&self) -> &'static str {
-        self.comm.transport_name()
+        self.s.comm.transport_name()
     }
 
     /// Host name of every rank.
     pub fn hosts(&self) -> &[String] {
-        self.comm.hosts()
+        self.s.comm.hosts()
+    }
+
+    /// The settings this communicator was created with.
+    pub fn config(&self) -> &Config {
+        self.s.comm.config()
     }
 
     /// Forces `algo` for `coll` on this rank (`None`: back to the cost model), like `CCL_ALGO`.
     /// Every rank must make the same choice before its next call of `coll`.
     pub fn set_algorithm(&self, coll: Collective, algo: Option<Algo>) -> Result<()> {
-        let mut o = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self.s.overrides.lock().unwrap_or_else(|p| p.into_inner());
         match algo {
             Some(a) => o
                 .set(coll, a)
@@ -196,38 +212,122 @@ impl Communicator {
 
     /// Fails the communicator and ends every wait at once, from any thread; idempotent.
     pub fn abort(&self) {
-        self.comm.abort();
+        self.s.comm.abort();
+        self.s.turns.wake_all();
     }
 
     /// The error the communicator failed with, if it has (NCCL's `ncclCommGetAsyncError`).
     pub fn error(&self) -> Option<Error> {
-        self.comm.error()
+        self.s.comm.error()
+    }
+
+    /// Any collective on typed buffers: from `send`, or in place in `recv` when `send` is
+    /// `None`. The count follows from the lengths (NCCL's rules: allgather's input block,
+    /// reduce-scatter's output block, alltoall's per-peer block); `op` is ignored by
+    /// collectives that do not reduce, `root` by those without one.
+    pub fn collective<T: Element>(
+        &self,
+        coll: Collective,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.sub().blocking(|s| {
+            let count = count_for(s, coll, send.map(|b| b.len()), recv.len())?;
+            let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
+            s.run(
+                coll,
+                send,
+                bytemuck::cast_slice_mut(recv),
+                count,
+                T::DTYPE,
+                op,
+                root,
+            )
+        })
+    }
+
+    /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count, `send` is `None`
+    /// in place. Buffer lengths are checked against the collective's rules.
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_bytes(
+        &self,
+        coll: Collective,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.sub()
+            .blocking(|s| s.run(coll, send, recv, count, dtype, op, root))
+    }
+
+    /// Non-blocking [`collective`](Communicator::collective): takes ownership of the buffers
+    /// (any `Vec<T>`, `Box<[T]>`, ...) and gives them back from [`Request::wait`]. Operations
+    /// complete in the order they were issued; argument errors also arrive through `wait`.
+    pub fn collective_async<T, S, R>(
+        &self,
+        coll: Collective,
+        send: Option<S>,
+        recv: R,
+        op: ReduceOp,
+        root: usize,
+    ) -> Request<(Option<S>, R)>
+    where
+        T: Element,
+        S: AsRef<[T]> + Send + 'static,
+        R: AsMut<[T]> + Send + 'static,
+    {
+        self.sub().submit((send, recv), move |s, (send, recv)| {
+            let send = send.as_ref().map(|b| b.as_ref());
+            let recv = recv.as_mut();
+            let count = count_for(s, coll, send.map(|b| b.len()), recv.len())?;
+            let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
+            s.run(
+                coll,
+                send,
+                bytemuck::cast_slice_mut(recv),
+                count,
+                T::DTYPE,
+                op,
+                root,
+            )
+        })
+    }
+
+    /// Non-blocking [`collective_bytes`](Communicator::collective_bytes) on owned byte buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_bytes_async<S, R>(
+        &self,
+        coll: Collective,
+        send: Option<S>,
+        recv: R,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Request<(Option<S>, R)>
+    where
+        S: AsRef<[u8]> + Send + 'static,
+        R: AsMut<[u8]> + Send + 'static,
+    {
+        self.sub().submit((send, recv), move |s, (send, recv)| {
+            let send = send.as_ref().map(|b| b.as_ref());
+            s.run(coll, send, recv.as_mut(), count, dtype, op, root)
+        })
     }
 
     /// Elementwise reduction of every rank's `send` into every rank's `recv` (out of place).
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(Error::invalid_argument(format!(
-                "all_reduce: send buffer has {} elements but receive buffer has {}",
-                send.len(),
-                recv.len()
-            ))
-            .rank(self.rank()));
-        }
-        let count = recv.len();
-        self.all_reduce_bytes(
-            Some(bytemuck::cast_slice(send)),
-            bytemuck::cast_slice_mut(recv),
-            count,
-            T::DTYPE,
-            op,
-        )
+        self.collective(Collective::AllReduce, Some(send), recv, op, 0)
     }
 
     /// Elementwise reduction of every rank's `buf`, in place.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let count = buf.len();
-        self.all_reduce_bytes(None, bytemuck::cast_slice_mut(buf), count, T::DTYPE, op)
+        self.collective(Collective::AllReduce, None, buf, op, 0)
     }
 
     /// Untyped allreduce of `count` elements of `dtype`: out of place from `send`, or in place in
@@ -240,39 +340,39 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.run(Collective::AllReduce, send, recv, count, dtype, op, 0)
+        self.collective_bytes(Collective::AllReduce, send, recv, count, dtype, op, 0)
+    }
+
+    /// Non-blocking allreduce in place of an owned buffer, returned by [`Request::wait`].
+    pub fn all_reduce_async<T, B>(&self, buf: B, op: ReduceOp) -> Request<B>
+    where
+        T: Element,
+        B: AsMut<[T]> + Send + 'static,
+    {
+        self.sub().submit(buf, move |s, buf| {
+            let buf = buf.as_mut();
+            let count = buf.len();
+            s.run(
+                Collective::AllReduce,
+                None,
+                bytemuck::cast_slice_mut(buf),
+                count,
+                T::DTYPE,
+                op,
+                0,
+            )
+        })
     }
 
     /// Copies `root`'s `send` into every rank's `recv` (`send` is read on the root only, but must
     /// have the same length everywhere).
     pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        self.same_len("broadcast", send.len(), recv.len())?;
-        let count = recv.len();
-        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
-        self.run(
-            Collective::Broadcast,
-            Some(s),
-            r,
-            count,
-            T::DTYPE,
-            ReduceOp::Sum,
-            root,
-        )
+        self.collective(Collective::Broadcast, Some(send), recv, ReduceOp::Sum, root)
     }
 
     /// Copies `root`'s `buf` into every rank's `buf`.
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let count = buf.len();
-        let b = bytemuck::cast_slice_mut(buf);
-        self.run(
-            Collective::Broadcast,
-            None,
-            b,
-            count,
-            T::DTYPE,
-            ReduceOp::Sum,
-            root,
-        )
+        self.collective(Collective::Broadcast, None, buf, ReduceOp::Sum, root)
     }
 
     /// Reduces every rank's `send` into `root`'s `recv`; other ranks' `recv` is left untouched.
@@ -283,10 +383,7 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.same_len("reduce", send.len(), recv.len())?;
-        let count = recv.len();
-        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
-        self.run(Collective::Reduce, Some(s), r, count, T::DTYPE, op, root)
+        self.collective(Collective::Reduce, Some(send), recv, op, root)
     }
 
     /// Reduces every rank's `buf` into `root`'s `buf`; other ranks' `buf` is left untouched.
@@ -296,47 +393,18 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let count = buf.len();
-        self.run(
-            Collective::Reduce,
-            None,
-            bytemuck::cast_slice_mut(buf),
-            count,
-            T::DTYPE,
-            op,
-            root,
-        )
+        self.collective(Collective::Reduce, None, buf, op, root)
     }
 
     /// Gathers every rank's `send` into every rank's `recv`, in rank order
     /// (`recv.len() == send.len() * size`).
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let count = send.len();
-        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
-        self.run(
-            Collective::AllGather,
-            Some(s),
-            r,
-            count,
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
+        self.collective(Collective::AllGather, Some(send), recv, ReduceOp::Sum, 0)
     }
 
     /// Allgather in place: each rank's input is already at block `rank` of `buf`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        let count = self.block_len("all_gather_in_place", buf.len())?;
-        let b = bytemuck::cast_slice_mut(buf);
-        self.run(
-            Collective::AllGather,
-            None,
-            b,
-            count,
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
+        self.collective(Collective::AllGather, None, buf, ReduceOp::Sum, 0)
     }
 
     /// Rank `r` receives in `recv` the reduction of every rank's block `r` of `send`
@@ -347,328 +415,56 @@ impl Communicator {
         recv: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let count = recv.len();
-        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
-        self.run(
-            Collective::ReduceScatter,
-            Some(s),
-            r,
-            count,
-            T::DTYPE,
-            op,
-            0,
-        )
+        self.collective(Collective::ReduceScatter, Some(send), recv, op, 0)
     }
 
     /// Reduce-scatter in place: the result lands in block `rank` of `buf`; other blocks keep
     /// their input.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let count = self.block_len("reduce_scatter_in_place", buf.len())?;
-        let b = bytemuck::cast_slice_mut(buf);
-        self.run(Collective::ReduceScatter, None, b, count, T::DTYPE, op, 0)
+        self.collective(Collective::ReduceScatter, None, buf, op, 0)
     }
 
     /// Block `k` of every rank's `send` goes to block `rank` of rank `k`'s `recv`.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let count = self.block_len("all_to_all", send.len())?;
-        let (s, r) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
-        self.run(
-            Collective::AllToAll,
-            Some(s),
-            r,
-            count,
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
+        self.collective(Collective::AllToAll, Some(send), recv, ReduceOp::Sum, 0)
     }
 
     /// Alltoall in place.
     pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        let count = self.block_len("all_to_all_in_place", buf.len())?;
-        let b = bytemuck::cast_slice_mut(buf);
-        self.run(
-            Collective::AllToAll,
-            None,
-            b,
-            count,
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
+        self.collective(Collective::AllToAll, None, buf, ReduceOp::Sum, 0)
     }
 
     /// Returns once every rank has called it.
     pub fn barrier(&self) -> Result<()> {
-        self.run(
-            Collective::Barrier,
-            None,
-            &mut [],
-            0,
-            DataType::U8,
-            ReduceOp::Sum,
-            0,
-        )
+        self.collective::<u8>(Collective::Barrier, None, &mut [], ReduceOp::Sum, 0)
     }
 
-    /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count (per-rank block for
-    /// allgather, reduce-scatter and alltoall), `send` is `None` in place, `root` is used by
-    /// broadcast and reduce. Buffer lengths are checked against the collective's rules.
-    #[allow(clippy::too_many_arguments)]
-    pub fn collective_bytes(
-        &self,
-        coll: Collective,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        self.run(coll, send, recv, count, dtype, op, root)
-    }
-
-    fn same_len(&self, what: &str, send: usize, recv: usize) -> Result<()> {
-        if send != recv {
-            return Err(Error::invalid_argument(format!(
-                "{what}: send buffer has {send} elements but receive buffer has {recv}"
-            ))
-            .rank(self.rank()));
-        }
-        Ok(())
-    }
-
-    /// `len / size`, when `len` splits into one block per rank.
-    fn block_len(&self, what: &str, len: usize) -> Result<usize> {
-        let n = self.size();
-        if len % n != 0 {
-            return Err(Error::invalid_argument(format!(
-                "{what}: a buffer of {len} elements does not split into {n} equal blocks"
-            ))
-            .rank(self.rank()));
-        }
-        Ok(len / n)
-    }
-
-    /// Runs `coll` on untyped buffers after checking every argument: lengths against
-    /// [`Collective::buffer_lens`], the root against the world size.
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &self,
-        coll: Collective,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        let (rank, n) = (self.rank(), self.size());
-        let bad = |m: String| Error::invalid_argument(format!("{coll}: {m}")).rank(rank);
-        if root >= n {
-            return Err(bad(format!("root {root} is out of range for {n} ranks")));
-        }
-        let overflow = || {
-            bad(format!(
-                "{count} elements of {dtype} over {n} ranks overflow the address space"
-            ))
-        };
-        // buffer_lens multiplies unchecked; count * n must not wrap.
-        let blocks = count.checked_mul(n).ok_or_else(overflow)?;
-        let (send_len, recv_len) = match coll {
-            Collective::AllGather => (count, blocks),
-            Collective::ReduceScatter => (blocks, count),
-            Collective::AllToAll => (blocks, blocks),
-            _ => coll.buffer_lens(count, n),
-        };
-        let send_bytes = send_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
-        let recv_bytes = recv_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
-        // In place, one buffer serves as both: NCCL's rules put allgather's input at block
-        // `rank` of the output and reduce-scatter's output at block `rank` of the input.
-        let buf_bytes = if send.is_none() {
-            send_bytes.max(recv_bytes)
-        } else {
-            recv_bytes
-        };
-        if recv.len() != buf_bytes {
-            return Err(bad(format!(
-                "count {count} of {dtype} needs a {} buffer of {buf_bytes} bytes, got {}",
-                if send.is_none() {
-                    "(in-place)"
-                } else {
-                    "receive"
-                },
-                recv.len()
-            )));
-        }
-        if let Some(s) = send
-            && s.len() != send_bytes
-        {
-            return Err(bad(format!(
-                "count {count} of {dtype} needs a send buffer of {send_bytes} bytes, got {}",
-                s.len()
-            )));
-        }
-        self.comm.check()?;
-        // The nccl-tests size, for the cost model.
-        let size_bytes = match coll {
-            Collective::AllGather => recv_bytes,
-            Collective::ReduceScatter | Collective::AllToAll => send_bytes,
-            _ => recv_bytes,
-        };
-        let forced = self
-            .overrides
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(coll);
-        let algo = match forced {
-            Some(a) => a,
-            None => algo::choose(
-                coll,
-                n,
-                size_bytes,
-                &self.comm.transport_properties(),
-                self.comm.topology(),
-            ),
-        };
-        let shape = Shape {
-            rank,
-            size: n,
-            count,
-            in_place: send.is_none(),
-            op,
-            root,
-        };
-        let mut g = self.lock();
-        let sched = g.plan(coll, algo, &shape, self.comm.topology())?;
-        drop(g);
-        self.execute(
-            &sched,
-            send,
-            recv,
-            Vec::new(),
-            dtype,
-            op,
-            coll.name(),
-            size_bytes,
-        )
-    }
-
-    /// Runs a schedule with the communicator's links, scratch space and executor state.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn execute(
-        &self,
-        sched: &Schedule,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        extra: Vec<exec::ExtraBuf<'_>>,
-        dtype: DataType,
-        op: ReduceOp,
-        name: &str,
-        bytes: usize,
-    ) -> Result<()> {
-        let mut g = self.lock();
-        self.comm.check()?;
-        let seq = self.comm.next_seq();
-        let inner = &mut *g;
-        let scratch_bytes = sched.scratch * dtype.size();
-        let need = scratch_bytes.div_ceil(8);
-        if inner.scratch.len() < need {
-            inner.scratch.resize(need, 0);
-        }
-        let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])[..scratch_bytes];
-        let mut bufs = Buffers {
-            send,
-            recv,
-            scratch,
-            extra,
-        };
-        let info = OpInfo { name, seq, bytes };
-        exec::run(
-            &self.comm,
-            &mut inner.links,
-            &mut inner.exec,
-            sched,
-            &mut bufs,
-            dtype,
-            op,
-            &info,
-        )
-        .map_err(|e| self.comm.fail(e))
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic inside a collective leaves the links in an unknown state; the communicator
-        // records that as its error, and the lock itself stays usable for abort/drop.
-        self.inner.lock().unwrap_or_else(|p| {
-            self.comm
-                .fail(Error::internal("a previous collective panicked").rank(self.rank()));
-            p.into_inner()
+    /// Non-blocking barrier.
+    pub fn barrier_async(&self) -> Request<()> {
+        self.sub().submit((), |s, ()| {
+            s.run(
+                Collective::Barrier,
+                None,
+                &mut [],
+                0,
+                DataType::U8,
+                ReduceOp::Sum,
+                0,
+            )
         })
-    }
-
-    /// Logs, once, which algorithm the cost model picks for each collective at which size.
-    fn log_algorithm_table(&self) {
-        if !ccl_core::log::enabled(ccl_core::config::LogLevel::Info) || self.rank() != 0 {
-            return;
-        }
-        let props = self.comm.transport_properties();
-        for coll in Collective::ALL {
-            if coll.algos().is_empty() {
-                continue;
-            }
-            let forced = self
-                .overrides
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(coll);
-            if let Some(a) = forced {
-                ccl_info!(Some(0), "{coll} algorithm: {a} (CCL_ALGO)");
-                continue;
-            }
-            let mut table = String::new();
-            let mut prev = None;
-            for p in 0..=34 {
-                let b = 1usize << p;
-                let a = algo::choose(coll, self.size(), b, &props, self.comm.topology());
-                if prev != Some(a) {
-                    table.push_str(&format!(" {a} from {b} B;"));
-                    prev = Some(a);
-                }
-            }
-            ccl_info!(Some(0), "{coll} algorithms:{}", table.trim_end_matches(';'));
-        }
     }
 }
 
-impl Inner {
-    fn plan(
-        &mut self,
-        coll: Collective,
-        algo: Algo,
-        shape: &Shape,
-        topo: &Topology,
-    ) -> Result<Arc<Schedule>> {
-        let key = (coll, algo, *shape);
-        if let Some(s) = self.plans.get(&key) {
-            return Ok(s.clone());
-        }
-        if self.plans.len() >= PLAN_CACHE_LIMIT {
-            self.plans.clear();
-        }
-        let s = Arc::new(
-            algo::build(coll, algo, shape, topo)
-                .map_err(|m| Error::invalid_usage(m).rank(shape.rank))?,
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Finish (or fail at their deadlines) the operations already issued, then stop the
+        // progress thread; the connections close when the shared state goes.
+        drop(
+            self.progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
         );
-        ccl_trace!(
-            Some(shape.rank),
-            "built {algo} {coll} schedule: {} ops, count {}, in place {}",
-            s.ops.len(),
-            shape.count,
-            shape.in_place
-        );
-        self.plans.insert(key, s.clone());
-        Ok(s)
     }
 }
 

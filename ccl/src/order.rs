@@ -1,0 +1,246 @@
+//! Issue order and non-blocking operations.
+//!
+//! Every operation takes a ticket when it is issued and runs when its turn comes, so operations
+//! complete in the order they were issued, whichever thread issued them and whether they block
+//! or not. Blocking calls run on the caller's thread (no hand-off, which would cost a wake-up per
+//! call); non-blocking calls queue to one progress thread per communicator, started on first use.
+//! Ticket and queue position are taken under one lock, so the progress thread never waits for a
+//! ticket that sits behind it in its own queue.
+
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ccl_core::comm::Comm;
+
+use crate::shared::Shared;
+use crate::{Error, Result};
+
+#[derive(Debug, Default)]
+struct TurnState {
+    /// The next ticket to hand out.
+    next: u64,
+    /// The ticket whose operation may run now.
+    serving: u64,
+}
+
+/// Tickets and turns.
+#[derive(Debug, Default)]
+pub(crate) struct Turns {
+    state: Mutex<TurnState>,
+    cv: Condvar,
+}
+
+impl Turns {
+    pub fn ticket(&self) -> u64 {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let t = s.next;
+        s.next += 1;
+        t
+    }
+
+    /// Waits until ticket `t` may run. Returns early with the communicator's error once it has
+    /// failed: nothing will run anyway, so order no longer matters.
+    pub fn wait(&self, t: u64, comm: &Comm) -> Result<Turn<'_>> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if s.serving == t {
+                return Ok(Turn { turns: self, t });
+            }
+            comm.check()?;
+            // Woken by every finished turn and by abort; the timeout only re-checks the error.
+            s = self
+                .cv
+                .wait_timeout(s, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Wakes every waiter (after an abort).
+    pub fn wake_all(&self) {
+        self.cv.notify_all();
+    }
+}
+
+/// The right to run; the next ticket's turn comes when it is dropped, even on unwinding.
+pub(crate) struct Turn<'a> {
+    turns: &'a Turns,
+    t: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut s = self.turns.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.serving = self.t + 1;
+        drop(s);
+        self.turns.cv.notify_all();
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The progress thread of one communicator.
+pub(crate) struct Progress {
+    tx: Option<SyncSender<Job>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// Queue bound: submitting waits when this many operations are outstanding.
+const QUEUE: usize = 1024;
+
+impl Progress {
+    fn start(rank: usize) -> Result<Progress> {
+        let (tx, rx): (SyncSender<Job>, Receiver<Job>) = mpsc::sync_channel(QUEUE);
+        let handle = std::thread::Builder::new()
+            .name(format!("ccl-progress-{rank}"))
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .map_err(|e| {
+                Error::io(crate::ErrorKind::System, "starting the progress thread", e).rank(rank)
+            })?;
+        Ok(Progress {
+            tx: Some(tx),
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        // Closing the queue lets the thread finish what was submitted and exit; every operation
+        // has a deadline, so this join ends.
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Issues `work` in order: inline when `progress` is `None`, on the progress thread otherwise.
+pub(crate) struct Submitter<'a> {
+    pub shared: &'a Arc<Shared>,
+    pub progress: &'a Mutex<Option<Progress>>,
+}
+
+type Slot<R> = Arc<(Mutex<Option<Result<R>>>, Condvar)>;
+
+/// A non-blocking operation in flight: [`wait`](Request::wait) for its result, which hands back
+/// the buffers it took.
+#[must_use = "a request does nothing unless waited on or tested (the operation runs regardless)"]
+pub struct Request<R> {
+    slot: Slot<R>,
+}
+
+impl<R> std::fmt::Debug for Request<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Request(done: {})", self.test())
+    }
+}
+
+impl<R> Request<R> {
+    /// Whether the operation has finished (successfully or not).
+    pub fn test(&self) -> bool {
+        self.slot
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// Waits for the operation and returns its buffers, or its error. The wait ends: the
+    /// operation itself fails at its deadline (`CCL_TIMEOUT` without progress) or on abort.
+    pub fn wait(self) -> Result<R> {
+        let (m, cv) = &*self.slot;
+        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = g.take() {
+                return r;
+            }
+            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Fills a request's slot when dropped, so a job that panics or is dropped unrun still answers
+/// its waiter.
+struct Completion<R> {
+    slot: Slot<R>,
+    value: Option<Result<R>>,
+}
+
+impl<R> Completion<R> {
+    fn finish(mut self, v: Result<R>) {
+        self.value = Some(v);
+    }
+}
+
+impl<R> Drop for Completion<R> {
+    fn drop(&mut self) {
+        let v = self.value.take().unwrap_or_else(|| {
+            Err(Error::internal(
+                "the operation was lost (its thread panicked)",
+            ))
+        });
+        let (m, cv) = &*self.slot;
+        *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+        cv.notify_all();
+    }
+}
+
+impl Submitter<'_> {
+    /// Runs `f` on the caller's thread when its turn comes.
+    pub fn blocking<T>(&self, f: impl FnOnce(&Shared) -> Result<T>) -> Result<T> {
+        let s = &**self.shared;
+        let t = {
+            // Tickets are taken under the progress lock too (see the module docs).
+            let _q = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            s.turns.ticket()
+        };
+        let _turn = s.turns.wait(t, &s.comm)?;
+        f(s)
+    }
+
+    /// Queues `f` (which owns `bufs`) to the progress thread; the request returns `bufs`.
+    pub fn submit<B: Send + 'static>(
+        &self,
+        bufs: B,
+        f: impl FnOnce(&Shared, &mut B) -> Result<()> + Send + 'static,
+    ) -> Request<B> {
+        let slot: Slot<B> = Arc::new((Mutex::new(None), Condvar::new()));
+        let req = Request { slot: slot.clone() };
+        let done = Completion { slot, value: None };
+        let shared = self.shared.clone();
+        let mut q = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        if q.is_none() {
+            match Progress::start(shared.rank()) {
+                Ok(p) => *q = Some(p),
+                Err(e) => {
+                    done.finish(Err(e));
+                    return req;
+                }
+            }
+        }
+        let t = shared.turns.ticket();
+        let job: Job = Box::new(move || {
+            let mut bufs = bufs;
+            let r = match shared.turns.wait(t, &shared.comm) {
+                Ok(_turn) => f(&shared, &mut bufs),
+                Err(e) => Err(e),
+            };
+            done.finish(r.map(|()| bufs));
+        });
+        let tx = q
+            .as_ref()
+            .and_then(|p| p.tx.as_ref())
+            .expect("progress thread is running");
+        // A full queue blocks here until the progress thread catches up; a dead thread drops the
+        // job, whose completion then reports the loss.
+        let _ = tx.send(job);
+        req
+    }
+}

@@ -1,0 +1,300 @@
+//! The state a communicator shares with its progress thread, and the one path every operation
+//! takes: check the arguments, pick the algorithm, fetch or build the schedule, execute it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ccl_algos::algo::{self, Algo, Collective};
+use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, OpInfo};
+use ccl_algos::schedule::{Schedule, Shape};
+use ccl_algos::select::Overrides;
+use ccl_core::comm::{Comm, Links};
+use ccl_core::topology::Topology;
+use ccl_core::{ccl_info, ccl_trace};
+
+use crate::order::Turns;
+use crate::{DataType, Error, ReduceOp, Result};
+
+/// Most cached schedules per communicator; beyond that the cache starts over.
+const PLAN_CACHE_LIMIT: usize = 256;
+
+pub(crate) struct Shared {
+    pub comm: Arc<Comm>,
+    pub overrides: Mutex<Overrides>,
+    pub turns: Turns,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    links: Links,
+    exec: ExecState,
+    plans: HashMap<(Collective, Algo, Shape), Arc<Schedule>>,
+    /// Scratch space, as u64 so it is aligned for every element type.
+    scratch: Vec<u64>,
+}
+
+impl Shared {
+    pub fn new(comm: Arc<Comm>, links: Links, overrides: Overrides) -> Shared {
+        Shared {
+            comm,
+            overrides: Mutex::new(overrides),
+            turns: Turns::default(),
+            inner: Mutex::new(Inner {
+                links,
+                exec: ExecState::default(),
+                plans: HashMap::new(),
+                scratch: Vec::new(),
+            }),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// `len / size`, when `len` splits into one block per rank.
+    pub fn block_len(&self, what: &str, len: usize) -> Result<usize> {
+        let n = self.size();
+        if len % n != 0 {
+            return Err(Error::invalid_argument(format!(
+                "{what}: a buffer of {len} elements does not split into {n} equal blocks"
+            ))
+            .rank(self.rank()));
+        }
+        Ok(len / n)
+    }
+
+    /// Checks that two buffers that must match in length do.
+    pub fn same_len(&self, what: &str, send: usize, recv: usize) -> Result<()> {
+        if send != recv {
+            return Err(Error::invalid_argument(format!(
+                "{what}: send buffer has {send} elements but receive buffer has {recv}"
+            ))
+            .rank(self.rank()));
+        }
+        Ok(())
+    }
+
+    /// Runs `coll` on untyped buffers after checking every argument: lengths against the
+    /// collective's rules, the root against the world size. Not ordered: callers hold the turn.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        coll: Collective,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let (rank, n) = (self.rank(), self.size());
+        let bad = |m: String| Error::invalid_argument(format!("{coll}: {m}")).rank(rank);
+        if root >= n {
+            return Err(bad(format!("root {root} is out of range for {n} ranks")));
+        }
+        let overflow = || {
+            bad(format!(
+                "{count} elements of {dtype} over {n} ranks overflow the address space"
+            ))
+        };
+        // buffer_lens multiplies unchecked; count * n must not wrap.
+        let blocks = count.checked_mul(n).ok_or_else(overflow)?;
+        let (send_len, recv_len) = match coll {
+            Collective::AllGather => (count, blocks),
+            Collective::ReduceScatter => (blocks, count),
+            Collective::AllToAll => (blocks, blocks),
+            _ => coll.buffer_lens(count, n),
+        };
+        let send_bytes = send_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
+        let recv_bytes = recv_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
+        // In place, one buffer serves as both: NCCL's rules put allgather's input at block
+        // `rank` of the output and reduce-scatter's output at block `rank` of the input.
+        let buf_bytes = if send.is_none() {
+            send_bytes.max(recv_bytes)
+        } else {
+            recv_bytes
+        };
+        if recv.len() != buf_bytes {
+            return Err(bad(format!(
+                "count {count} of {dtype} needs a {} buffer of {buf_bytes} bytes, got {}",
+                if send.is_none() {
+                    "(in-place)"
+                } else {
+                    "receive"
+                },
+                recv.len()
+            )));
+        }
+        if let Some(s) = send
+            && s.len() != send_bytes
+        {
+            return Err(bad(format!(
+                "count {count} of {dtype} needs a send buffer of {send_bytes} bytes, got {}",
+                s.len()
+            )));
+        }
+        self.comm.check()?;
+        // The nccl-tests size, for the cost model.
+        let size_bytes = match coll {
+            Collective::AllGather => recv_bytes,
+            Collective::ReduceScatter | Collective::AllToAll => send_bytes,
+            _ => recv_bytes,
+        };
+        let forced = self
+            .overrides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(coll);
+        let algo = match forced {
+            Some(a) => a,
+            None => algo::choose(
+                coll,
+                n,
+                size_bytes,
+                &self.comm.transport_properties(),
+                self.comm.topology(),
+            ),
+        };
+        let shape = Shape {
+            rank,
+            size: n,
+            count,
+            in_place: send.is_none(),
+            op,
+            root,
+        };
+        let sched = self.lock().plan(coll, algo, &shape, self.comm.topology())?;
+        self.execute(
+            &sched,
+            send,
+            recv,
+            Vec::new(),
+            dtype,
+            op,
+            coll.name(),
+            size_bytes,
+        )
+    }
+
+    /// Runs a schedule with the communicator's links, scratch space and executor state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn execute(
+        &self,
+        sched: &Schedule,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        extra: Vec<ExtraBuf<'_>>,
+        dtype: DataType,
+        op: ReduceOp,
+        name: &str,
+        bytes: usize,
+    ) -> Result<()> {
+        let mut g = self.lock();
+        self.comm.check()?;
+        let seq = self.comm.next_seq();
+        let inner = &mut *g;
+        let scratch_bytes = sched.scratch * dtype.size();
+        let need = scratch_bytes.div_ceil(8);
+        if inner.scratch.len() < need {
+            inner.scratch.resize(need, 0);
+        }
+        let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])[..scratch_bytes];
+        let mut bufs = Buffers {
+            send,
+            recv,
+            scratch,
+            extra,
+        };
+        let info = OpInfo { name, seq, bytes };
+        exec::run(
+            &self.comm,
+            &mut inner.links,
+            &mut inner.exec,
+            sched,
+            &mut bufs,
+            dtype,
+            op,
+            &info,
+        )
+        .map_err(|e| self.comm.fail(e))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic inside a collective leaves the links in an unknown state; the communicator
+        // records that as its error, and the lock itself stays usable for abort/drop.
+        self.inner.lock().unwrap_or_else(|p| {
+            self.comm
+                .fail(Error::internal("a previous collective panicked").rank(self.rank()));
+            p.into_inner()
+        })
+    }
+
+    /// Logs, once, which algorithm the cost model picks for each collective at which size.
+    pub fn log_algorithm_table(&self) {
+        if !ccl_core::log::enabled(ccl_core::config::LogLevel::Info) || self.rank() != 0 {
+            return;
+        }
+        let props = self.comm.transport_properties();
+        for coll in Collective::ALL {
+            if coll.algos().is_empty() {
+                continue;
+            }
+            let forced = self
+                .overrides
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(coll);
+            if let Some(a) = forced {
+                ccl_info!(Some(0), "{coll} algorithm: {a} (CCL_ALGO)");
+                continue;
+            }
+            let mut table = String::new();
+            let mut prev = None;
+            for p in 0..=34 {
+                let b = 1usize << p;
+                let a = algo::choose(coll, self.size(), b, &props, self.comm.topology());
+                if prev != Some(a) {
+                    table.push_str(&format!(" {a} from {b} B;"));
+                    prev = Some(a);
+                }
+            }
+            ccl_info!(Some(0), "{coll} algorithms:{}", table.trim_end_matches(';'));
+        }
+    }
+}
+
+impl Inner {
+    fn plan(
+        &mut self,
+        coll: Collective,
+        algo: Algo,
+        shape: &Shape,
+        topo: &Topology,
+    ) -> Result<Arc<Schedule>> {
+        let key = (coll, algo, *shape);
+        if let Some(s) = self.plans.get(&key) {
+            return Ok(s.clone());
+        }
+        if self.plans.len() >= PLAN_CACHE_LIMIT {
+            self.plans.clear();
+        }
+        let s = Arc::new(
+            algo::build(coll, algo, shape, topo)
+                .map_err(|m| Error::invalid_usage(m).rank(shape.rank))?,
+        );
+        ccl_trace!(
+            Some(shape.rank),
+            "built {algo} {coll} schedule: {} ops, count {}, in place {}",
+            s.ops.len(),
+            shape.count,
+            shape.in_place
+        );
+        self.plans.insert(key, s.clone());
+        Ok(s)
+    }
+}
