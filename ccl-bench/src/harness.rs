@@ -11,14 +11,23 @@ use std::time::Instant;
 use ccl::{Communicator, DataType, ReduceOp, Result};
 use serde::Serialize;
 
-/// One collective plugged into the harness.
-pub trait Collective {
+/// One operation plugged into the harness (nccl-tests: one file per collective).
+pub trait Bench {
     /// Name in the header and the JSON (`allreduce`).
     fn name(&self) -> &'static str;
     /// busbw / algbw for `n` ranks.
     fn bus_factor(&self, n: usize) -> f64;
-    /// Runs the collective once on `count` elements: from `send` into `recv`, or in place in
-    /// `recv` when `send` is `None`.
+    /// Whether an in-place form exists.
+    fn has_in_place(&self) -> bool;
+    /// The root, for the root column (`-1`: none).
+    fn root(&self) -> isize;
+    /// NCCL's count for a row of `size` bytes.
+    fn count_for(&self, size: usize, dtype: DataType, n: usize) -> usize;
+    /// The size column for `count` (what algbw divides).
+    fn bytes_for(&self, count: usize, dtype: DataType, n: usize) -> usize;
+    /// Send and receive buffer lengths in elements (in place: `(0, buffer)`).
+    fn buffer_lens(&self, count: usize, n: usize, in_place: bool) -> (usize, usize);
+    /// Runs once: from `send` into `recv`, or in place in `recv` when `send` is `None`.
     fn run(
         &self,
         comm: &Communicator,
@@ -28,10 +37,26 @@ pub trait Collective {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()>;
-    /// Writes this rank's inputs into `buf`.
-    fn fill(&self, comm: &Communicator, buf: &mut [u8], dtype: DataType, op: ReduceOp);
+    /// Writes this rank's inputs into `buf` (the send buffer, or the in-place buffer).
+    fn fill(
+        &self,
+        comm: &Communicator,
+        buf: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        in_place: bool,
+    );
     /// Counts the wrong elements of this rank's result.
-    fn wrong(&self, comm: &Communicator, buf: &[u8], dtype: DataType, op: ReduceOp) -> usize;
+    fn wrong(
+        &self,
+        comm: &Communicator,
+        buf: &[u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        in_place: bool,
+    ) -> usize;
 }
 
 /// What to measure.
@@ -82,7 +107,7 @@ fn barrier(comm: &Communicator) -> Result<()> {
 }
 
 fn time_loop(
-    coll: &dyn Collective,
+    b: &dyn Bench,
     comm: &Communicator,
     send: Option<&[u8]>,
     recv: &mut [u8],
@@ -90,62 +115,78 @@ fn time_loop(
     p: &Plan,
 ) -> Result<f64> {
     for _ in 0..p.warmup {
-        coll.run(comm, send, recv, count, p.dtype, p.op)?;
+        b.run(comm, send, recv, count, p.dtype, p.op)?;
     }
     barrier(comm)?;
     let t0 = Instant::now();
     for _ in 0..p.iters {
-        coll.run(comm, send, recv, count, p.dtype, p.op)?;
+        b.run(comm, send, recv, count, p.dtype, p.op)?;
     }
     Ok(t0.elapsed().as_secs_f64() / p.iters.max(1) as f64)
 }
 
+/// Times one placement of one size; returns (seconds per operation, wrong elements).
+fn measure(
+    b: &dyn Bench,
+    comm: &Communicator,
+    send_store: &mut [u64],
+    recv_store: &mut [u64],
+    count: usize,
+    in_place: bool,
+    p: &Plan,
+) -> Result<(f64, usize)> {
+    let (es, n) = (p.dtype.size(), comm.size());
+    let (sl, rl) = b.buffer_lens(count, n, in_place);
+    let send: &mut [u8] = &mut bytemuck::cast_slice_mut(send_store)[..sl * es];
+    let recv: &mut [u8] = &mut bytemuck::cast_slice_mut(recv_store)[..rl * es];
+    if in_place {
+        b.fill(comm, recv, count, p.dtype, p.op, true);
+        let t = time_loop(b, comm, None, recv, count, p)?;
+        if !p.check {
+            return Ok((t, 0));
+        }
+        b.fill(comm, recv, count, p.dtype, p.op, true);
+        b.run(comm, None, recv, count, p.dtype, p.op)?;
+        Ok((t, b.wrong(comm, recv, count, p.dtype, p.op, true)))
+    } else {
+        b.fill(comm, send, count, p.dtype, p.op, false);
+        let t = time_loop(b, comm, Some(send), recv, count, p)?;
+        if !p.check {
+            return Ok((t, 0));
+        }
+        b.fill(comm, send, count, p.dtype, p.op, false);
+        b.run(comm, Some(send), recv, count, p.dtype, p.op)?;
+        Ok((t, b.wrong(comm, recv, count, p.dtype, p.op, false)))
+    }
+}
+
 /// Runs the plan on this rank; every rank gets the same rows (times are the maximum over ranks,
 /// wrong counts the sum).
-pub fn run(
-    coll: &dyn Collective,
-    comm: &Communicator,
-    p: &Plan,
-    out: &mut dyn Write,
-) -> Result<Vec<Row>> {
-    let es = p.dtype.size();
+pub fn run(b: &dyn Bench, comm: &Communicator, p: &Plan, out: &mut dyn Write) -> Result<Vec<Row>> {
     let n = comm.size();
     let max = p.sizes.iter().copied().max().unwrap_or(0);
-    // u64 storage keeps the buffers aligned for every element type.
+    // u64 storage keeps the buffers aligned for every element type; no buffer exceeds the
+    // largest size.
     let words = max.div_ceil(8);
     let mut send_store = vec![0u64; words];
     let mut recv_store = vec![0u64; words];
     let rank0 = comm.rank() == 0;
     let progress = rank0 && std::io::stderr().is_terminal();
     if rank0 {
-        header(coll, comm, p, out);
+        header(b, comm, p, out);
     }
     let mut rows = Vec::new();
     for (k, &size) in p.sizes.iter().enumerate() {
-        let count = size / es;
-        let bytes = count * es;
-        let send: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut send_store)[..bytes];
-        let recv: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut recv_store)[..bytes];
+        let count = b.count_for(size, p.dtype, n);
+        let bytes = b.bytes_for(count, p.dtype, n);
         if progress {
             eprint!("\r# size {} ({}/{})   ", bytes, k + 1, p.sizes.len());
         }
-        coll.fill(comm, send, p.dtype, p.op);
-        let t_oop = time_loop(coll, comm, Some(send), recv, count, p)?;
-        let w_oop = if p.check {
-            coll.fill(comm, send, p.dtype, p.op);
-            coll.run(comm, Some(send), recv, count, p.dtype, p.op)?;
-            coll.wrong(comm, recv, p.dtype, p.op)
+        let (t_oop, w_oop) = measure(b, comm, &mut send_store, &mut recv_store, count, false, p)?;
+        let (t_ip, w_ip) = if b.has_in_place() {
+            measure(b, comm, &mut send_store, &mut recv_store, count, true, p)?
         } else {
-            0
-        };
-        coll.fill(comm, recv, p.dtype, p.op);
-        let t_ip = time_loop(coll, comm, None, recv, count, p)?;
-        let w_ip = if p.check {
-            coll.fill(comm, recv, p.dtype, p.op);
-            coll.run(comm, None, recv, count, p.dtype, p.op)?;
-            coll.wrong(comm, recv, p.dtype, p.op)
-        } else {
-            0
+            (0.0, 0)
         };
         // The slowest rank defines the time; wrong elements add up.
         let mut times = [t_oop, t_ip];
@@ -162,22 +203,20 @@ pub fn run(
                 placement,
                 time_us: t * 1e6,
                 algbw_gbs: algbw,
-                busbw_gbs: algbw * coll.bus_factor(n),
+                busbw_gbs: algbw * b.bus_factor(n),
                 wrong: w,
             }
         };
-        let (a, b) = (
-            mk("out-of-place", times[0], wrong[0]),
-            mk("in-place", times[1], wrong[1]),
-        );
+        let oop = mk("out-of-place", times[0], wrong[0]);
+        let ip = b.has_in_place().then(|| mk("in-place", times[1], wrong[1]));
         if rank0 {
             if progress {
                 eprint!("\r\x1b[K");
             }
-            row_line(&a, &b, out);
+            row_line(&oop, ip.as_ref(), b.root(), out);
         }
-        rows.push(a);
-        rows.push(b);
+        rows.push(oop);
+        rows.extend(ip);
     }
     if rank0 {
         footer(&rows, out);
@@ -185,11 +224,11 @@ pub fn run(
     Ok(rows)
 }
 
-fn header(coll: &dyn Collective, comm: &Communicator, p: &Plan, out: &mut dyn Write) {
+fn header(b: &dyn Bench, comm: &Communicator, p: &Plan, out: &mut dyn Write) {
     let _ = writeln!(
         out,
         "# ccl-bench {}: nranks {} transport {} dtype {} op {} iters {} warmup {} check {}",
-        coll.name(),
+        b.name(),
         comm.size(),
         comm.transport_name(),
         p.dtype,
@@ -250,23 +289,29 @@ fn fmt_time(us: f64) -> String {
     }
 }
 
-fn row_line(a: &Row, b: &Row, out: &mut dyn Write) {
+fn row_line(a: &Row, b: Option<&Row>, root: isize, out: &mut dyn Write) {
+    let second = match b {
+        Some(b) => format!(
+            "{:>9} {:>7.3} {:>7.3} {:>6}",
+            fmt_time(b.time_us),
+            b.algbw_gbs,
+            b.busbw_gbs,
+            b.wrong
+        ),
+        None => format!("{:>9} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A"),
+    };
     let _ = writeln!(
         out,
-        "  {:>10} {:>12} {:>8} {:>6} {:>5}  {:>9} {:>7.3} {:>7.3} {:>6}  {:>9} {:>7.3} {:>7.3} {:>6}",
+        "  {:>10} {:>12} {:>8} {:>6} {:>5}  {:>9} {:>7.3} {:>7.3} {:>6}  {second}",
         a.size,
         a.count,
         a.dtype,
         a.op,
-        -1,
+        root,
         fmt_time(a.time_us),
         a.algbw_gbs,
         a.busbw_gbs,
         a.wrong,
-        fmt_time(b.time_us),
-        b.algbw_gbs,
-        b.busbw_gbs,
-        b.wrong
     );
     let _ = out.flush();
 }

@@ -11,7 +11,7 @@
 //! `SLURM_*` (srun) or `CCL_*`. Rank 0 prints the table; the exit status is non-zero when any rank
 //! fails or any element is wrong.
 
-mod allreduce;
+mod colls;
 mod harness;
 
 use std::io::Write;
@@ -24,7 +24,7 @@ use ccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
 use ccl_core::config::{TransportKind, parse_size};
 use clap::{Args, Parser, Subcommand};
 
-use harness::{Collective, Plan, Row};
+use harness::{Bench, Plan, Row};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -39,8 +39,36 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Allreduce bandwidth (busbw factor 2(n-1)/n).
+    /// Allreduce (busbw factor 2(n-1)/n).
     Allreduce(BenchArgs),
+    /// Allgather (size = whole result; busbw factor (n-1)/n).
+    Allgather(BenchArgs),
+    /// Reduce-scatter (size = whole input; busbw factor (n-1)/n).
+    Reducescatter(BenchArgs),
+    /// Broadcast from -r ROOT (busbw factor 1).
+    Broadcast(BenchArgs),
+    /// Reduce to -r ROOT (busbw factor 1).
+    Reduce(BenchArgs),
+    /// Alltoall (size = whole buffer; busbw factor (n-1)/n).
+    Alltoall(BenchArgs),
+    /// Each rank sends to the next and receives from the previous (busbw factor 1).
+    Sendrecv(BenchArgs),
+}
+
+impl Cmd {
+    fn parts(&self) -> (colls::Op, &BenchArgs) {
+        use ccl::Collective as C;
+        use colls::Op;
+        match self {
+            Cmd::Allreduce(a) => (Op::Coll(C::AllReduce), a),
+            Cmd::Allgather(a) => (Op::Coll(C::AllGather), a),
+            Cmd::Reducescatter(a) => (Op::Coll(C::ReduceScatter), a),
+            Cmd::Broadcast(a) => (Op::Coll(C::Broadcast), a),
+            Cmd::Reduce(a) => (Op::Coll(C::Reduce), a),
+            Cmd::Alltoall(a) => (Op::Coll(C::AllToAll), a),
+            Cmd::Sendrecv(a) => (Op::SendRecv, a),
+        }
+    }
 }
 
 fn size_arg(s: &str) -> Result<usize, String> {
@@ -74,13 +102,16 @@ struct BenchArgs {
     /// Reduction: sum, prod, min, max, avg.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     op: ReduceOp,
+    /// Root of broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
     /// Data type: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 (or f32, bf16, ...).
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: DataType,
     /// auto, tcp, local (in-process threads), ib. Default: CCL_TRANSPORT, else auto.
     #[arg(long)]
     transport: Option<TransportKind>,
-    /// Force an algorithm (same syntax as CCL_ALGO).
+    /// Force an algorithm for this collective (a name such as `ring`, or CCL_ALGO syntax).
     #[arg(long)]
     algo: Option<String>,
     /// With --np: bind rank r to the r-th CPU this process may use (`core`, the default when
@@ -103,8 +134,11 @@ struct Report<'a> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Cmd::Allreduce(args) = cli.cmd;
-    let coll = allreduce::AllReduce;
+    let (op, args) = cli.cmd.parts();
+    let coll = colls::Coll {
+        op,
+        root: args.root,
+    };
     if args.factor == 0 || args.min_bytes > args.max_bytes {
         eprintln!(
             "ccl-bench: invalid size range: -b {} -e {} -f {} (need min <= max and a factor >= 1)",
@@ -112,7 +146,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let config = match settings(&args) {
+    let config = match settings(args, op) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ccl-bench: {e}");
@@ -124,10 +158,10 @@ fn main() -> ExitCode {
             eprintln!("ccl-bench: --np must be at least 1");
             ExitCode::from(2)
         }
-        Some(n) if config.transport == TransportKind::Local => run_threads(&coll, &args, config, n),
+        Some(n) if config.transport == TransportKind::Local => run_threads(&coll, args, config, n),
         Some(n) => launch(&config, n, args.bind == "core"),
         None => match Communicator::from_env_with_config(config) {
-            Ok(comm) => bench_rank(&coll, &comm, &args),
+            Ok(comm) => bench_rank(&coll, &comm, args),
             Err(e) => {
                 eprintln!("ccl-bench: {e}");
                 ExitCode::FAILURE
@@ -137,13 +171,18 @@ fn main() -> ExitCode {
 }
 
 /// Settings from the environment with the command line on top.
-fn settings(args: &BenchArgs) -> ccl::Result<Config> {
+fn settings(args: &BenchArgs, op: colls::Op) -> ccl::Result<Config> {
     let mut c = Config::from_env()?;
     if let Some(t) = args.transport {
         c.transport = t;
     }
     if let Some(a) = &args.algo {
-        c.algo = Some(a.clone());
+        // A bare name means "for the collective being measured", so a name that collective lacks
+        // is an error rather than silently ignored.
+        c.algo = Some(match op {
+            colls::Op::Coll(coll) if !a.contains(':') => format!("{}:{a}", coll.name()),
+            _ => a.clone(),
+        });
     }
     Ok(c)
 }
@@ -160,7 +199,7 @@ fn plan(args: &BenchArgs) -> Plan {
 }
 
 /// Runs the benchmark as one rank; rank 0 prints and writes the JSON.
-fn bench_rank(coll: &dyn Collective, comm: &Communicator, args: &BenchArgs) -> ExitCode {
+fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs) -> ExitCode {
     // Only rank 0 prints. Never hold the stdout lock across a collective: in thread mode the
     // other ranks share this process's stdout.
     let mut out: Box<dyn Write> = if comm.rank() == 0 {
@@ -202,12 +241,7 @@ fn bench_rank(coll: &dyn Collective, comm: &Communicator, args: &BenchArgs) -> E
 }
 
 /// `--np N --transport local`: the ranks are threads of this process.
-fn run_threads(
-    coll: &allreduce::AllReduce,
-    args: &BenchArgs,
-    config: Config,
-    n: usize,
-) -> ExitCode {
+fn run_threads(coll: &colls::Coll, args: &BenchArgs, config: Config, n: usize) -> ExitCode {
     let id = match UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &config) {
         Ok(id) => id,
         Err(e) => {

@@ -359,3 +359,59 @@ fn unreachable_rendezvous_fails_within_the_timeout_naming_it() {
     );
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
+
+#[test]
+fn every_collective_checks_clean() {
+    for coll in [
+        "allgather",
+        "reducescatter",
+        "broadcast",
+        "reduce",
+        "alltoall",
+        "sendrecv",
+    ] {
+        let o = bench()
+            .args([
+                coll, "--np", "3", "-b", "8", "-e", "2M", "-f", "64", "-n", "2", "-w", "1", "-c",
+                "1", "-r", "2",
+            ])
+            .args(["-o", "prod", "-d", "int32", "--transport", "tcp"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{coll}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains(&format!("ccl-bench {coll}: nranks 3")),
+            "{out}"
+        );
+        let data: Vec<&str> = out
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .collect();
+        assert_eq!(data.len(), 4, "{out}");
+        for l in data {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f[8], "0", "{coll}: {l}");
+            assert!(f[12] == "0" || f[12] == "N/A", "{coll}: {l}");
+            let root = if matches!(coll, "broadcast" | "reduce") {
+                "2"
+            } else {
+                "-1"
+            };
+            assert_eq!(f[4], root, "{coll}: {l}");
+        }
+    }
+    // An algorithm the collective lacks is refused by name.
+    let o = bench()
+        .args([
+            "alltoall", "--np", "2", "--algo", "ring", "-b", "8", "-e", "8",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("alltoall has no ring"),
+        "{}",
+        text(&o)
+    );
+}

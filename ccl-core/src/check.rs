@@ -109,10 +109,10 @@ macro_rules! dispatch_dtype {
             $crate::DataType::U32 => $f::<u32>($($arg),*),
             $crate::DataType::I64 => $f::<i64>($($arg),*),
             $crate::DataType::U64 => $f::<u64>($($arg),*),
-            $crate::DataType::F16 => $f::<half::f16>($($arg),*),
+            $crate::DataType::F16 => $f::<$crate::half::f16>($($arg),*),
             $crate::DataType::F32 => $f::<f32>($($arg),*),
             $crate::DataType::F64 => $f::<f64>($($arg),*),
-            $crate::DataType::Bf16 => $f::<half::bf16>($($arg),*),
+            $crate::DataType::Bf16 => $f::<$crate::half::bf16>($($arg),*),
         }
     };
 }

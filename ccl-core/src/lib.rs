@@ -17,5 +17,7 @@ pub mod types;
 pub use bootstrap::UniqueId;
 pub use config::Config;
 pub use error::{Error, ErrorKind, Result};
+/// The `half` crate, whose `f16` and `bf16` are element types.
+pub use half;
 pub use reduce::{Order, finish_avg, reduce_inplace, reduce_into, reduce_slice};
 pub use types::{DataType, Element, ReduceOp};
