@@ -226,10 +226,11 @@ pub fn run(
     // Zero-length ops count as complete from the start (0 of 0 bytes done).
     st.reset(s, es);
     let fail = |e: Error| -> Error {
-        e.rank(comm.rank()).context(format!(
+        let e = e.rank(comm.rank()).context(format!(
             "{} #{} ({}, {} bytes)",
             info.name, info.seq, s.algo, info.bytes
-        ))
+        ));
+        comm.explain(e)
     };
     let mut last_progress = Instant::now();
     while st.remaining > 0 {
@@ -549,8 +550,11 @@ fn block(
         }
     }
     let mut fds: Vec<(std::os::fd::BorrowedFd<'_>, PollFlags)> =
-        Vec::with_capacity(interests.len() + 1);
+        Vec::with_capacity(interests.len() + 2);
     fds.push((comm.abort_signal().fd(), PollFlags::POLLIN));
+    if let Some(fd) = comm.monitor_fd() {
+        fds.push((fd, PollFlags::POLLIN));
+    }
     for &(peer, i) in &interests {
         if let Some(Some(ep)) = links.endpoints.get(peer) {
             ep.wait_fds(i, &mut fds);
@@ -560,7 +564,9 @@ fn block(
     // Wake at least every 100 ms to re-check the deadline.
     let ms = max.as_millis().clamp(1, 100) as u16;
     match nix::poll::poll(&mut pfds, PollTimeout::from(ms)) {
-        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-        Err(e) => Err(Error::io(ErrorKind::System, "poll", e.into())),
+        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+        Err(e) => return Err(Error::io(ErrorKind::System, "poll", e.into())),
     }
+    // Another rank's failure ends this wait too.
+    comm.check_notices()
 }

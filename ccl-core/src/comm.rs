@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use crate::bootstrap::Bootstrap;
+use crate::bootstrap::{Bootstrap, Monitor, Notice};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::Topology;
@@ -65,6 +65,8 @@ pub struct Comm {
     hosts: Vec<String>,
     topology: Topology,
     local_ip: std::net::IpAddr,
+    /// The rendezvous root's watch over the job (absent for a single rank).
+    monitor: Option<Monitor>,
     abort: AbortSignal,
     error: Mutex<Option<Error>>,
     seq: AtomicU64,
@@ -189,7 +191,13 @@ impl Comm {
                 endpoints[peer] = Some(ep);
             }
         }
-        bootstrap.finish()?;
+        // A rank alone has nobody to tell; otherwise keep the line to the root open.
+        let monitor = if size > 1 {
+            Some(bootstrap.into_monitor()?)
+        } else {
+            bootstrap.finish()?;
+            None
+        };
         ccl_info!(
             Some(rank),
             "communicator ready: {size} ranks over {} (listening on {local_ip})",
@@ -204,6 +212,7 @@ impl Comm {
             topology: Topology::from_hosts(&hosts),
             local_ip,
             hosts,
+            monitor,
             abort: AbortSignal::new()?,
             error: Mutex::new(None),
             seq: AtomicU64::new(0),
@@ -251,10 +260,57 @@ impl Comm {
     }
 
     /// Fails the communicator and ends every wait at once. Safe to call more than once and from
-    /// any thread.
+    /// any thread. The other ranks hear of it and fail too, instead of waiting for this one.
     pub fn abort(&self) {
         self.fail(Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(self.rank));
         self.abort.raise();
+    }
+
+    /// Readable when a failure notice arrives.
+    pub fn monitor_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.monitor.as_ref().map(|m| m.fd())
+    }
+
+    fn notice_error(&self, n: &Notice) -> Error {
+        let what = if n.died { "died" } else { "failed" };
+        Error::remote(format!("rank {} {what}: {}", n.rank, n.message))
+            .rank(self.rank)
+            .peer(n.rank)
+    }
+
+    /// Fails with the first failure notice that has arrived, if any.
+    pub fn check_notices(&self) -> Result<()> {
+        if let Some(n) = self.monitor.as_ref().and_then(|m| m.poll()) {
+            return Err(self.record(self.notice_error(&n)));
+        }
+        Ok(())
+    }
+
+    /// A transport error often only shows the neighbour that gave up after the real failure
+    /// (in a ring, rank 0 sees rank 3 close because rank 3 saw rank 2 die). Waits briefly for
+    /// the root's notice of the original failure and reports that, with what was seen here.
+    pub fn explain(&self, e: Error) -> Error {
+        if !matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout) {
+            return e;
+        }
+        let wait = if e.kind() == ErrorKind::Remote {
+            std::time::Duration::from_millis(200)
+        } else {
+            std::time::Duration::ZERO
+        };
+        match self.monitor.as_ref().and_then(|m| m.wait(wait)) {
+            Some(n) if e.peer_id() != Some(n.rank) || n.died => {
+                let first = self.notice_error(&n);
+                Error::remote(format!(
+                    "{} (seen here as: {})",
+                    first.message(),
+                    e.message()
+                ))
+                .rank(self.rank)
+                .peer(n.rank)
+            }
+            _ => e,
+        }
     }
 
     /// The first error this communicator failed with, if any.
@@ -274,6 +330,20 @@ impl Comm {
     /// recorded one. Errors stick: a collective that failed part-way leaves peers and buffers in
     /// an unknown state, so nothing more may run.
     pub fn fail(&self, e: Error) -> Error {
+        let first = self.record(e.clone());
+        // Only this rank's own failure is news for the others; one learned from a notice is
+        // already known to them.
+        if first.to_string() == e.to_string()
+            && let Some(m) = &self.monitor
+        {
+            m.report(&e.to_string());
+        }
+        first
+    }
+
+    /// Records `e` as the communicator's error unless one is already recorded (without telling
+    /// the other ranks); returns the recorded one.
+    fn record(&self, e: Error) -> Error {
         let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
         match &*g {
             Some(first) => first.clone(),

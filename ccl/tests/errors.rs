@@ -67,17 +67,24 @@ fn a_missing_peer_times_out_naming_it() {
             Some((comm.rank(), e, took))
         });
         for (rank, e, took) in res.into_iter().flatten() {
-            assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
             let s = e.to_string();
+            // Each rank times out itself (naming the peer it waited for), or first hears
+            // through the rendezvous root that another rank timed out. Rank 0 receives from the
+            // missing rank 2 directly, so its own timeout names it; naming a stalled rank from
+            // every rank's view is the trace analysis's job.
+            assert!(
+                matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Remote),
+                "{s}"
+            );
+            assert!(s.contains("timeout"), "{s}");
             assert!(s.contains(&format!("rank {rank}")), "{s}");
             assert!(s.contains("allreduce #1"), "{s}");
-            // Rank 0 receives from rank 2 in the ring; rank 1 waits on data that needs rank 2.
-            assert!(s.contains("peer"), "{s}");
+            assert!(s.contains("waiting to receive from peer"), "{s}");
             assert!(
                 took >= Duration::from_millis(700) && took < Duration::from_secs(10),
                 "{took:?}"
             );
-            if rank == 0 {
+            if rank == 0 && e.kind() == ErrorKind::Timeout {
                 assert!(s.contains("from peer 2"), "{s}");
                 assert_eq!(e.peer_id(), Some(2), "{s}");
             }

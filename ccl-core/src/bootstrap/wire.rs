@@ -22,6 +22,12 @@ pub enum FrameKind {
     Data = 4,
     All = 5,
     Bye = 6,
+    /// Rank to root: done with allgather rounds; keep the connection to watch the job.
+    Monitor = 7,
+    /// Rank to root: this rank failed (payload: a [`Notice`]).
+    Failure = 8,
+    /// Root to rank: another rank failed or died (payload: a [`Notice`]).
+    Notice = 9,
 }
 
 impl FrameKind {
@@ -33,6 +39,9 @@ impl FrameKind {
             4 => FrameKind::Data,
             5 => FrameKind::All,
             6 => FrameKind::Bye,
+            7 => FrameKind::Monitor,
+            8 => FrameKind::Failure,
+            9 => FrameKind::Notice,
             _ => return None,
         })
     }
@@ -128,6 +137,62 @@ impl Hello {
     }
 }
 
+/// Longest failure message carried (longer ones are cut).
+pub const MAX_NOTICE: usize = 4096;
+
+/// A rank's failure, as the monitor passes it on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// The rank that failed or died.
+    pub rank: usize,
+    /// It vanished without a word (process exit, kill) rather than reporting an error.
+    pub died: bool,
+    pub message: String,
+}
+
+impl Notice {
+    /// `[u32 rank][u8 died][message]`.
+    pub fn encode(&self, kind: FrameKind) -> Frame {
+        let mut p = Vec::with_capacity(5 + self.message.len().min(MAX_NOTICE));
+        p.extend_from_slice(&(self.rank as u32).to_le_bytes());
+        p.push(u8::from(self.died));
+        let mut end = self.message.len().min(MAX_NOTICE);
+        while !self.message.is_char_boundary(end) {
+            end -= 1;
+        }
+        p.extend_from_slice(&self.message.as_bytes()[..end]);
+        Frame::new(kind, p)
+    }
+
+    pub fn decode(p: &[u8]) -> Result<Notice> {
+        if p.len() < 5 || p.len() > 5 + MAX_NOTICE || p[4] > 1 {
+            return Err(Error::remote("malformed failure notice"));
+        }
+        Ok(Notice {
+            rank: u32::from_le_bytes(p[..4].try_into().expect("4 bytes")) as usize,
+            died: p[4] == 1,
+            message: String::from_utf8_lossy(&p[5..]).into_owned(),
+        })
+    }
+}
+
+/// Splits the complete frames off the front of `buf` (a non-blocking reader's accumulator).
+pub fn take_frames(buf: &mut Vec<u8>) -> Result<Vec<Frame>> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while buf.len() - off >= 5 {
+        let h: [u8; 5] = buf[off..off + 5].try_into().expect("5 bytes");
+        let (len, kind) = decode_header(&h)?;
+        if buf.len() - off - 5 < len {
+            break;
+        }
+        out.push(Frame::new(kind, buf[off + 5..off + 5 + len].to_vec()));
+        off += 5 + len;
+    }
+    buf.drain(..off);
+    Ok(out)
+}
+
 /// `[u32 count]` then per blob `[u32 len][bytes]`.
 pub fn encode_blobs(blobs: &[Vec<u8>]) -> Vec<u8> {
     let mut b = Vec::with_capacity(4 + blobs.iter().map(|x| 4 + x.len()).sum::<usize>());
@@ -193,6 +258,36 @@ mod tests {
     }
 
     #[test]
+    fn notices_round_trip_and_frames_split() {
+        let n = Notice {
+            rank: 7,
+            died: true,
+            message: "gone".into(),
+        };
+        let f = n.encode(FrameKind::Notice);
+        assert_eq!(Notice::decode(&f.payload).unwrap(), n);
+        let long = Notice {
+            rank: 1,
+            died: false,
+            message: "é".repeat(3000),
+        };
+        let d = Notice::decode(&long.encode(FrameKind::Failure).payload).unwrap();
+        assert!(d.message.len() <= MAX_NOTICE && d.message.chars().all(|c| c == 'é'));
+        // Two frames and half of a third arrive together.
+        let mut buf = f.encode();
+        buf.extend(Frame::new(FrameKind::Bye, vec![]).encode());
+        let third = f.encode();
+        buf.extend_from_slice(&third[..4]);
+        let got = take_frames(&mut buf).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(buf.len(), 4);
+        buf.extend_from_slice(&third[4..]);
+        assert_eq!(take_frames(&mut buf).unwrap(), vec![f]);
+        assert!(buf.is_empty());
+        assert!(Notice::decode(&[1, 0, 0, 0, 9]).is_err());
+    }
+
+    #[test]
     fn headers_are_bounded() {
         assert!(decode_header(&[0xff, 0xff, 0xff, 0xff, 4]).is_err());
         assert!(decode_header(&[1, 0, 0, 0, 99]).is_err());
@@ -229,6 +324,9 @@ mod tests {
             let _ = decode_blobs(&v);
             let cut = (next() as usize) % v.len();
             let _ = decode_blobs(&v[..cut]);
+            let _ = Notice::decode(&v);
+            let mut acc = v.clone();
+            let _ = take_frames(&mut acc);
         }
     }
 }
