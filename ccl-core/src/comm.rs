@@ -67,6 +67,8 @@ pub struct Comm {
     local_ip: std::net::IpAddr,
     /// The rendezvous root's watch over the job (absent for a single rank).
     monitor: Option<Monitor>,
+    /// The rank whose process runs the root, if one does.
+    root_host: Option<usize>,
     abort: AbortSignal,
     error: Mutex<Option<Error>>,
     seq: AtomicU64,
@@ -142,27 +144,32 @@ impl Comm {
         } else {
             None
         };
-        // Each rank's blob: [handle length][handle][host name].
-        let mut blob = Vec::with_capacity(1 + MAX_HANDLE_LEN + 64);
+        // Each rank's blob: [hosts the root?][handle length][handle][host name].
+        let mut blob = Vec::with_capacity(2 + MAX_HANDLE_LEN + 64);
         let handle = listener.as_ref().map(|l| l.handle());
         let hb = handle.as_ref().map(|h| h.as_bytes()).unwrap_or(&[]);
+        blob.push(u8::from(crate::bootstrap::root_is_local(bootstrap.root())));
         blob.push(hb.len() as u8);
         blob.extend_from_slice(hb);
         blob.extend_from_slice(crate::log::hostname().as_bytes());
         let all = bootstrap.allgather(&blob)?;
         let mut handles = Vec::with_capacity(size);
         let mut hosts = Vec::with_capacity(size);
+        let mut root_host = None;
         for (r, b) in all.iter().enumerate() {
-            let n = *b.first().ok_or_else(|| {
-                Error::remote(format!("empty bootstrap record from rank {r}")).rank(rank)
-            })? as usize;
-            if b.len() < 1 + n {
-                return Err(
-                    Error::remote(format!("truncated bootstrap record from rank {r}")).rank(rank),
-                );
+            let bad =
+                || Error::remote(format!("malformed bootstrap record from rank {r}")).rank(rank);
+            let (&flag, rest) = b.split_first().ok_or_else(bad)?;
+            let (&n, rest) = rest.split_first().ok_or_else(bad)?;
+            let n = n as usize;
+            if rest.len() < n {
+                return Err(bad());
             }
-            handles.push(Handle::new(&b[1..1 + n]).map_err(|e| e.rank(rank).peer(r))?);
-            hosts.push(String::from_utf8_lossy(&b[1 + n..]).into_owned());
+            if flag == 1 {
+                root_host = Some(r);
+            }
+            handles.push(Handle::new(&rest[..n]).map_err(|e| e.rank(rank).peer(r))?);
+            hosts.push(String::from_utf8_lossy(&rest[n..]).into_owned());
         }
         let deadline = Instant::now() + config.timeout;
         let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..size).map(|_| None).collect();
@@ -213,6 +220,7 @@ impl Comm {
             local_ip,
             hosts,
             monitor,
+            root_host,
             abort: AbortSignal::new()?,
             error: Mutex::new(None),
             seq: AtomicU64::new(0),
@@ -298,7 +306,8 @@ impl Comm {
         } else {
             std::time::Duration::ZERO
         };
-        match self.monitor.as_ref().and_then(|m| m.wait(wait)) {
+        let Some(m) = &self.monitor else { return e };
+        match m.wait(wait) {
             Some(n) if e.peer_id() != Some(n.rank) || n.died => {
                 let first = self.notice_error(&n);
                 Error::remote(format!(
@@ -308,6 +317,16 @@ impl Comm {
                 ))
                 .rank(self.rank)
                 .peer(n.rank)
+            }
+            // No notice can come when the root itself went: then the rank running it ended.
+            None if m.root_gone() && self.root_host.is_some_and(|h| h != self.rank) => {
+                let h = self.root_host.expect("checked");
+                Error::remote(format!(
+                    "rank {h} died or exited: the job's rendezvous, which it ran, closed (seen here as: {})",
+                    e.message()
+                ))
+                .rank(self.rank)
+                .peer(h)
             }
             _ => e,
         }

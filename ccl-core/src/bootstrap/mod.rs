@@ -228,12 +228,31 @@ const HELLO_GRACE: Duration = Duration::from_secs(5);
 /// Most ranks a root admits (a sanity bound on the size a hello may claim).
 pub const MAX_RANKS: usize = 1 << 20;
 
+/// Ports of the roots running in this process: a rank whose root runs in its own process hosts
+/// the job's monitor, and when that connection vanishes the others know whose process ended.
+fn local_roots() -> &'static std::sync::Mutex<Vec<u16>> {
+    static R: std::sync::OnceLock<std::sync::Mutex<Vec<u16>>> = std::sync::OnceLock::new();
+    R.get_or_init(|| std::sync::Mutex::new(Vec::new()))
+}
+
+/// Whether the root at `addr` runs in this process.
+pub fn root_is_local(addr: SocketAddr) -> bool {
+    local_roots()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&addr.port())
+}
+
 impl Root {
     /// Starts the root thread on `listener`.
     fn spawn(listener: TcpListener, secret: [u8; 32], timeout: Duration) -> Result<()> {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
+        local_roots()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(addr.port());
         let root = Root {
             listener,
             secret,
@@ -246,6 +265,10 @@ impl Root {
                 if let Err(e) = root.run() {
                     ccl_warn!(None, "bootstrap root at {addr}: {e}");
                 }
+                local_roots()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|&p| p != addr.port());
             })
             .map_err(|e| Error::io(ErrorKind::System, "spawning the bootstrap root thread", e))?;
         Ok(())
@@ -690,6 +713,11 @@ impl Bootstrap {
         self.size
     }
 
+    /// The root's address.
+    pub fn root(&self) -> SocketAddr {
+        self.root
+    }
+
     /// The communicator secret.
     pub fn secret(&self) -> [u8; 32] {
         self.secret
@@ -892,6 +920,11 @@ impl Monitor {
     /// The root's address (for messages).
     pub fn root(&self) -> SocketAddr {
         self.root
+    }
+
+    /// Whether the root's connection has closed (its process ended).
+    pub fn root_gone(&self) -> bool {
+        self.root_gone.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

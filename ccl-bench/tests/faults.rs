@@ -1,0 +1,125 @@
+//! Failure injection with real processes: a rank killed with SIGKILL in the middle of large
+//! allreduces must make every survivor fail within the timeout, naming the dead rank.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ccl-bench");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One rank process of a 4-rank job meeting at `port` (rank 0 hosts the rendezvous).
+fn rank(r: usize, n: usize, port: u16, timeout_s: u32) -> Child {
+    let mut c = Command::new(BIN);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CCL_") {
+            c.env_remove(k);
+        }
+    }
+    c.args([
+        "allreduce",
+        "-b",
+        "32M",
+        "-e",
+        "32M",
+        "-n",
+        "1000",
+        "-w",
+        "0",
+        "-c",
+        "0",
+        "--transport",
+        "tcp",
+    ])
+    .env("CCL_RANK", r.to_string())
+    .env("CCL_WORLD_SIZE", n.to_string())
+    .env("CCL_COMM_ID", format!("127.0.0.1:{port}"))
+    .env("CCL_SOCKET_IFNAME", "=lo")
+    .env("CCL_TIMEOUT", timeout_s.to_string())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap()
+}
+
+/// A small deterministic generator (no extra dependency): which rank, and when.
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+#[test]
+fn killing_a_rank_fails_every_survivor_naming_it() {
+    let n = 4;
+    let timeout_s = 30;
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ std::process::id() as u64;
+    let trials = 20;
+    let mut report = Vec::new();
+    for trial in 0..trials {
+        let port = free_port();
+        // Rank 0 hosts the rendezvous (and so the job's monitor): kill one of the others, and in
+        // some trials rank 0 itself.
+        let victim = (xorshift(&mut seed) % n as u64) as usize;
+        let delay = Duration::from_millis(300 + xorshift(&mut seed) % 1200);
+        let mut kids: Vec<Child> = (0..n).map(|r| rank(r, n, port, timeout_s)).collect();
+        std::thread::sleep(delay);
+        kids[victim].kill().unwrap();
+        let killed_at = Instant::now();
+        let _ = kids[victim].wait();
+        for (r, kid) in kids.iter_mut().enumerate() {
+            if r == victim {
+                continue;
+            }
+            // Every survivor exits on its own, well before its timeout would fire.
+            let deadline = killed_at + Duration::from_secs(timeout_s as u64 + 10);
+            let status = loop {
+                if let Some(s) = kid.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "trial {trial}: rank {r} hangs after rank {victim} was killed"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            let took = killed_at.elapsed();
+            let mut err = String::new();
+            kid.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            assert!(
+                !status.success(),
+                "trial {trial}: rank {r} succeeded after rank {victim} died:\n{err}"
+            );
+            let line = err
+                .lines()
+                .find(|l| l.starts_with("ccl-bench:"))
+                .unwrap_or_else(|| panic!("trial {trial}: rank {r} printed no error:\n{err}"));
+            assert!(
+                line.contains(&format!("(rank {r}")),
+                "trial {trial}: {line}"
+            );
+            // The dead rank is named: as the peer, or as the rank that died.
+            assert!(
+                line.contains(&format!("peer {victim}"))
+                    || line.contains(&format!("rank {victim} died")),
+                "trial {trial}: rank {r} does not name dead rank {victim}: {line}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+            report.push(took);
+        }
+    }
+    report.sort();
+    eprintln!(
+        "{trials} trials: survivors failed {:?} (median) / {:?} (max) after the kill",
+        report[report.len() / 2],
+        report[report.len() - 1]
+    );
+}
