@@ -36,6 +36,14 @@ impl Collective {
         Collective::Barrier,
     ];
 
+    /// Its number in operation headers.
+    pub fn id(self) -> u8 {
+        Collective::ALL
+            .iter()
+            .position(|c| *c == self)
+            .expect("listed") as u8
+    }
+
     /// The name used by `CCL_ALGO`, logs and the benchmark (`allreduce`, `reducescatter`, ...).
     pub const fn name(self) -> &'static str {
         match self {
@@ -109,6 +117,11 @@ pub enum Algo {
 }
 
 impl Algo {
+    /// Its number in operation headers.
+    pub fn id(self) -> u8 {
+        Algo::ALL.iter().position(|a| *a == self).expect("listed") as u8
+    }
+
     pub const ALL: [Algo; 3] = [Algo::Ring, Algo::RecursiveDoubling, Algo::Pairwise];
 
     pub const fn name(self) -> &'static str {

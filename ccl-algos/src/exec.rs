@@ -23,6 +23,7 @@ use ccl_core::transport::Interest;
 use ccl_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
+use crate::header::{HEADER_LEN, Header};
 use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
 
 /// The buffers a schedule works on, as bytes.
@@ -150,14 +151,25 @@ impl Buffers<'_> {
     }
 }
 
-/// Describes the running collective in error messages.
+/// Describes the running operation: in error messages, and in the header each peer checks.
 #[derive(Clone, Copy, Debug)]
 pub struct OpInfo<'a> {
     /// `allreduce`, `broadcast`, ...
     pub name: &'a str,
     pub seq: u64,
     pub bytes: usize,
+    /// `Collective::id`, or `header::KIND_P2P`.
+    pub kind: u8,
+    /// `Algo::id` (0 for send/recv).
+    pub algo: u8,
+    pub root: usize,
+    pub count: usize,
 }
+
+/// A first send this small travels in the same write as the header.
+const COALESCE: usize = 2048;
+/// With the header, a receiver reads ahead this much of the first message in the same call.
+const LOOKAHEAD: usize = 4096;
 
 /// Reusable executor state.
 #[derive(Debug, Default)]
@@ -168,6 +180,21 @@ pub struct ExecState {
     recv_cur: Vec<usize>,
     local_cur: usize,
     remaining: usize,
+    /// Headers sent to / received from each rank so far (the per-channel sequence).
+    hdr_out: Vec<u64>,
+    hdr_in: Vec<u64>,
+    /// Per peer queue: the header (and a small first message) to send, and how much went.
+    out_buf: Vec<Vec<u8>>,
+    out_sent: Vec<usize>,
+    /// Bytes of the first send op carried in `out_buf`.
+    out_carried: Vec<usize>,
+    /// Per peer queue: the header being received, and how much arrived.
+    in_buf: Vec<[u8; HEADER_LEN]>,
+    in_got: Vec<usize>,
+    /// Whether a header is expected from the peer of each queue.
+    in_want: Vec<bool>,
+    /// Headers still to send or receive.
+    hdr_pending: usize,
 }
 
 impl ExecState {
@@ -180,6 +207,81 @@ impl ExecState {
         self.recv_cur.resize(s.peers.len(), 0);
         self.local_cur = 0;
         self.remaining = s.ops.iter().filter(|o| o.action.len() * es > 0).count();
+        let q = s.peers.len();
+        if self.out_buf.len() < q {
+            self.out_buf
+                .resize_with(q, || Vec::with_capacity(HEADER_LEN + COALESCE));
+        }
+        self.out_sent.clear();
+        self.out_sent.resize(q, 0);
+        self.out_carried.clear();
+        self.out_carried.resize(q, 0);
+        self.in_buf.clear();
+        self.in_buf.resize(q, [0; HEADER_LEN]);
+        self.in_got.clear();
+        self.in_got.resize(q, 0);
+        self.in_want.clear();
+        self.in_want.resize(q, false);
+        self.hdr_pending = 0;
+    }
+
+    /// Queues the header for every peer this rank sends to, with a small first message riding
+    /// along, and notes which peers' headers to expect.
+    fn prepare_headers(
+        &mut self,
+        s: &Schedule,
+        n: usize,
+        es: usize,
+        info: &OpInfo<'_>,
+        dtype: DataType,
+        op: ReduceOp,
+        bufs: &Buffers<'_>,
+    ) -> Result<()> {
+        if self.hdr_out.len() != n {
+            self.hdr_out = vec![0; n];
+            self.hdr_in = vec![0; n];
+        }
+        for (pi, p) in s.peers.iter().enumerate() {
+            let out = &mut self.out_buf[pi];
+            out.clear();
+            let bytes = p.send_elems * es;
+            if bytes > 0 {
+                let h = ExecState::header(info, dtype, op, self.hdr_out[p.peer], bytes);
+                self.hdr_out[p.peer] += 1;
+                out.extend_from_slice(&h.encode());
+                self.hdr_pending += 1;
+                let first = p.sends[0];
+                let o = &s.ops[first];
+                let len = o.action.len() * es;
+                // Data that no earlier op writes is final now and may go with the header.
+                if o.deps.is_empty()
+                    && o.stream_from.is_none()
+                    && len <= COALESCE
+                    && let Action::Send { src, .. } = o.action
+                {
+                    out.extend_from_slice(bufs.get(&src, es)?);
+                    self.out_carried[pi] = len;
+                }
+            }
+            if p.recv_elems * es > 0 {
+                self.in_want[pi] = true;
+                self.hdr_pending += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn header(info: &OpInfo<'_>, dtype: DataType, op: ReduceOp, seq: u64, bytes: usize) -> Header {
+        Header {
+            kind: info.kind,
+            dtype: dtype as u8,
+            op: op as u8,
+            algo: info.algo,
+            root: info.root as u32,
+            seq,
+            count: info.count as u64,
+            bytes: bytes as u64,
+        }
     }
 
     #[inline]
@@ -223,8 +325,6 @@ pub fn run(
     let cfg = comm.config();
     let chunk = cfg.chunk_size.max(es);
     let abort = comm.abort_signal();
-    // Zero-length ops count as complete from the start (0 of 0 bytes done).
-    st.reset(s, es);
     let fail = |e: Error| -> Error {
         let e = e.rank(comm.rank()).context(format!(
             "{} #{} ({}, {} bytes)",
@@ -232,8 +332,12 @@ pub fn run(
         ));
         comm.explain(e)
     };
+    // Zero-length ops count as complete from the start (0 of 0 bytes done).
+    st.reset(s, es);
+    st.prepare_headers(s, n, es, info, dtype, op, bufs)
+        .map_err(fail)?;
     let mut last_progress = Instant::now();
-    while st.remaining > 0 {
+    while st.remaining > 0 || st.hdr_pending > 0 {
         if abort.is_raised() {
             return Err(comm.check().err().unwrap_or_else(|| {
                 Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(comm.rank())
@@ -256,8 +360,31 @@ pub fn run(
         }
 
         for (pi, p) in s.peers.iter().enumerate() {
+            // The header goes before any data to this peer.
+            let out_len = st.out_buf[pi].len();
+            if st.out_sent[pi] < out_len {
+                let ep = links.get(p.peer).map_err(fail)?;
+                let k = ep.send(&st.out_buf[pi][st.out_sent[pi]..]).map_err(|e| {
+                    fail(e.context(format!("sending the operation header to peer {}", p.peer)))
+                })?;
+                st.out_sent[pi] += k;
+                progressed |= k > 0;
+                if st.out_sent[pi] == out_len {
+                    st.hdr_pending -= 1;
+                    let carried = st.out_carried[pi];
+                    if carried > 0 {
+                        let id = p.sends[0];
+                        st.done[id] = carried;
+                        if carried == s.ops[id].action.len() * es {
+                            st.remaining -= 1;
+                        }
+                    }
+                }
+            }
             // Sends.
-            while let Some(&id) = p.sends.get(st.send_cur[pi]) {
+            while st.out_sent[pi] == out_len
+                && let Some(&id) = p.sends.get(st.send_cur[pi])
+            {
                 let len = s.ops[id].action.len() * es;
                 if st.done[id] == len {
                     st.send_cur[pi] += 1;
@@ -291,8 +418,51 @@ pub fn run(
                     break;
                 }
             }
+            // The peer's header is checked before any of its data is taken.
+            if st.in_want[pi] && st.in_got[pi] < HEADER_LEN {
+                let got = st.in_got[pi];
+                let want = HEADER_LEN - got;
+                // Reading ahead lets a small first message arrive in the same call; the
+                // transport keeps those bytes for the receive that follows.
+                let look = p
+                    .recvs
+                    .first()
+                    .map_or(0, |&id| s.ops[id].action.len() * es)
+                    .min(LOOKAHEAD);
+                let hb = &mut st.in_buf[pi];
+                let ep = links.get(p.peer).map_err(fail)?;
+                let k = ep
+                    .recv_with(want + look, &mut |b: &[u8]| {
+                        let t = b.len().min(want);
+                        hb[got..got + t].copy_from_slice(&b[..t]);
+                        t
+                    })
+                    .map_err(|e| {
+                        fail(e.context(format!(
+                            "receiving the operation header from peer {}",
+                            p.peer
+                        )))
+                    })?;
+                st.in_got[pi] += k;
+                progressed |= k > 0;
+                if st.in_got[pi] == HEADER_LEN {
+                    st.hdr_pending -= 1;
+                    let mismatch = |m: String| {
+                        fail(
+                            Error::invalid_usage(format!("with peer {}: {m}", p.peer)).peer(p.peer),
+                        )
+                    };
+                    let theirs = Header::decode(&st.in_buf[pi]).map_err(mismatch)?;
+                    let mine =
+                        ExecState::header(info, dtype, op, st.hdr_in[p.peer], p.recv_elems * es);
+                    st.hdr_in[p.peer] += 1;
+                    Header::check(&mine, &theirs).map_err(mismatch)?;
+                }
+            }
             // Receives.
-            while let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
+            while (!st.in_want[pi] || st.in_got[pi] == HEADER_LEN)
+                && let Some(&id) = p.recvs.get(st.recv_cur[pi])
+            {
                 let len = s.ops[id].action.len() * es;
                 if st.done[id] == len {
                     st.recv_cur[pi] += 1;
@@ -481,6 +651,9 @@ fn run_local(
 /// The first peer with a receive whose dependencies are met but whose data has not arrived.
 fn first_waited_peer(s: &Schedule, st: &ExecState, es: usize) -> Option<usize> {
     s.peers.iter().enumerate().find_map(|(pi, p)| {
+        if st.in_want[pi] && st.in_got[pi] < HEADER_LEN {
+            return Some(p.peer);
+        }
         let &id = p.recvs.get(st.recv_cur[pi])?;
         st.deps_done(s, id, es).then_some(p.peer)
     })
@@ -490,6 +663,21 @@ fn first_waited_peer(s: &Schedule, st: &ExecState, es: usize) -> Option<usize> {
 fn describe_pending(s: &Schedule, st: &ExecState, es: usize) -> String {
     let mut out = String::new();
     for (pi, p) in s.peers.iter().enumerate() {
+        if st.in_want[pi] && st.in_got[pi] < HEADER_LEN {
+            let _ = write!(
+                out,
+                "waiting to receive from peer {} (its operation header: {} of {HEADER_LEN} bytes arrived; has it made this call?); ",
+                p.peer, st.in_got[pi]
+            );
+            continue;
+        }
+        if st.out_sent[pi] < st.out_buf[pi].len() {
+            let _ = write!(
+                out,
+                "sending to peer {} blocked (the operation header; is peer {} reading?); ",
+                p.peer, p.peer
+            );
+        }
         if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
             let len = s.ops[id].action.len() * es;
             let _ = write!(
@@ -528,13 +716,19 @@ fn block(
     let mut interests: Vec<(usize, Interest)> = Vec::with_capacity(s.peers.len());
     for (pi, p) in s.peers.iter().enumerate() {
         let mut i = Interest::default();
-        if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
+        let header_out = st.out_sent[pi] == st.out_buf[pi].len();
+        let header_in = !st.in_want[pi] || st.in_got[pi] == HEADER_LEN;
+        if !header_in {
+            i.recv = true;
+        } else if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
             let streamed = s.ops[id]
                 .stream_from
                 .is_none_or(|src| st.done[src] > st.done[id]);
             i.recv = st.deps_done(s, id, es) && streamed;
         }
-        if let Some(&id) = p.sends.get(st.send_cur[pi]) {
+        if !header_out {
+            i.send = true;
+        } else if let Some(&id) = p.sends.get(st.send_cur[pi]) {
             let len = s.ops[id].action.len() * es;
             let allowed = st.allowed(s, id, es);
             let pending = allowed.saturating_sub(st.done[id]);

@@ -13,6 +13,7 @@ pub mod alltoall;
 pub mod barrier;
 pub mod broadcast;
 pub mod exec;
+pub mod header;
 pub mod reduce;
 pub mod reduce_scatter;
 pub mod schedule;

@@ -161,6 +161,9 @@ pub struct PeerOps {
     pub peer: usize,
     pub sends: Vec<OpId>,
     pub recvs: Vec<OpId>,
+    /// Elements sent to and received from this peer in all.
+    pub send_elems: usize,
+    pub recv_elems: usize,
 }
 
 /// One rank's part of a collective.
@@ -232,14 +235,18 @@ impl Schedule {
                                 peer,
                                 sends: Vec::new(),
                                 recvs: Vec::new(),
+                                send_elems: 0,
+                                recv_elems: 0,
                             });
                             peers.len() - 1
                         }
                     };
                     if matches!(op.action, Action::Send { .. }) {
                         peers[i].sends.push(id);
+                        peers[i].send_elems += op.action.len();
                     } else {
                         peers[i].recvs.push(id);
+                        peers[i].recv_elems += op.action.len();
                     }
                 }
                 _ => locals.push(id),

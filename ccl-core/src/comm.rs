@@ -301,14 +301,18 @@ impl Comm {
         if !matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout) {
             return e;
         }
+        // Only on the way out with an error; returns as soon as a notice arrives. A loaded
+        // machine can take a few hundred milliseconds to pass the notice on.
         let wait = if e.kind() == ErrorKind::Remote {
-            std::time::Duration::from_millis(200)
+            std::time::Duration::from_secs(1)
         } else {
             std::time::Duration::ZERO
         };
         let Some(m) = &self.monitor else { return e };
         match m.wait(wait) {
-            Some(n) if e.peer_id() != Some(n.rank) || n.died => {
+            // Even a notice from the neighbour that closed carries its own cause, which leads on
+            // to the rank that failed first.
+            Some(n) => {
                 let first = self.notice_error(&n);
                 Error::remote(format!(
                     "{} (seen here as: {})",

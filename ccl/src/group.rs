@@ -6,8 +6,10 @@
 //! order they were added, on both sides.
 
 use ccl_algos::exec::ExtraBuf;
+use ccl_algos::header::KIND_P2P;
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule};
 
+use crate::shared::Described;
 use crate::{Communicator, DataType, Element, Error, ReduceOp, Result};
 
 enum Op<'b> {
@@ -125,18 +127,17 @@ impl<'c, 'b> Group<'c, 'b> {
             return Ok(());
         }
         let sched = sched.finish();
-        self.comm.sub().blocking(|s| {
-            s.execute(
-                &sched,
-                None,
-                &mut [],
-                extra,
-                DataType::U8,
-                ReduceOp::Sum,
-                "send/recv",
-                bytes,
-            )
-        })
+        let d = Described {
+            name: "send/recv",
+            bytes,
+            kind: KIND_P2P,
+            algo: 0,
+            root: 0,
+            count: 0,
+        };
+        self.comm
+            .sub()
+            .blocking(|s| s.execute(&sched, None, &mut [], extra, DataType::U8, ReduceOp::Sum, d))
     }
 }
 

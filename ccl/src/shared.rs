@@ -18,6 +18,16 @@ use crate::{DataType, Error, ReduceOp, Result};
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
 
+/// An operation as the executor describes it to peers and in errors.
+pub(crate) struct Described {
+    pub name: &'static str,
+    pub bytes: usize,
+    pub kind: u8,
+    pub algo: u8,
+    pub root: usize,
+    pub count: usize,
+}
+
 pub(crate) struct Shared {
     pub comm: Arc<Comm>,
     pub overrides: Mutex<Overrides>,
@@ -169,16 +179,15 @@ impl Shared {
             root,
         };
         let sched = self.lock().plan(coll, algo, &shape, self.comm.topology())?;
-        self.execute(
-            &sched,
-            send,
-            recv,
-            Vec::new(),
-            dtype,
-            op,
-            coll.name(),
-            size_bytes,
-        )
+        let info = Described {
+            name: coll.name(),
+            bytes: size_bytes,
+            kind: coll.id(),
+            algo: algo.id(),
+            root,
+            count,
+        };
+        self.execute(&sched, send, recv, Vec::new(), dtype, op, info)
     }
 
     /// Runs a schedule with the communicator's links, scratch space and executor state.
@@ -191,8 +200,7 @@ impl Shared {
         extra: Vec<ExtraBuf<'_>>,
         dtype: DataType,
         op: ReduceOp,
-        name: &str,
-        bytes: usize,
+        d: Described,
     ) -> Result<()> {
         let mut g = self.lock();
         self.comm.check()?;
@@ -210,7 +218,15 @@ impl Shared {
             scratch,
             extra,
         };
-        let info = OpInfo { name, seq, bytes };
+        let info = OpInfo {
+            name: d.name,
+            seq,
+            bytes: d.bytes,
+            kind: d.kind,
+            algo: d.algo,
+            root: d.root,
+            count: d.count,
+        };
         exec::run(
             &self.comm,
             &mut inner.links,

@@ -1,0 +1,224 @@
+//! The operation header: 40 bytes a rank sends before its first data to a peer in every
+//! operation, so that ranks calling different operations (another collective, count, type,
+//! operator, root or algorithm, or a send of the wrong size) get an error describing both calls
+//! instead of corrupt data or a hang.
+//!
+//! Layout (little endian): magic `CH`, version, kind (collective, or 7 for send/recv), data type,
+//! operator, algorithm, reserved, root (u32), reserved (u32), channel sequence (u64), count
+//! (u64), bytes for this peer (u64).
+//!
+//! The channel sequence counts headers on one direction of one pair of ranks. It is per pair
+//! because point-to-point traffic legitimately differs from rank to rank; any correct program
+//! sends the same number of operations each way between two ranks.
+
+use ccl_core::{DataType, ReduceOp};
+
+use crate::algo::{Algo, Collective};
+
+pub const HEADER_LEN: usize = 40;
+const MAGIC: [u8; 2] = *b"CH";
+const VERSION: u8 = 1;
+/// Kind of a group of sends and receives.
+pub const KIND_P2P: u8 = 7;
+
+/// What one operation looks like to one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// `Collective::id`, or [`KIND_P2P`].
+    pub kind: u8,
+    pub dtype: u8,
+    pub op: u8,
+    /// `Algo::id`.
+    pub algo: u8,
+    pub root: u32,
+    pub seq: u64,
+    pub count: u64,
+    /// Bytes of data the sender sends to this peer in this operation.
+    pub bytes: u64,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[..2].copy_from_slice(&MAGIC);
+        b[2] = VERSION;
+        b[3] = self.kind;
+        b[4] = self.dtype;
+        b[5] = self.op;
+        b[6] = self.algo;
+        b[8..12].copy_from_slice(&self.root.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.count.to_le_bytes());
+        b[32..40].copy_from_slice(&self.bytes.to_le_bytes());
+        b
+    }
+
+    /// Parses a header; anything else means the two ranks' streams are out of step.
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+        if b[..2] != MAGIC {
+            return Err("not an operation header: the streams are out of step (an earlier operation moved a different number of bytes on one side)".into());
+        }
+        if b[2] != VERSION {
+            return Err(format!(
+                "operation header version {} but this build speaks {VERSION} (mixed library versions?)",
+                b[2]
+            ));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if b[7] != 0 || u32_at(12) != 0 {
+            return Err("operation header with reserved bytes set".into());
+        }
+        Ok(Header {
+            kind: b[3],
+            dtype: b[4],
+            op: b[5],
+            algo: b[6],
+            root: u32_at(8),
+            seq: u64_at(16),
+            count: u64_at(24),
+            bytes: u64_at(32),
+        })
+    }
+
+    /// "allreduce of 1024 x float (sum, ring)" and the like.
+    pub fn describe(&self) -> String {
+        if self.kind == KIND_P2P {
+            return format!("send/recv of {} bytes", self.bytes);
+        }
+        let coll = Collective::ALL.get(self.kind as usize).map_or_else(
+            || format!("collective #{}", self.kind),
+            |c| c.name().to_string(),
+        );
+        let dtype = DataType::from_u8(self.dtype)
+            .map_or_else(|| format!("type #{}", self.dtype), |d| d.name().to_string());
+        let algo = Algo::ALL.get(self.algo as usize).map_or_else(
+            || format!("algorithm #{}", self.algo),
+            |a| a.name().to_string(),
+        );
+        let mut s = format!("{coll} of {} x {dtype} ({algo}", self.count);
+        if matches!(
+            Collective::ALL.get(self.kind as usize),
+            Some(Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter)
+        ) {
+            let op = ReduceOp::from_u8(self.op)
+                .map_or_else(|| format!("op #{}", self.op), |o| o.name().to_string());
+            s.push_str(&format!(", {op}"));
+        }
+        if matches!(
+            Collective::ALL.get(self.kind as usize),
+            Some(Collective::Broadcast | Collective::Reduce)
+        ) {
+            s.push_str(&format!(", root {}", self.root));
+        }
+        s.push(')');
+        s
+    }
+
+    /// Compares the peer's header with what this rank expects from it.
+    pub fn check(mine: &Header, theirs: &Header) -> Result<(), String> {
+        if mine.seq != theirs.seq {
+            return Err(format!(
+                "operations out of step: this is operation {} between the two ranks here, {} on the peer (one side called more operations)",
+                mine.seq, theirs.seq
+            ));
+        }
+        let same_call = mine.kind == theirs.kind
+            && mine.dtype == theirs.dtype
+            && mine.op == theirs.op
+            && mine.root == theirs.root
+            && mine.count == theirs.count
+            && mine.algo == theirs.algo;
+        if !same_call || mine.bytes != theirs.bytes {
+            return Err(format!(
+                "mismatched calls: this rank called {}{}, the peer called {}{}",
+                mine.describe(),
+                if mine.kind == KIND_P2P {
+                    String::new()
+                } else {
+                    format!(" expecting {} bytes", mine.bytes)
+                },
+                theirs.describe(),
+                if theirs.kind == KIND_P2P {
+                    String::new()
+                } else {
+                    format!(" sending {} bytes", theirs.bytes)
+                },
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h() -> Header {
+        Header {
+            kind: 0,
+            dtype: DataType::F32 as u8,
+            op: ReduceOp::Sum as u8,
+            algo: 0,
+            root: 0,
+            seq: 3,
+            count: 1024,
+            bytes: 2048,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_checks() {
+        let a = h();
+        assert_eq!(Header::decode(&a.encode()).unwrap(), a);
+        assert!(Header::check(&a, &a).is_ok());
+        let e = Header::check(&a, &Header { count: 512, ..a }).unwrap_err();
+        assert!(
+            e.contains("allreduce of 1024 x float (ring, sum)")
+                && e.contains("allreduce of 512 x float"),
+            "{e}"
+        );
+        let e = Header::check(&a, &Header { seq: 4, ..a }).unwrap_err();
+        assert!(e.contains("out of step"), "{e}");
+        let b = Header {
+            kind: Collective::Broadcast as u8 as u8,
+            root: 2,
+            ..a
+        };
+        assert!(b.describe().contains("root 2"), "{}", b.describe());
+        let p = Header {
+            kind: KIND_P2P,
+            bytes: 77,
+            ..a
+        };
+        assert_eq!(p.describe(), "send/recv of 77 bytes");
+        assert!(
+            Header::check(&p, &Header { bytes: 78, ..p })
+                .unwrap_err()
+                .contains("78 bytes")
+        );
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let good = h().encode();
+        assert!(Header::decode(&[0u8; HEADER_LEN]).is_err());
+        let mut x: u64 = 0x1234_5678_9abc_def1;
+        for _ in 0..50_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut b = good;
+            b[(x % HEADER_LEN as u64) as usize] = (x >> 8) as u8;
+            if let Ok(d) = Header::decode(&b) {
+                let _ = d.describe();
+                let _ = Header::check(&h(), &d);
+            }
+            let mut r = [0u8; HEADER_LEN];
+            for (i, v) in r.iter_mut().enumerate() {
+                *v = (x >> (i % 8 * 8)) as u8;
+            }
+            let _ = Header::decode(&r);
+        }
+    }
+}
