@@ -227,6 +227,7 @@ impl ExecState {
 
     /// Queues the header for every peer this rank sends to, with a small first message riding
     /// along, and notes which peers' headers to expect.
+    #[allow(clippy::too_many_arguments)]
     fn prepare_headers(
         &mut self,
         s: &Schedule,

@@ -181,7 +181,7 @@ mod tests {
         let e = Header::check(&a, &Header { seq: 4, ..a }).unwrap_err();
         assert!(e.contains("out of step"), "{e}");
         let b = Header {
-            kind: Collective::Broadcast as u8 as u8,
+            kind: Collective::Broadcast.id(),
             root: 2,
             ..a
         };
