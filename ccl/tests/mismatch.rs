@@ -50,43 +50,43 @@ fn different_counts_types_ops_roots_collectives_and_algorithms() {
     for t in [TransportKind::Local, TransportKind::Tcp] {
         clash(
             t,
-            |c| c.all_reduce_in_place(&mut vec![1f32; 100], ReduceOp::Sum),
-            |c| c.all_reduce_in_place(&mut vec![1f32; 200], ReduceOp::Sum),
+            |c| c.all_reduce_in_place(&mut [1f32; 100], ReduceOp::Sum),
+            |c| c.all_reduce_in_place(&mut [1f32; 200], ReduceOp::Sum),
             &["allreduce of 100 x float", "allreduce of 200 x float"],
         );
         clash(
             t,
-            |c| c.all_reduce_in_place(&mut vec![1f32; 64], ReduceOp::Sum),
-            |c| c.broadcast_in_place(&mut vec![1f32; 64], 0),
+            |c| c.all_reduce_in_place(&mut [1f32; 64], ReduceOp::Sum),
+            |c| c.broadcast_in_place(&mut [1f32; 64], 0),
             &["broadcast of 64 x float"],
         );
         clash(
             t,
-            |c| c.all_reduce_in_place(&mut vec![1f32; 64], ReduceOp::Sum),
-            |c| c.all_reduce_in_place(&mut vec![1i32; 64], ReduceOp::Sum),
+            |c| c.all_reduce_in_place(&mut [1f32; 64], ReduceOp::Sum),
+            |c| c.all_reduce_in_place(&mut [1i32; 64], ReduceOp::Sum),
             &["x int32", "x float"],
         );
         clash(
             t,
-            |c| c.all_reduce_in_place(&mut vec![1f64; 64], ReduceOp::Sum),
-            |c| c.all_reduce_in_place(&mut vec![1f64; 64], ReduceOp::Max),
+            |c| c.all_reduce_in_place(&mut [1f64; 64], ReduceOp::Sum),
+            |c| c.all_reduce_in_place(&mut [1f64; 64], ReduceOp::Max),
             &["max)", "sum)"],
         );
         clash(
             t,
-            |c| c.broadcast_in_place(&mut vec![1u8; 4096], 0),
-            |c| c.broadcast_in_place(&mut vec![1u8; 4096], 1),
+            |c| c.broadcast_in_place(&mut [1u8; 4096], 0),
+            |c| c.broadcast_in_place(&mut [1u8; 4096], 1),
             MISMATCH,
         );
         clash(
             t,
             |c| {
                 c.set_algorithm(Collective::AllReduce, Some(Algo::Ring))?;
-                c.all_reduce_in_place(&mut vec![1f32; 1000], ReduceOp::Sum)
+                c.all_reduce_in_place(&mut [1f32; 1000], ReduceOp::Sum)
             },
             |c| {
                 c.set_algorithm(Collective::AllReduce, Some(Algo::RecursiveDoubling))?;
-                c.all_reduce_in_place(&mut vec![1f32; 1000], ReduceOp::Sum)
+                c.all_reduce_in_place(&mut [1f32; 1000], ReduceOp::Sum)
             },
             MISMATCH,
         );
@@ -98,14 +98,14 @@ fn an_extra_call_on_one_side_is_out_of_step() {
     clash(
         TransportKind::Tcp,
         |c| {
-            c.all_reduce_in_place(&mut vec![1u32; 8], ReduceOp::Sum)?;
-            c.all_reduce_in_place(&mut vec![1u32; 8], ReduceOp::Sum)?;
-            c.all_reduce_in_place(&mut vec![1u32; 8], ReduceOp::Sum)
+            c.all_reduce_in_place(&mut [1u32; 8], ReduceOp::Sum)?;
+            c.all_reduce_in_place(&mut [1u32; 8], ReduceOp::Sum)?;
+            c.all_reduce_in_place(&mut [1u32; 8], ReduceOp::Sum)
         },
         |c| {
-            c.all_reduce_in_place(&mut vec![1u32; 8], ReduceOp::Sum)?;
-            c.all_gather(&[1u32; 4], &mut vec![0u32; 8])?;
-            c.all_reduce_in_place(&mut vec![1u32; 8], ReduceOp::Sum)
+            c.all_reduce_in_place(&mut [1u32; 8], ReduceOp::Sum)?;
+            c.all_gather(&[1u32; 4], &mut [0u32; 8])?;
+            c.all_reduce_in_place(&mut [1u32; 8], ReduceOp::Sum)
         },
         &["allgather of 4 x uint32", "mismatched calls"],
     );
