@@ -524,6 +524,7 @@ impl Endpoint for TcpEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     #[test]
@@ -562,6 +563,74 @@ mod tests {
                 let _ = decode_handle(&Handle::new(&c).unwrap());
             }
         }
+    }
+
+    fn ctx(rank: usize, secret: [u8; 32]) -> ConnectContext {
+        ConnectContext {
+            rank,
+            size: 2,
+            secret,
+            local_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            config: crate::config::Config::default(),
+        }
+    }
+
+    /// Strangers on the data port (garbage, silence, a wrong secret) are dropped and the real
+    /// peer still gets through; the connection then carries data both ways.
+    #[test]
+    fn strangers_are_dropped_and_the_peer_gets_through() {
+        let secret = [0x5a; 32];
+        let mut l = TcpTransport.listen(&ctx(1, secret)).unwrap();
+        let addr = decode_handle(&l.handle()).unwrap();
+        let mut garbage = TcpStream::connect(addr).unwrap();
+        garbage
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01\x02garbage")
+            .unwrap();
+        let _silent = TcpStream::connect(addr).unwrap();
+        let stranger = std::thread::spawn(move || {
+            TcpTransport.connect(
+                &ctx(0, [0x11; 32]),
+                1,
+                &encode_handle(addr),
+                Instant::now() + Duration::from_secs(2),
+            )
+        });
+        let handle = l.handle();
+        let peer = std::thread::spawn(move || {
+            let mut ep = TcpTransport
+                .connect(
+                    &ctx(0, secret),
+                    1,
+                    &handle,
+                    Instant::now() + Duration::from_secs(20),
+                )
+                .unwrap();
+            let mut sent = 0;
+            while sent < 5 {
+                sent += ep.send(&b"hello"[sent..]).unwrap();
+            }
+            let mut b = [0u8; 3];
+            let mut got = 0;
+            while got < 3 {
+                got += ep.recv(&mut b[got..]).unwrap();
+            }
+            b
+        });
+        let (rank, mut ep) = l.accept(Instant::now() + Duration::from_secs(20)).unwrap();
+        assert_eq!(rank, 0);
+        let mut b = [0u8; 5];
+        let mut got = 0;
+        while got < 5 {
+            got += ep.recv(&mut b[got..]).unwrap();
+        }
+        assert_eq!(&b, b"hello");
+        let mut sent = 0;
+        while sent < 3 {
+            sent += ep.send(&b"ok!"[sent..]).unwrap();
+        }
+        assert_eq!(&peer.join().unwrap(), b"ok!");
+        // The stranger with the wrong secret was refused: no handshake reply.
+        assert!(stranger.join().unwrap().is_err());
     }
 
     #[test]
