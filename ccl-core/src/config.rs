@@ -30,6 +30,16 @@ pub const SETTINGS: &[Setting] = &[
         help: "log level: none, warn, info, trace",
     },
     Setting {
+        name: "CCL_DEBUG_SUBSYS",
+        default: "all",
+        help: "subsystems shown at info/trace level: comma list of init, bootstrap, net, coll, topo, all; leading ^ excludes",
+    },
+    Setting {
+        name: "CCL_DEBUG_FILE",
+        default: "",
+        help: "write log lines to this file instead of stderr; %h = host name, %p = process id",
+    },
+    Setting {
         name: "CCL_TIMEOUT",
         default: "600",
         help: "seconds any blocking wait may go without progress before it fails with a timeout naming the peer",
