@@ -19,10 +19,12 @@ use std::time::Instant;
 
 use ccl_core::comm::{Comm, Links};
 use ccl_core::reduce::{self, Order};
+use ccl_core::trace::{self, Begin};
 use ccl_core::transport::Interest;
 use ccl_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
+use crate::algo::Collective;
 use crate::header::{HEADER_LEN, Header};
 use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
 
@@ -153,9 +155,9 @@ impl Buffers<'_> {
 
 /// Describes the running operation: in error messages, and in the header each peer checks.
 #[derive(Clone, Copy, Debug)]
-pub struct OpInfo<'a> {
+pub struct OpInfo {
     /// `allreduce`, `broadcast`, ...
-    pub name: &'a str,
+    pub name: &'static str,
     pub seq: u64,
     pub bytes: usize,
     /// `Collective::id`, or `header::KIND_P2P`.
@@ -195,6 +197,13 @@ pub struct ExecState {
     in_want: Vec<bool>,
     /// Headers still to send or receive.
     hdr_pending: usize,
+    /// When this rank entered the operation (microseconds since the epoch).
+    entry_us: u64,
+    /// Per peer queue: time spent waiting for the peer, and how late it entered.
+    wait_us: Vec<u64>,
+    late_us: Vec<Option<i64>>,
+    /// Since when nothing has moved, and whose data was awaited then.
+    idle_since: Option<(Instant, Option<usize>)>,
 }
 
 impl ExecState {
@@ -223,6 +232,34 @@ impl ExecState {
         self.in_want.clear();
         self.in_want.resize(q, false);
         self.hdr_pending = 0;
+        self.entry_us = trace::now_us();
+        self.wait_us.clear();
+        self.wait_us.resize(q, 0);
+        self.late_us.clear();
+        self.late_us.resize(q, None);
+        self.idle_since = None;
+    }
+
+    /// Charges the idle time that just ended to the peer that was awaited.
+    fn end_idle(&mut self) {
+        if let Some((t, Some(pi))) = self.idle_since.take() {
+            self.wait_us[pi] += t.elapsed().as_micros() as u64;
+        }
+    }
+
+    /// Brings the recorder's entry for this operation up to date.
+    fn sync_trace(&self, comm: &Comm, s: &Schedule, es: usize, waiting_on: Option<usize>) {
+        let mut r = comm.recorder();
+        let Some(e) = r.current() else { return };
+        e.waiting_on = waiting_on;
+        for (pi, (stat, p)) in e.peers.iter_mut().zip(&s.peers).enumerate() {
+            stat.sent = p.sends.iter().map(|&id| self.done[id] as u64).sum();
+            stat.received = p.recvs.iter().map(|&id| self.done[id] as u64).sum();
+            stat.arrived = !self.in_want[pi] || self.in_got[pi] == HEADER_LEN;
+            stat.waited_us = self.wait_us[pi];
+            stat.late_us = self.late_us[pi].unwrap_or(0);
+        }
+        let _ = es;
     }
 
     /// Queues the header for every peer this rank sends to, with a small first message riding
@@ -233,7 +270,7 @@ impl ExecState {
         s: &Schedule,
         n: usize,
         es: usize,
-        info: &OpInfo<'_>,
+        info: &OpInfo,
         dtype: DataType,
         op: ReduceOp,
         bufs: &Buffers<'_>,
@@ -247,7 +284,8 @@ impl ExecState {
             out.clear();
             let bytes = p.send_elems * es;
             if bytes > 0 {
-                let h = ExecState::header(info, dtype, op, self.hdr_out[p.peer], bytes);
+                let h =
+                    ExecState::header(info, dtype, op, self.hdr_out[p.peer], bytes, self.entry_us);
                 self.hdr_out[p.peer] += 1;
                 out.extend_from_slice(&h.encode());
                 self.hdr_pending += 1;
@@ -272,7 +310,14 @@ impl ExecState {
         Ok(())
     }
 
-    fn header(info: &OpInfo<'_>, dtype: DataType, op: ReduceOp, seq: u64, bytes: usize) -> Header {
+    fn header(
+        info: &OpInfo,
+        dtype: DataType,
+        op: ReduceOp,
+        seq: u64,
+        bytes: usize,
+        entry_us: u64,
+    ) -> Header {
         Header {
             kind: info.kind,
             dtype: dtype as u8,
@@ -282,6 +327,7 @@ impl ExecState {
             seq,
             count: info.count as u64,
             bytes: bytes as u64,
+            entry_us,
         }
     }
 
@@ -309,7 +355,7 @@ impl ExecState {
     }
 }
 
-/// Runs `s` to completion (or error). `n` is the world size (for `Avg`).
+/// Runs `s` to completion (or error), recording it in the communicator's flight recorder.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     comm: &Comm,
@@ -319,7 +365,56 @@ pub fn run(
     bufs: &mut Buffers<'_>,
     dtype: DataType,
     op: ReduceOp,
-    info: &OpInfo<'_>,
+    info: &OpInfo,
+) -> Result<()> {
+    let es = dtype.size();
+    let rooted = [Collective::Broadcast.id(), Collective::Reduce.id()].contains(&info.kind);
+    comm.recorder().begin(
+        Begin {
+            seq: info.seq,
+            name: info.name,
+            algo: s.algo,
+            dtype: dtype.name(),
+            op: op.name(),
+            count: info.count as u64,
+            bytes: info.bytes as u64,
+            root: rooted.then_some(info.root),
+        },
+        s.peers.iter().map(|p| {
+            (
+                p.peer,
+                (p.send_elems * es) as u64,
+                (p.recv_elems * es) as u64,
+            )
+        }),
+    );
+    let r = drive(comm, links, st, s, bufs, dtype, op, info);
+    st.end_idle();
+    let waiting = r.as_ref().err().and(first_waited_peer(s, st, es));
+    st.sync_trace(comm, s, es, waiting);
+    comm.recorder().end(r.as_ref().err().map(|e| e.to_string()));
+    if r.is_ok() {
+        comm.note_lateness(
+            s.peers
+                .iter()
+                .zip(&st.late_us)
+                .filter_map(|(p, l)| l.map(|l| (p.peer, l))),
+        );
+    }
+    r
+}
+
+/// Runs `s` to completion (or error). `n` is the world size (for `Avg`).
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    comm: &Comm,
+    links: &mut Links,
+    st: &mut ExecState,
+    s: &Schedule,
+    bufs: &mut Buffers<'_>,
+    dtype: DataType,
+    op: ReduceOp,
+    info: &OpInfo,
 ) -> Result<()> {
     let es = dtype.size();
     let n = comm.size();
@@ -454,10 +549,12 @@ pub fn run(
                         )
                     };
                     let theirs = Header::decode(&st.in_buf[pi]).map_err(mismatch)?;
+                    let expect = p.recv_elems * es;
                     let mine =
-                        ExecState::header(info, dtype, op, st.hdr_in[p.peer], p.recv_elems * es);
+                        ExecState::header(info, dtype, op, st.hdr_in[p.peer], expect, st.entry_us);
                     st.hdr_in[p.peer] += 1;
                     Header::check(&mine, &theirs).map_err(mismatch)?;
+                    st.late_us[pi] = Some(theirs.entry_us as i64 - st.entry_us as i64);
                 }
             }
             // Receives.
@@ -516,7 +613,13 @@ pub fn run(
 
         if progressed {
             last_progress = Instant::now();
+            st.end_idle();
             continue;
+        }
+        if st.idle_since.is_none() {
+            let waited =
+                first_waited_peer(s, st, es).and_then(|p| s.peers.iter().position(|q| q.peer == p));
+            st.idle_since = Some((Instant::now(), waited));
         }
         let idle = last_progress.elapsed();
         if idle >= cfg.timeout {
@@ -744,6 +847,8 @@ fn block(
             return Ok(());
         }
     }
+    // About to sleep: this is when a dump (or a hang) needs the recorder current.
+    st.sync_trace(comm, s, es, first_waited_peer(s, st, es));
     let mut fds: Vec<(std::os::fd::BorrowedFd<'_>, PollFlags)> =
         Vec::with_capacity(interests.len() + 2);
     fds.push((comm.abort_signal().fd(), PollFlags::POLLIN));

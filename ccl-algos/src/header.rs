@@ -5,7 +5,8 @@
 //!
 //! Layout (little endian): magic `CH`, version, kind (collective, or 7 for send/recv), data type,
 //! operator, algorithm, reserved, root (u32), reserved (u32), channel sequence (u64), count
-//! (u64), bytes for this peer (u64).
+//! (u64), bytes for this peer (u64), and the time the sender entered the operation (u64
+//! microseconds since the epoch; the slow-rank report compares it with the receiver's).
 //!
 //! The channel sequence counts headers on one direction of one pair of ranks. It is per pair
 //! because point-to-point traffic legitimately differs from rank to rank; any correct program
@@ -15,7 +16,7 @@ use ccl_core::{DataType, ReduceOp};
 
 use crate::algo::{Algo, Collective};
 
-pub const HEADER_LEN: usize = 40;
+pub const HEADER_LEN: usize = 48;
 const MAGIC: [u8; 2] = *b"CH";
 const VERSION: u8 = 1;
 /// Kind of a group of sends and receives.
@@ -35,6 +36,8 @@ pub struct Header {
     pub count: u64,
     /// Bytes of data the sender sends to this peer in this operation.
     pub bytes: u64,
+    /// When the sender entered the operation (microseconds since the epoch); not compared.
+    pub entry_us: u64,
 }
 
 impl Header {
@@ -50,6 +53,7 @@ impl Header {
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
         b[24..32].copy_from_slice(&self.count.to_le_bytes());
         b[32..40].copy_from_slice(&self.bytes.to_le_bytes());
+        b[40..48].copy_from_slice(&self.entry_us.to_le_bytes());
         b
     }
 
@@ -78,6 +82,7 @@ impl Header {
             seq: u64_at(16),
             count: u64_at(24),
             bytes: u64_at(32),
+            entry_us: u64_at(40),
         })
     }
 
@@ -164,6 +169,7 @@ mod tests {
             seq: 3,
             count: 1024,
             bytes: 2048,
+            entry_us: 1_700_000_000_000_000,
         }
     }
 

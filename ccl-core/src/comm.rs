@@ -17,6 +17,7 @@ use crate::bootstrap::{Bootstrap, Monitor, Notice};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::Topology;
+use crate::trace::{Meta, Recorder};
 use crate::transport::{ConnectContext, Endpoint, Handle, MAX_HANDLE_LEN, Transport};
 use crate::{ccl_info, ccl_warn, net};
 
@@ -69,6 +70,10 @@ pub struct Comm {
     monitor: Option<Monitor>,
     /// The rank whose process runs the root, if one does.
     root_host: Option<usize>,
+    /// The same on every rank of this communicator (names its trace dumps).
+    tag: String,
+    recorder: Mutex<Recorder>,
+    slow: Mutex<SlowTracker>,
     abort: AbortSignal,
     error: Mutex<Option<Error>>,
     seq: AtomicU64,
@@ -132,6 +137,7 @@ impl Comm {
             Some(spec) => net::pick_local_ip(Some(spec)).map_err(|e| e.rank(rank))?,
             None => bootstrap.local_ip()?,
         };
+        let bootstrap_secret = bootstrap.secret();
         let ctx = ConnectContext {
             rank,
             size,
@@ -210,6 +216,8 @@ impl Comm {
             "communicator ready: {size} ranks over {} (listening on {local_ip})",
             transport.name()
         );
+        let tag = comm_tag(&bootstrap_secret);
+        let trace_buffer = config.trace_buffer;
         let comm = Comm {
             rank,
             size,
@@ -221,11 +229,18 @@ impl Comm {
             hosts,
             monitor,
             root_host,
+            tag,
+            recorder: Mutex::new(Recorder::new(trace_buffer)),
+            slow: Mutex::new(SlowTracker::new(size)),
             abort: AbortSignal::new()?,
             error: Mutex::new(None),
             seq: AtomicU64::new(0),
         };
-        Ok((Arc::new(comm), Links { endpoints }))
+        let comm = Arc::new(comm);
+        if comm.config.trace_dir.is_some() {
+            watch_sigusr1(&comm);
+        }
+        Ok((comm, Links { endpoints }))
     }
 
     pub fn rank(&self) -> usize {
@@ -373,13 +388,208 @@ impl Comm {
             None => {
                 ccl_warn!(Some(self.rank), "communicator failed: {e}");
                 *g = Some(e.clone());
+                drop(g);
+                self.dump_trace(&e.to_string());
                 e
             }
         }
+    }
+
+    /// The flight recorder.
+    pub fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.recorder.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The recorder as JSON (what a dump holds).
+    pub fn trace_json(&self, reason: &str) -> String {
+        let meta = Meta {
+            comm: self.tag.clone(),
+            rank: self.rank,
+            size: self.size,
+            host: crate::log::hostname().to_string(),
+            pid: std::process::id(),
+            reason: reason.to_string(),
+        };
+        self.recorder().to_json(&meta)
+    }
+
+    /// Writes the recorder to `CCL_TRACE_DIR`, if set; returns the file written.
+    pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
+        let dir = crate::log::expand_path(self.config.trace_dir.as_deref()?);
+        let path =
+            std::path::Path::new(&dir).join(format!("ccl-trace-{}-r{}.json", self.tag, self.rank));
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir)?;
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, self.trace_json(reason))?;
+            std::fs::rename(&tmp, &path)
+        };
+        match write() {
+            Ok(()) => {
+                ccl_warn!(
+                    Some(self.rank),
+                    "flight recorder written to {} ({reason})",
+                    path.display()
+                );
+                Some(path)
+            }
+            Err(e) => {
+                ccl_warn!(
+                    Some(self.rank),
+                    "cannot write the flight recorder to {}: {e}",
+                    path.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// Counts one operation's lateness of each peer (microseconds, from operation headers) and
+    /// names a peer that stays late, as the slow-rank report.
+    pub fn note_lateness(&self, late: impl Iterator<Item = (usize, i64)>) {
+        let window = self.config.slow_window as u64;
+        let limit_us = self.config.slow_ms as i64 * 1000;
+        let mut s = self.slow.lock().unwrap_or_else(|p| p.into_inner());
+        for (peer, us) in late {
+            if let Some(p) = s.peers.get_mut(peer) {
+                p.sum_us += us;
+                p.ops += 1;
+            }
+        }
+        s.ops += 1;
+        if s.ops < window {
+            return;
+        }
+        let mut report = Vec::new();
+        for (peer, p) in s.peers.iter_mut().enumerate() {
+            let mean = if p.ops > 0 {
+                p.sum_us / p.ops as i64
+            } else {
+                0
+            };
+            let slow = p.ops > 0 && mean >= limit_us;
+            if slow && p.slow_windows >= 1 {
+                ccl_warn!(
+                    Some(self.rank),
+                    "slow rank: peer {peer} entered operations {:.1} ms after this rank on average over the last {} operations with it (and the window before)",
+                    mean as f64 / 1000.0,
+                    p.ops
+                );
+                report.push(SlowPeer {
+                    peer,
+                    mean_late_us: mean,
+                    ops: p.ops,
+                });
+            }
+            p.slow_windows = if slow { p.slow_windows + 1 } else { 0 };
+            p.sum_us = 0;
+            p.ops = 0;
+        }
+        s.ops = 0;
+        s.report = report;
+    }
+
+    /// The peers the last slow-rank window named.
+    pub fn slow_peers(&self) -> Vec<SlowPeer> {
+        self.slow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .report
+            .clone()
+    }
+
+    /// The identifier of this communicator shared by its ranks.
+    pub fn tag(&self) -> &str {
+        &self.tag
     }
 
     /// The next collective sequence number (1, 2, ...).
     pub fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
+}
+
+/// A peer that the slow-rank report named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowPeer {
+    pub peer: usize,
+    /// Mean lateness over the last window, microseconds.
+    pub mean_late_us: i64,
+    /// Operations with this peer in the window.
+    pub ops: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct PeerLateness {
+    sum_us: i64,
+    ops: u64,
+    slow_windows: u32,
+}
+
+#[derive(Debug)]
+struct SlowTracker {
+    peers: Vec<PeerLateness>,
+    ops: u64,
+    report: Vec<SlowPeer>,
+}
+
+impl SlowTracker {
+    fn new(n: usize) -> SlowTracker {
+        SlowTracker {
+            peers: vec![PeerLateness::default(); n],
+            ops: 0,
+            report: Vec::new(),
+        }
+    }
+}
+
+/// A short name for a communicator, the same on all its ranks: a hash of its secret (which it
+/// does not reveal).
+fn comm_tag(secret: &[u8; 32]) -> String {
+    let h = secret.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{h:016x}")
+}
+
+/// Communicators that dump their recorder on `SIGUSR1`.
+fn dumpers() -> &'static Mutex<Vec<std::sync::Weak<Comm>>> {
+    static D: std::sync::OnceLock<Mutex<Vec<std::sync::Weak<Comm>>>> = std::sync::OnceLock::new();
+    D.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Registers `comm` for `SIGUSR1` dumps, starting the (one, process-wide) signal thread on first
+/// use. The handler only wakes the thread; the thread writes the files.
+fn watch_sigusr1(comm: &Arc<Comm>) {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    {
+        let mut d = dumpers().lock().unwrap_or_else(|p| p.into_inner());
+        d.retain(|w| w.strong_count() > 0);
+        d.push(Arc::downgrade(comm));
+    }
+    STARTED.call_once(|| {
+        let mut signals = match signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1])
+        {
+            Ok(s) => s,
+            Err(e) => {
+                ccl_warn!(None, "cannot watch SIGUSR1 for flight-recorder dumps: {e}");
+                return;
+            }
+        };
+        let _ = std::thread::Builder::new()
+            .name("ccl-sigusr1".into())
+            .spawn(move || {
+                for _ in signals.forever() {
+                    let live: Vec<Arc<Comm>> = dumpers()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .filter_map(|w| w.upgrade())
+                        .collect();
+                    for c in live {
+                        c.dump_trace("SIGUSR1");
+                    }
+                }
+            });
+    });
 }

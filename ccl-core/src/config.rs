@@ -45,6 +45,26 @@ pub const SETTINGS: &[Setting] = &[
         help: "seconds any blocking wait may go without progress before it fails with a timeout naming the peer",
     },
     Setting {
+        name: "CCL_TRACE_BUFFER",
+        default: "1000",
+        help: "operations the flight recorder keeps per communicator (0 = none)",
+    },
+    Setting {
+        name: "CCL_TRACE_DIR",
+        default: "",
+        help: "directory for flight-recorder dumps (on failure and SIGUSR1); %h = host, %p = pid",
+    },
+    Setting {
+        name: "CCL_SLOW_WINDOW",
+        default: "200",
+        help: "operations per window of the slow-rank report",
+    },
+    Setting {
+        name: "CCL_SLOW_MS",
+        default: "20",
+        help: "a peer entering operations this many ms late on average, two windows in a row, is reported",
+    },
+    Setting {
         name: "CCL_TRANSPORT",
         default: "auto",
         help: "data transport: auto, tcp, local (in-process), ib",
@@ -175,6 +195,14 @@ pub struct Config {
     pub log_level: LogLevel,
     /// `CCL_TIMEOUT`: how long a wait may go without progress.
     pub timeout: Duration,
+    /// `CCL_TRACE_BUFFER`
+    pub trace_buffer: usize,
+    /// `CCL_TRACE_DIR`
+    pub trace_dir: Option<String>,
+    /// `CCL_SLOW_WINDOW`
+    pub slow_window: usize,
+    /// `CCL_SLOW_MS`
+    pub slow_ms: u64,
     /// `CCL_TRANSPORT`
     pub transport: TransportKind,
     /// `CCL_SOCKET_IFNAME`
@@ -240,6 +268,10 @@ impl Config {
         Ok(Config {
             log_level: parse_log_level(&req("CCL_DEBUG"))?,
             timeout: parse_seconds("CCL_TIMEOUT", &req("CCL_TIMEOUT"))?,
+            trace_buffer: parse_size("CCL_TRACE_BUFFER", &req("CCL_TRACE_BUFFER"), 0)?,
+            trace_dir: get("CCL_TRACE_DIR"),
+            slow_window: parse_size("CCL_SLOW_WINDOW", &req("CCL_SLOW_WINDOW"), 1)?,
+            slow_ms: parse_num("CCL_SLOW_MS", &req("CCL_SLOW_MS"))?,
             transport: req("CCL_TRANSPORT")
                 .parse()
                 .map_err(|e| Error::invalid_argument(format!("CCL_TRANSPORT: {e}")))?,

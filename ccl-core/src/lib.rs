@@ -11,6 +11,7 @@ pub mod log;
 pub mod net;
 pub mod reduce;
 pub mod topology;
+pub mod trace;
 pub mod transport;
 pub mod types;
 

@@ -1,0 +1,335 @@
+//! The flight recorder: the last `CCL_TRACE_BUFFER` operations of a communicator, kept in a ring,
+//! written out as JSON on a failure or `SIGUSR1` (to `CCL_TRACE_DIR`), and read by `ccl-trace`
+//! to say which rank a stuck job waits for.
+//!
+//! The executor fills an entry when an operation starts and brings it up to date when it
+//! blocks and when it ends; the data path itself touches nothing here, so recording costs
+//! nothing measurable. Slots are reused, so a recorder that has gone round once allocates no more.
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Microseconds since the Unix epoch (comparable across the processes of one host, and across
+/// hosts as far as their clocks agree).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Where an operation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Running,
+    Done,
+    Failed,
+}
+
+impl State {
+    pub const fn name(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Done => "done",
+            State::Failed => "failed",
+        }
+    }
+}
+
+/// One peer's side of one operation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerStat {
+    pub peer: usize,
+    pub to_send: u64,
+    pub sent: u64,
+    pub to_recv: u64,
+    pub received: u64,
+    /// The peer's operation header arrived (it has entered this operation).
+    pub arrived: bool,
+    /// Microseconds this rank spent waiting for this peer's data.
+    pub waited_us: u64,
+    /// How much later (negative: earlier) the peer entered the operation, in microseconds.
+    pub late_us: i64,
+}
+
+/// One operation.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub seq: u64,
+    pub name: &'static str,
+    pub algo: &'static str,
+    pub dtype: &'static str,
+    pub op: &'static str,
+    pub count: u64,
+    pub bytes: u64,
+    pub root: Option<usize>,
+    pub state: State,
+    pub start_us: u64,
+    pub end_us: u64,
+    /// The peer the operation was waiting for when last seen blocked.
+    pub waiting_on: Option<usize>,
+    pub peers: Vec<PeerStat>,
+    pub error: Option<String>,
+}
+
+impl Entry {
+    fn blank() -> Entry {
+        Entry {
+            seq: 0,
+            name: "",
+            algo: "",
+            dtype: "",
+            op: "",
+            count: 0,
+            bytes: 0,
+            root: None,
+            state: State::Done,
+            start_us: 0,
+            end_us: 0,
+            waiting_on: None,
+            peers: Vec::new(),
+            error: None,
+        }
+    }
+}
+
+/// What an operation is, for [`Recorder::begin`].
+#[derive(Clone, Copy, Debug)]
+pub struct Begin {
+    pub seq: u64,
+    pub name: &'static str,
+    pub algo: &'static str,
+    pub dtype: &'static str,
+    pub op: &'static str,
+    pub count: u64,
+    pub bytes: u64,
+    pub root: Option<usize>,
+}
+
+/// A ring of the last operations.
+#[derive(Debug)]
+pub struct Recorder {
+    cap: usize,
+    slots: Vec<Entry>,
+    /// Operations begun so far; the newest is at `(begun - 1) % cap`.
+    begun: u64,
+}
+
+impl Recorder {
+    /// A recorder of `cap` operations (0 = record nothing).
+    pub fn new(cap: usize) -> Recorder {
+        Recorder {
+            cap,
+            slots: Vec::new(),
+            begun: 0,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.cap > 0
+    }
+
+    /// Starts an entry; `peers` gives (peer, bytes to send, bytes to receive).
+    pub fn begin(&mut self, b: Begin, peers: impl Iterator<Item = (usize, u64, u64)>) {
+        if self.cap == 0 {
+            return;
+        }
+        let i = (self.begun % self.cap as u64) as usize;
+        if self.slots.len() <= i {
+            self.slots.push(Entry::blank());
+        }
+        let e = &mut self.slots[i];
+        e.seq = b.seq;
+        e.name = b.name;
+        e.algo = b.algo;
+        e.dtype = b.dtype;
+        e.op = b.op;
+        e.count = b.count;
+        e.bytes = b.bytes;
+        e.root = b.root;
+        e.state = State::Running;
+        e.start_us = now_us();
+        e.end_us = 0;
+        e.waiting_on = None;
+        e.error = None;
+        e.peers.clear();
+        e.peers
+            .extend(peers.map(|(peer, to_send, to_recv)| PeerStat {
+                peer,
+                to_send,
+                to_recv,
+                ..PeerStat::default()
+            }));
+        self.begun += 1;
+    }
+
+    /// The operation begun last, to bring up to date.
+    pub fn current(&mut self) -> Option<&mut Entry> {
+        if self.cap == 0 || self.begun == 0 {
+            return None;
+        }
+        let i = ((self.begun - 1) % self.cap as u64) as usize;
+        self.slots.get_mut(i)
+    }
+
+    /// Ends the current operation.
+    pub fn end(&mut self, error: Option<String>) {
+        if let Some(e) = self.current() {
+            e.end_us = now_us();
+            e.state = if error.is_some() {
+                State::Failed
+            } else {
+                State::Done
+            };
+            e.error = error;
+        }
+    }
+
+    /// Entries from oldest to newest.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        let n = self.slots.len();
+        let start = if (self.begun as usize) > n {
+            (self.begun % self.cap as u64) as usize
+        } else {
+            0
+        };
+        (0..n).map(move |k| &self.slots[(start + k) % n])
+    }
+
+    /// The dump: who this is and every entry, as JSON.
+    pub fn to_json(&self, meta: &Meta) -> String {
+        let mut s = String::with_capacity(256 + 256 * self.slots.len());
+        let _ = write!(
+            s,
+            "{{\"format\":\"ccl-trace-1\",\"comm\":{},\"rank\":{},\"size\":{},\"host\":{},\"pid\":{},\"reason\":{},\"time_us\":{},\"entries\":[",
+            json_str(&meta.comm),
+            meta.rank,
+            meta.size,
+            json_str(&meta.host),
+            meta.pid,
+            json_str(&meta.reason),
+            now_us()
+        );
+        for (k, e) in self.entries().enumerate() {
+            if k > 0 {
+                s.push(',');
+            }
+            let _ = write!(
+                s,
+                "{{\"seq\":{},\"name\":{},\"algo\":{},\"dtype\":{},\"op\":{},\"count\":{},\"bytes\":{},\"root\":{},\"state\":\"{}\",\"start_us\":{},\"end_us\":{},\"waiting_on\":{},\"error\":{},\"peers\":[",
+                e.seq,
+                json_str(e.name),
+                json_str(e.algo),
+                json_str(e.dtype),
+                json_str(e.op),
+                e.count,
+                e.bytes,
+                e.root.map_or("null".to_string(), |r| r.to_string()),
+                e.state.name(),
+                e.start_us,
+                e.end_us,
+                e.waiting_on.map_or("null".to_string(), |r| r.to_string()),
+                e.error.as_deref().map_or("null".to_string(), json_str),
+            );
+            for (j, p) in e.peers.iter().enumerate() {
+                if j > 0 {
+                    s.push(',');
+                }
+                let _ = write!(
+                    s,
+                    "{{\"peer\":{},\"to_send\":{},\"sent\":{},\"to_recv\":{},\"received\":{},\"arrived\":{},\"waited_us\":{},\"late_us\":{}}}",
+                    p.peer,
+                    p.to_send,
+                    p.sent,
+                    p.to_recv,
+                    p.received,
+                    p.arrived,
+                    p.waited_us,
+                    p.late_us
+                );
+            }
+            s.push_str("]}");
+        }
+        s.push_str("]}");
+        s
+    }
+}
+
+/// Who wrote a dump.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Identifies the communicator across ranks.
+    pub comm: String,
+    pub rank: usize,
+    pub size: usize,
+    pub host: String,
+    pub pid: u32,
+    pub reason: String,
+}
+
+/// A JSON string literal.
+pub fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            '\t' => o.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(seq: u64) -> Begin {
+        Begin {
+            seq,
+            name: "allreduce",
+            algo: "ring",
+            dtype: "float",
+            op: "sum",
+            count: 4,
+            bytes: 16,
+            root: None,
+        }
+    }
+
+    #[test]
+    fn ring_keeps_the_newest() {
+        let mut r = Recorder::new(3);
+        for s in 1..=5 {
+            r.begin(b(s), [(1usize, 8u64, 8u64)].into_iter());
+            r.end(None);
+        }
+        let seqs: Vec<u64> = r.entries().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![3, 4, 5]);
+        r.begin(b(6), std::iter::empty());
+        r.current().unwrap().waiting_on = Some(2);
+        let j = r.to_json(&Meta {
+            comm: "c\"x".into(),
+            rank: 0,
+            size: 3,
+            host: "h".into(),
+            pid: 1,
+            reason: "test".into(),
+        });
+        assert!(
+            j.contains("\"waiting_on\":2")
+                && j.contains("\"state\":\"running\"")
+                && j.contains("c\\\"x"),
+            "{j}"
+        );
+        let off = Recorder::new(0);
+        assert!(!off.enabled());
+    }
+}
