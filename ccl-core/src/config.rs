@@ -294,7 +294,12 @@ impl Config {
         let mut cfg = Config::from_lookup(|k| std::env::var(k).ok())?;
         cfg.unknown = std::env::vars()
             .map(|(k, _)| k)
-            .filter(|k| k.starts_with("CCL_") && !SETTINGS.iter().any(|s| s.name == k))
+            .filter(|k| {
+                // CCL_RXE_VM_* belong to the SoftRoCE test harness (scripts/rxe-vm.sh).
+                k.starts_with("CCL_")
+                    && !k.starts_with("CCL_RXE_")
+                    && !SETTINGS.iter().any(|s| s.name == k)
+            })
             .collect();
         cfg.unknown.sort();
         Ok(cfg)

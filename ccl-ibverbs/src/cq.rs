@@ -170,7 +170,8 @@ impl Cq {
             let has_imm = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
             // SAFETY: the union holds `imm_data` when IBV_WC_WITH_IMM is set (read only then);
             // both members are plain u32 anyway.
-            let imm = has_imm.then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data }));
+            let imm = has_imm
+                .then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data }));
             *o = Completion {
                 wr_id: w.wr_id,
                 status: w.status,

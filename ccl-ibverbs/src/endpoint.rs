@@ -33,9 +33,9 @@ use ccl_core::{Error, Result};
 use nix::poll::PollFlags;
 
 use crate::cq::{CompChannel, Completion, Cq, POLL_BATCH};
-use crate::transport::IbDevice;
 use crate::mr::RegisteredBuf;
 use crate::qp::Qp;
+use crate::transport::IbDevice;
 use crate::wc::wc_error;
 use crate::wire::{decode_imm, encode_imm};
 
@@ -259,11 +259,10 @@ impl IbEndpoint {
                     )));
                 }
                 self.arrived[slot] = len as u32;
-                let qp = self
-                    .res
-                    .qps
-                    .get(1 + index)
-                    .ok_or_else(|| Error::internal("receive completion for an unknown data QP"))?;
+                let qp =
+                    self.res.qps.get(1 + index).ok_or_else(|| {
+                        Error::internal("receive completion for an unknown data QP")
+                    })?;
                 qp.post_recv(wr_id(DATA_RECV, index))
                     .map_err(|e| self.err(e))?;
             }
@@ -308,7 +307,11 @@ impl IbEndpoint {
         if len == NONE {
             return None;
         }
-        let buf = self.res.recv_buf.as_ref().expect("live endpoint has buffers");
+        let buf = self
+            .res
+            .recv_buf
+            .as_ref()
+            .expect("live endpoint has buffers");
         // SAFETY: `slot < slots` and `head_off <= len <= slot_size`, so the pointer stays in the
         // ring, which is `slots x slot_size` bytes.
         let p = unsafe {
@@ -397,7 +400,7 @@ impl IbEndpoint {
             Ok(0) => Ok(()),
             Ok(_) => Err(self.protocol("unexpected bytes on the side channel".into())),
             Err(e) => Err(Error::remote(format!(
-                "verbs transport: peer {} is gone: {} (did it exit or fail?)",
+                "verbs transport: peer {} is gone: {}",
                 self.peer,
                 e.message()
             ))
@@ -423,7 +426,11 @@ impl Endpoint for IbEndpoint {
         while taken < src.len() && self.can_send() {
             let slot = (self.send_seq % s as u64) as usize;
             let n = (src.len() - taken).min(b);
-            let buf = self.res.send_buf.as_ref().expect("live endpoint has buffers");
+            let buf = self
+                .res
+                .send_buf
+                .as_ref()
+                .expect("live endpoint has buffers");
             // SAFETY:
             // - The local slot is not busy: its previous write completed, so the device does
             //   not read it now.

@@ -99,7 +99,10 @@ impl fmt::Display for VerbsError {
                 "ibv_get_device_list failed (is the ib_uverbs kernel module loaded?)"
             ),
             VerbsError::OpenDevice { device, .. } => {
-                write!(f, "ibv_open_device({device}) failed (permissions on /dev/infiniband?)")
+                write!(
+                    f,
+                    "ibv_open_device({device}) failed (permissions on /dev/infiniband?)"
+                )
             }
             VerbsError::QueryPort { device, port, .. } => {
                 write!(f, "ibv_query_port({device}, port {port}) failed")
@@ -207,7 +210,10 @@ mod tests {
     #[test]
     fn errno_values() {
         assert_eq!(errno_error(libc::EINVAL).raw_os_error(), Some(libc::EINVAL));
-        assert_eq!(errno_error(-libc::EAGAIN).raw_os_error(), Some(libc::EAGAIN));
+        assert_eq!(
+            errno_error(-libc::EAGAIN).raw_os_error(),
+            Some(libc::EAGAIN)
+        );
         assert!(errno_error(0).raw_os_error().is_none());
     }
 }

@@ -312,10 +312,7 @@ impl Qp {
         wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
         wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
         wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-        wr.wr.rdma = rdma_t {
-            remote_addr,
-            rkey,
-        };
+        wr.wr.rdma = rdma_t { remote_addr, rkey };
         // SAFETY: the memory `wr` references is valid as this function's contract requires.
         unsafe { self.post_send(&mut wr) }
     }
@@ -425,7 +422,10 @@ mod tests {
                 | mask::MAX_DEST_RD_ATOMIC
                 | mask::MIN_RNR_TIMER
         );
-        assert_eq!(t.mask, 1 | 128 | 256 | (1 << 20) | 4096 | (1 << 17) | (1 << 15));
+        assert_eq!(
+            t.mask,
+            1 | 128 | 256 | (1 << 20) | 4096 | (1 << 17) | (1 << 15)
+        );
         assert_eq!((t.dest_qpn, t.rq_psn, t.path_mtu), (0x123, 0x456, 5));
         assert!(t.is_global);
         assert_eq!(t.dgid, p.remote_gid);
@@ -440,7 +440,10 @@ mod tests {
     fn rts_carries_timeouts() {
         let t = transition(QpState::Rts, &params());
         assert_eq!(t.mask, 1 | 512 | 1024 | 2048 | 65536 | 8192);
-        assert_eq!((t.sq_psn, t.timeout, t.retry_cnt, t.rnr_retry), (0x789, 20, 7, 7));
+        assert_eq!(
+            (t.sq_psn, t.timeout, t.retry_cnt, t.rnr_retry),
+            (0x789, 20, 7, 7)
+        );
         assert_eq!(t.max_rd_atomic, 1);
         // No path fields.
         assert!(!t.is_global);

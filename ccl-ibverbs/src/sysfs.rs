@@ -289,7 +289,9 @@ impl HcaFilter {
                 None => (part, None),
             };
             if name.is_empty() {
-                return Err(format!("CCL_IB_HCA='{spec}': empty device name in '{part}'"));
+                return Err(format!(
+                    "CCL_IB_HCA='{spec}': empty device name in '{part}'"
+                ));
             }
             items.push(HcaItem {
                 name: name.to_string(),
@@ -439,7 +441,10 @@ pub(crate) mod tests {
             .gid("mlx5_0", 1, 3, GLOBAL_V6, Some("RoCE v2"))
             .gid("mlx5_0", 1, 4, V4_MAPPED, Some("IB/RoCE v1"))
             .gid("mlx5_0", 1, 5, V4_MAPPED, Some("RoCE v2"));
-        assert_eq!(choose_gid(&fs.root, "mlx5_0", 1, true, None).unwrap().index, 5);
+        assert_eq!(
+            choose_gid(&fs.root, "mlx5_0", 1, true, None).unwrap().index,
+            5
+        );
         // Without the v4-mapped v2 entry: the global IPv6 v2 one.
         let t: Vec<GidEntry> = gid_table(&fs.root, "mlx5_0", 1)
             .into_iter()
@@ -454,7 +459,9 @@ pub(crate) mod tests {
         assert!(pick_gid(&t, true).is_none());
         // The override wins, even over a better entry.
         assert_eq!(
-            choose_gid(&fs.root, "mlx5_0", 1, true, Some(2)).unwrap().index,
+            choose_gid(&fs.root, "mlx5_0", 1, true, Some(2))
+                .unwrap()
+                .index,
             2
         );
         let e = choose_gid(&fs.root, "mlx5_0", 1, true, Some(9)).unwrap_err();
@@ -470,7 +477,10 @@ pub(crate) mod tests {
             .gid("rxe1", 1, 2, ZERO, Some("RoCE v2"))
             .gid("rxe1", 1, 3, V4_MAPPED, Some("RoCE v2"));
         // A short gap does not end the scan.
-        assert_eq!(choose_gid(&fs.root, "rxe1", 1, true, None).unwrap().index, 3);
+        assert_eq!(
+            choose_gid(&fs.root, "rxe1", 1, true, None).unwrap().index,
+            3
+        );
         fs.port("rxe2", 1, "4: ACTIVE", "Ethernet")
             .gid("rxe2", 1, 0, LINK_LOCAL, Some("RoCE v2"));
         let e = choose_gid(&fs.root, "rxe2", 1, true, None).unwrap_err();
@@ -493,7 +503,9 @@ pub(crate) mod tests {
             Some("IB/RoCE v1"),
         );
         assert_eq!(
-            choose_gid(&fs.root, "mlx5_1", 1, false, None).unwrap().index,
+            choose_gid(&fs.root, "mlx5_1", 1, false, None)
+                .unwrap()
+                .index,
             0
         );
         assert!(!active_roce_port(&fs.root, None, None));

@@ -102,7 +102,10 @@ impl IbTransport {
     pub fn open_at(config: &Config, root: &Path) -> Result<IbTransport> {
         let filter = filter_of(&config.ib)?;
         let what = match &config.ib.hca {
-            Some(h) => format!("an active port in {} matching CCL_IB_HCA='{h}'", root.display()),
+            Some(h) => format!(
+                "an active port in {} matching CCL_IB_HCA='{h}'",
+                root.display()
+            ),
             None => format!("an active port in {}", root.display()),
         };
         let all = sysfs::ports(root);
@@ -172,7 +175,9 @@ fn open_port(config: &Config, root: &Path, name: &str, port: u8, roce: bool) -> 
     let ctx = Context::open(name)?;
     let port_attr = ctx.query_port(port)?;
     if !port_attr.active {
-        return Err(Error::invalid_usage(format!("{name} port {port} is not active")));
+        return Err(Error::invalid_usage(format!(
+            "{name} port {port} is not active"
+        )));
     }
     if roce && port_attr.link_layer != LINK_LAYER_ETHERNET {
         return Err(Error::invalid_usage(format!(
@@ -222,9 +227,12 @@ impl Transport for IbTransport {
         deadline: Instant,
     ) -> Result<Box<dyn Endpoint>> {
         let addr = wire::decode_handle(handle).map_err(|m| {
-            Error::new(ErrorKind::InvalidArgument, format!("bad ib connection handle: {m}"))
-                .rank(ctx.rank)
-                .peer(peer)
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("bad ib connection handle: {m}"),
+            )
+            .rank(ctx.rank)
+            .peer(peer)
         })?;
         let side = self
             .tcp
@@ -332,7 +340,11 @@ fn establish(
     deadline: Instant,
 ) -> Result<Box<dyn Endpoint>> {
     let rank = ctx.rank;
-    let tag = |e: Error| e.rank(rank).peer(peer).context(format!("connecting to peer {peer} over verbs"));
+    let tag = |e: Error| {
+        e.rank(rank)
+            .peer(peer)
+            .context(format!("connecting to peer {peer} over verbs"))
+    };
     let ib = &ctx.config.ib;
     let layout = Layout {
         slots: ib.slots,
@@ -349,8 +361,13 @@ fn establish(
     );
     for _ in 0..layout.nqp {
         qps.push(
-            Qp::new(&dev.pd, &cq, layout.data_send_depth(), layout.data_recv_depth())
-                .map_err(|e| tag(e.into()))?,
+            Qp::new(
+                &dev.pd,
+                &cq,
+                layout.data_send_depth(),
+                layout.data_recv_depth(),
+            )
+            .map_err(|e| tag(e.into()))?,
         );
     }
     let send_buf = dev.cache.get(ring, false).map_err(|e| tag(e.into()))?;
@@ -416,13 +433,17 @@ fn establish(
         let mut head = [0u8; QpInfo::HEADER_LEN];
         side_recv(&mut *side, &mut head, deadline)?;
         let len = QpInfo::len_from_header(&head).map_err(|m| {
-            Error::remote(format!("verbs transport: bad QP information from peer {peer}: {m}"))
+            Error::remote(format!(
+                "verbs transport: bad QP information from peer {peer}: {m}"
+            ))
         })?;
         let mut msg = vec![0u8; len];
         msg[..head.len()].copy_from_slice(&head);
         side_recv(&mut *side, &mut msg[head.len()..], deadline)?;
         let theirs = QpInfo::decode(&msg).map_err(|m| {
-            Error::remote(format!("verbs transport: bad QP information from peer {peer}: {m}"))
+            Error::remote(format!(
+                "verbs transport: bad QP information from peer {peer}: {m}"
+            ))
         })?;
         if theirs.rank as usize != peer {
             return Err(Error::remote(format!(
@@ -436,10 +457,18 @@ fn establish(
             ))
         };
         if theirs.data.len() != layout.nqp {
-            return Err(mismatch("CCL_IB_QPS_PER_CONN", layout.nqp, theirs.data.len()));
+            return Err(mismatch(
+                "CCL_IB_QPS_PER_CONN",
+                layout.nqp,
+                theirs.data.len(),
+            ));
         }
         if theirs.slots as usize != layout.slots {
-            return Err(mismatch("CCL_IB_SLOTS", layout.slots, theirs.slots as usize));
+            return Err(mismatch(
+                "CCL_IB_SLOTS",
+                layout.slots,
+                theirs.slots as usize,
+            ));
         }
         if theirs.slot_size as usize != layout.slot_size {
             return Err(mismatch(
@@ -567,6 +596,9 @@ mod tests {
         let fs = FakeSysfs::new();
         fs.port("rxe9", 1, "4: ACTIVE", "Ethernet");
         let e = IbTransport::open_at(&Config::default(), &fs.root).unwrap_err();
-        assert!(e.to_string().contains("no usable GID on rxe9 port 1"), "{e}");
+        assert!(
+            e.to_string().contains("no usable GID on rxe9 port 1"),
+            "{e}"
+        );
     }
 }

@@ -170,14 +170,14 @@ impl QpInfo {
             return Err(format!("QP information with {} slots", info.slots));
         }
         if info.slot_size == 0 || info.slot_size as usize > MAX_PIECE {
-            return Err(format!(
-                "QP information with slot size {}",
-                info.slot_size
-            ));
+            return Err(format!("QP information with slot size {}", info.slot_size));
         }
         for q in std::iter::once(&info.ctrl).chain(&info.data) {
             if q.qpn >= 1 << 24 || q.psn >= 1 << 24 {
-                return Err(format!("QP information with QP {:#x} PSN {:#x}", q.qpn, q.psn));
+                return Err(format!(
+                    "QP information with QP {:#x} PSN {:#x}",
+                    q.qpn, q.psn
+                ));
             }
         }
         Ok(info)
@@ -272,7 +272,10 @@ mod tests {
             let i = info(n);
             let b = i.encode();
             assert_eq!(b.len(), QpInfo::encoded_len(n));
-            assert_eq!(QpInfo::len_from_header(&b[..QpInfo::HEADER_LEN]).unwrap(), b.len());
+            assert_eq!(
+                QpInfo::len_from_header(&b[..QpInfo::HEADER_LEN]).unwrap(),
+                b.len()
+            );
             assert_eq!(QpInfo::decode(&b).unwrap(), i);
         }
     }

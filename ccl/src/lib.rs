@@ -499,10 +499,7 @@ fn ib_transport(_config: &Config) -> Result<Arc<dyn Transport>> {
 #[cfg(feature = "ib")]
 fn auto_ib(config: &Config, rank: usize) -> Option<Arc<dyn Transport>> {
     if !ccl_ibverbs::probe(config) {
-        ccl_info!(
-            Some(rank),
-            "transport auto: no active RoCE port, using tcp"
-        );
+        ccl_info!(Some(rank), "transport auto: no active RoCE port, using tcp");
         return None;
     }
     match ccl_ibverbs::IbTransport::open(config) {
