@@ -34,7 +34,7 @@ use nix::poll::PollFlags;
 
 use crate::cq::{CompChannel, Completion, Cq, POLL_BATCH};
 use crate::mr::RegisteredBuf;
-use crate::qp::Qp;
+use crate::qp::{POST_BATCH, Qp, WriteImm};
 use crate::transport::IbDevice;
 use crate::wc::wc_error;
 use crate::wire::{decode_imm, encode_imm};
@@ -146,6 +146,8 @@ pub(crate) struct IbEndpoint {
     carry_len: usize,
 
     armed: bool,
+    /// Requests staged by one `send` call (one per slot at most).
+    pending: Box<[WriteImm]>,
 }
 
 const NONE: u32 = u32::MAX;
@@ -186,6 +188,7 @@ impl IbEndpoint {
             carry: [0; CARRY_CAP],
             carry_len: 0,
             armed: false,
+            pending: vec![WriteImm::default(); layout.slots].into_boxed_slice(),
         }
     }
 
@@ -421,50 +424,70 @@ impl Endpoint for IbEndpoint {
 
     fn send(&mut self, src: &[u8]) -> Result<usize> {
         self.progress()?;
-        let (s, b) = (self.layout.slots, self.layout.slot_size);
+        let (s, b, nqp) = (self.layout.slots, self.layout.slot_size, self.layout.nqp);
+        let buf = self
+            .res
+            .send_buf
+            .as_ref()
+            .expect("live endpoint has buffers");
+        let (base, lkey) = (buf.as_ptr(), buf.lkey());
+        // Stage as many pieces as credits and free local slots allow, then post them with one
+        // chained call per QP.
+        let first_qp = self.next_qp;
+        let mut pieces = 0;
         let mut taken = 0;
         while taken < src.len() && self.can_send() {
             let slot = (self.send_seq % s as u64) as usize;
             let n = (src.len() - taken).min(b);
-            let buf = self
-                .res
-                .send_buf
-                .as_ref()
-                .expect("live endpoint has buffers");
             // SAFETY:
             // - The local slot is not busy: its previous write completed, so the device does
             //   not read it now.
             // - `slot * b + n <= s * b`, the buffer's size; `src[taken..taken + n]` is in bounds;
             //   the regions do not overlap (ours is registered staging memory).
             let local = unsafe {
-                let dst = buf.as_ptr().add(slot * b);
+                let dst = base.add(slot * b);
                 std::ptr::copy_nonoverlapping(src[taken..].as_ptr(), dst, n);
                 dst as u64
             };
-            let qi = self.next_qp;
-            self.next_qp = (self.next_qp + 1) % self.layout.nqp;
-            // SAFETY:
-            // - `local..local+n` is in the send buffer registered with this lkey, and the slot
-            //   stays busy (unwritten) until this write's completion is polled.
-            // - The remote slot was granted: `send_seq < granted + slots`, i.e. the peer freed
-            //   its previous contents; it is inside the ring the peer registered
-            //   (`slot * b + n <= s * b`).
-            unsafe {
-                self.res.qps[1 + qi].post_write_imm(
-                    wr_id(DATA_SEND, slot),
-                    local,
-                    n as u32,
-                    buf.lkey(),
-                    self.remote.ring_addr + (slot * b) as u64,
-                    self.remote.rkey,
-                    encode_imm(slot, n),
-                )
-            }
-            .map_err(|e| self.err(e))?;
+            self.pending[pieces] = WriteImm {
+                wr_id: wr_id(DATA_SEND, slot),
+                addr: local,
+                len: n as u32,
+                lkey,
+                remote_addr: self.remote.ring_addr + (slot * b) as u64,
+                rkey: self.remote.rkey,
+                imm: encode_imm(slot, n),
+            };
+            pieces += 1;
             self.send_busy[slot] = true;
             self.send_outstanding += 1;
             self.send_seq += 1;
+            self.next_qp = (self.next_qp + 1) % nqp;
             taken += n;
+        }
+        // Piece k went to QP (first_qp + k) % nqp.
+        for q in 0..nqp.min(pieces) {
+            let qi = (first_qp + q) % nqp;
+            let mut group = [WriteImm::default(); POST_BATCH];
+            let mut g = 0;
+            let mut k = q;
+            while k < pieces {
+                group[g] = self.pending[k];
+                g += 1;
+                k += nqp;
+                if g == POST_BATCH || k >= pieces {
+                    // SAFETY:
+                    // - Each request's source is its local slot in the send buffer registered
+                    //   with `lkey`; the slot stays busy (unwritten) until the request's
+                    //   completion is polled.
+                    // - Each remote slot was granted: `seq < granted + slots` held when it was
+                    //   staged, i.e. the peer freed its previous contents; it lies inside the
+                    //   ring the peer registered (`slot * b + n <= s * b`).
+                    unsafe { self.res.qps[1 + qi].post_writes(&group[..g]) }
+                        .map_err(|e| self.err(e))?;
+                    g = 0;
+                }
+            }
         }
         Ok(taken)
     }

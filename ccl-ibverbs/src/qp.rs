@@ -198,6 +198,24 @@ fn to_attr(to: QpState, t: &Transition) -> ibv_qp_attr {
     a
 }
 
+/// Work requests chained into one post at most.
+pub const POST_BATCH: usize = 16;
+
+/// One RDMA WRITE_WITH_IMM request (see [`Qp::post_writes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteImm {
+    pub wr_id: u64,
+    /// Local source: address, length, and the lkey of its registration.
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+    /// Remote target and its rkey.
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Immediate value, host order.
+    pub imm: u32,
+}
+
 /// An RC queue pair. Owns its protection domain and completion queue.
 #[derive(Debug)]
 pub struct Qp {
@@ -282,39 +300,51 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts an RDMA WRITE_WITH_IMM of `len` bytes at local `addr` (in the registration with
-    /// `lkey`) to `remote_addr`/`rkey`, signaled, with `imm` (host order).
+    /// Posts RDMA WRITE_WITH_IMM requests, signaled, chained so each group of up to
+    /// [`POST_BATCH`] costs one call into the provider (one doorbell).
     ///
     /// # Safety
-    /// `addr..addr+len` must lie in a live registration with `lkey` and must not be written by
-    /// anyone until this work request's completion is polled (or the QP is destroyed);
-    /// `remote_addr..+len` must be memory the peer granted for this write.
-    pub unsafe fn post_write_imm(
-        &self,
-        wr_id: u64,
-        addr: u64,
-        len: u32,
-        lkey: u32,
-        remote_addr: u64,
-        rkey: u32,
-        imm: u32,
-    ) -> Result<(), VerbsError> {
-        let mut sge = ibv_sge {
-            addr,
-            length: len,
-            lkey,
-        };
-        // SAFETY: all-zero is a valid `ibv_send_wr` (null pointers, zero integers/unions).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-        wr.wr.rdma = rdma_t { remote_addr, rkey };
-        // SAFETY: the memory `wr` references is valid as this function's contract requires.
-        unsafe { self.post_send(&mut wr) }
+    /// For every request: `addr..addr+len` must lie in a live registration with `lkey` and must
+    /// not be written by anyone until the request's completion is polled (or the QP is
+    /// destroyed); `remote_addr..+len` must be memory the peer granted for this write.
+    pub unsafe fn post_writes(&self, reqs: &[WriteImm]) -> Result<(), VerbsError> {
+        for group in reqs.chunks(POST_BATCH) {
+            // SAFETY: all-zero is a valid `ibv_sge` and `ibv_send_wr` (null pointers, zero
+            // integers and unions).
+            let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut wrs: [ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+            let n = group.len();
+            for (i, r) in group.iter().enumerate() {
+                sges[i] = ibv_sge {
+                    addr: r.addr,
+                    length: r.len,
+                    lkey: r.lkey,
+                };
+            }
+            for (i, r) in group.iter().enumerate() {
+                let wr = &mut wrs[i];
+                wr.wr_id = r.wr_id;
+                wr.sg_list = &mut sges[i];
+                wr.num_sge = 1;
+                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+                wr.imm_data_invalidated_rkey_union.imm_data = r.imm.to_be();
+                wr.wr.rdma = rdma_t {
+                    remote_addr: r.remote_addr,
+                    rkey: r.rkey,
+                };
+            }
+            for i in 0..n - 1 {
+                let next: *mut ibv_send_wr = &mut wrs[i + 1];
+                wrs[i].next = next;
+            }
+            // SAFETY: the chain is `wrs[..n]`, linked in order and null-terminated (the last
+            // `next` stays null); each points at its own element of `sges`, all alive for the
+            // call. The memory they reference is valid by this function's contract.
+            unsafe { self.post_send(&mut wrs[0]) }?;
+        }
+        Ok(())
     }
 
     /// Posts a zero-length SEND_WITH_IMM carrying `imm` (host order), signaled.
@@ -331,13 +361,13 @@ impl Qp {
     }
 
     /// # Safety
-    /// Memory the work request references must stay valid as `post_write_imm` says.
+    /// Memory the work requests reference must stay valid as `post_writes` says.
     unsafe fn post_send(&self, wr: &mut ibv_send_wr) -> Result<(), VerbsError> {
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY:
-        // - `self.qp` is live; `wr` is a single, fully initialized work request (next = null)
-        //   whose scatter/gather list lives on the caller's stack for the duration of the call
-        //   (the library copies it into the send queue).
+        // - `self.qp` is live; `wr` starts a null-terminated chain of fully initialized work
+        //   requests whose scatter/gather lists live on the caller's stack for the duration of
+        //   the call (the library copies them into the send queue).
         // - The caller guarantees the referenced memory (function contract).
         let rc = unsafe { ibv_post_send(self.qp.as_ptr(), wr, &mut bad) };
         if rc != 0 {
