@@ -8,7 +8,7 @@
 #     as scripts/rxe-perftest.sh does), about 32 MiB per size;
 #  2. ccl-bench allreduce --np 2 --transport ib -b MIN -e MAX -f 2 (default 64K .. 64M);
 #  3. with --mpi (needs scripts/rxe-vm-setup.sh --with-mpi): Open MPI + UCX (rc_verbs on rxe0)
-#     MPI_Allreduce of the same sizes, np=2 (scripts/mpi_allreduce.c).
+#     MPI_Allreduce of the same sizes, np=2 (scripts/peers/mpi_allreduce.c).
 # Then prints, per size: ib_write_bw, ccl busbw (out-of-place, in-place), their ratio
 # (best of the two over ib_write_bw), and with --mpi the MPI busbw and ccl/MPI.
 # Units: MB/s = 1e6 bytes/s (perftest's MB/sec, 2^20 bytes, is converted). ccl settings travel
@@ -35,7 +35,7 @@ OUT=target/bench-rxe
 rm -f "$OUT"/*.txt
 if [ "$MPI" = 1 ]; then
   command -v mpicc.openmpi >/dev/null || { echo "bench-rxe: --mpi needs Open MPI (scripts/rxe-vm-setup.sh --with-mpi)" >&2; exit 2; }
-  mpicc.openmpi -O2 -o "$OUT/mpi_allreduce" scripts/mpi_allreduce.c -lm || exit 1
+  mpicc.openmpi -O2 -o "$OUT/mpi_allreduce" scripts/peers/mpi_allreduce.c || exit 1
 fi
 
 cat > "$OUT/guest.sh" <<GUEST
@@ -54,7 +54,7 @@ if [ $MPI = 1 ]; then
   echo "== Open MPI + UCX (rc_verbs on rxe0) MPI_Allreduce np=2"
   timeout 900 mpirun.openmpi --oversubscribe -np 2 --mca pml ucx --mca btl ^vader,tcp,openib,uct,ofi \
     --mca osc ^ucx -x UCX_NET_DEVICES -x UCX_UD_ETH_DGID_CHECK -x UCX_TLS=self,rc \
-    \$OUT/mpi_allreduce $MIN $MAX $ITERS | tee \$OUT/mpi.txt
+    --bind-to core \$OUT/mpi_allreduce $MIN $MAX 2 $ITERS 1 | tee \$OUT/mpi.txt
 fi
 GUEST
 chmod +x "$OUT/guest.sh"
@@ -79,8 +79,8 @@ mp = {}
 if mpi and os.path.exists(os.path.join(out, "mpi.txt")):
     for l in open(os.path.join(out, "mpi.txt")):
         f = l.split()
-        if len(f) == 3 and f[0].isdigit():
-            mp[int(f[0])] = float(f[2])
+        if len(f) >= 3 and f[0].isdigit():
+            mp[int(f[0])] = float(f[2]) * 1000  # GB/s (1e9) -> MB/s
 hdr = f"{'bytes':>10} {'ib_write_bw':>11} {'ccl oop':>9} {'ccl ip':>9} {'ccl/ib':>7}"
 if mpi:
     hdr += f" {'mpi':>9} {'ccl/mpi':>8}"
