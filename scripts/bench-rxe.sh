@@ -74,7 +74,10 @@ ccl = {}
 for l in open(os.path.join(out, "ccl.txt")):
     f = l.split()
     if len(f) == 13 and f[0].isdigit():
-        ccl[int(f[0])] = (float(f[7]) * 1000, float(f[11]) * 1000)
+        # From the time columns (us): busbw = bytes / time x 2(n-1)/n, n = 2; more digits than
+        # the printed GB/s.
+        size = int(f[0])
+        ccl[size] = (size / float(f[5]), size / float(f[9]))
 mp = {}
 if mpi and os.path.exists(os.path.join(out, "mpi.txt")):
     for l in open(os.path.join(out, "mpi.txt")):

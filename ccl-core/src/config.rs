@@ -155,6 +155,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "staging slots per peer and direction; bytes in flight are at most slots x slot size (2-256)",
     },
     Setting {
+        name: "CCL_IB_SPIN_US",
+        default: "200",
+        help: "microseconds a verbs endpoint busy-polls its completion queue before the rank sleeps on the completion channel (0 = at once)",
+    },
+    Setting {
         name: "CCL_IB_SLOT_SIZE",
         default: "256K",
         help: "bytes per staging slot, the largest piece one RDMA write carries (4K-8M)",
@@ -274,6 +279,8 @@ pub struct IbConfig {
     pub slots: usize,
     /// `CCL_IB_SLOT_SIZE`
     pub slot_size: usize,
+    /// `CCL_IB_SPIN_US`: busy-poll time before sleeping on the completion channel.
+    pub spin: Duration,
 }
 
 impl Default for IbConfig {
@@ -358,6 +365,12 @@ impl Config {
                 ctrl_tc: parse_in("CCL_IB_CTRL_TC", &req("CCL_IB_CTRL_TC"), 0, 255)? as u8,
                 qps_per_conn: parse_in("CCL_IB_QPS_PER_CONN", &req("CCL_IB_QPS_PER_CONN"), 1, 64)?
                     as usize,
+                spin: Duration::from_micros(parse_in(
+                    "CCL_IB_SPIN_US",
+                    &req("CCL_IB_SPIN_US"),
+                    0,
+                    10_000_000,
+                )?),
                 slots: parse_in("CCL_IB_SLOTS", &req("CCL_IB_SLOTS"), 2, 256)? as usize,
                 slot_size: {
                     let v = req("CCL_IB_SLOT_SIZE");
@@ -529,6 +542,7 @@ mod tests {
             ("CCL_IB_SLOT_SIZE", "1K"),
             ("CCL_IB_SLOT_SIZE", "9M"),
             ("CCL_IB_GID_INDEX", "-1"),
+            ("CCL_IB_SPIN_US", "ms"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{k}={v}");

@@ -118,6 +118,8 @@ pub(crate) struct IbEndpoint {
     side: Box<dyn Endpoint>,
     /// How long to wait for a control-queue slot before failing.
     timeout: Duration,
+    /// Busy-poll time before sleeping (`CCL_IB_SPIN_US`).
+    spin: Duration,
 
     // Sender.
     /// Pieces posted so far.
@@ -163,6 +165,7 @@ impl IbEndpoint {
         remote: Remote,
         side: Box<dyn Endpoint>,
         timeout: Duration,
+        spin: Duration,
     ) -> IbEndpoint {
         IbEndpoint {
             peer,
@@ -173,6 +176,7 @@ impl IbEndpoint {
             remote,
             side,
             timeout,
+            spin,
             send_seq: 0,
             granted: 0,
             last_credit_imm: 0,
@@ -568,6 +572,18 @@ impl Endpoint for IbEndpoint {
         self.flush_credits()?;
         if self.ready(interest) {
             return Ok(false);
+        }
+        // Busy-poll a while first (CCL_IB_SPIN_US): waking a sleeping rank through the
+        // completion channel costs far more than a poll, most of all on software RDMA.
+        if !self.spin.is_zero() {
+            let t0 = Instant::now();
+            while t0.elapsed() < self.spin {
+                std::hint::spin_loop();
+                self.progress()?;
+                if self.ready(interest) {
+                    return Ok(false);
+                }
+            }
         }
         self.check_alive()?;
         if !self.armed {

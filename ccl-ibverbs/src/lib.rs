@@ -35,7 +35,7 @@
 //!
 //! `CCL_IB_HCA` (device/port filter, NCCL syntax), `CCL_IB_GID_INDEX`, `CCL_IB_TIMEOUT`,
 //! `CCL_IB_RETRY_CNT`, `CCL_IB_RNR_RETRY`, `CCL_IB_TC`, `CCL_IB_CTRL_TC`, `CCL_IB_QPS_PER_CONN`,
-//! `CCL_IB_SLOTS`, `CCL_IB_SLOT_SIZE`; `docs/env.md` describes each.
+//! `CCL_IB_SLOTS`, `CCL_IB_SLOT_SIZE`, `CCL_IB_SPIN_US`; `docs/env.md` describes each.
 //!
 //! ## Design points
 //!

@@ -531,6 +531,7 @@ fn establish(
                 },
                 side,
                 ctx.config.timeout,
+                ib.spin,
             )))
         }
         Err(e) => {
