@@ -75,7 +75,7 @@ t0=$(date +%s)
 if [ "${CCL_RXE_TESTS_DIRECT:-0}" = 1 ]; then
   target/rxe-tests/guest.sh
 else
-  CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-600} scripts/rxe-vm.sh target/rxe-tests/guest.sh
+  CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm.sh target/rxe-tests/guest.sh
 fi
 if [ $? = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 log "single-VM tests: $(( $(date +%s) - t0 )) s"
