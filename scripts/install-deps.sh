@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing ccl needs on Debian/Ubuntu (as root), skipping whatever is
 # already there. Usage: scripts/install-deps.sh [build|test]
-#   build: a Rust toolchain check, a C compiler and pkg-config
-#   test:  build + what the test suite uses
+#   build: a Rust toolchain check, a C compiler, pkg-config, and for the verbs transport
+#          (ccl-ibverbs, through rdma-sys: bindgen + pkg-config) libibverbs-dev, librdmacm-dev,
+#          libclang-dev. `cargo build -p ccl --no-default-features` needs none of the last three.
+#   test:  build + what the test suite uses, including rdma-core and the verbs providers (rxe);
+#          the SoftRoCE VM itself is prepared by scripts/rxe-vm-setup.sh when first used.
 set -euo pipefail
 what=${1:-build}
 log() { echo "[install-deps] $*" >&2; }
@@ -17,10 +20,10 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-pkgs=(gcc pkg-config)
+pkgs=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev)
 case "$what" in
   build) ;;
-  test) pkgs+=(procps) ;;
+  test) pkgs+=(procps rdma-core ibverbs-providers ibverbs-utils python3) ;;
   *) log "unknown mode '$what' (build|test)"; exit 2 ;;
 esac
 

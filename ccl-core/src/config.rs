@@ -139,6 +139,61 @@ pub const SETTINGS: &[Setting] = &[
         default: "",
         help: "directory for the single-host file rendezvous (default: the temp dir)",
     },
+    Setting {
+        name: "CCL_IB_HCA",
+        default: "",
+        help: "verbs devices and ports to use, NCCL syntax: 'mlx5_0:1,rxe0' (name prefixes), '=' exact, '^' exclude",
+    },
+    Setting {
+        name: "CCL_IB_GID_INDEX",
+        default: "",
+        help: "GID index to use (default: auto, preferring a RoCE v2 GID with an IPv4-mapped address)",
+    },
+    Setting {
+        name: "CCL_IB_TIMEOUT",
+        default: "20",
+        help: "QP local ACK timeout exponent: 4.096 us x 2^value (1-31; 20 = 4.3 s)",
+    },
+    Setting {
+        name: "CCL_IB_RETRY_CNT",
+        default: "7",
+        help: "QP transport retry count (0-7)",
+    },
+    Setting {
+        name: "CCL_IB_RNR_RETRY",
+        default: "7",
+        help: "QP receiver-not-ready retry count (0-7; 7 = retry forever)",
+    },
+    Setting {
+        name: "CCL_IB_TC",
+        default: "0",
+        help: "IP traffic class (DSCP << 2 | ECN) of data QPs (0-255)",
+    },
+    Setting {
+        name: "CCL_IB_CTRL_TC",
+        default: "0",
+        help: "IP traffic class of the control QP that returns clear-to-send credits (0-255)",
+    },
+    Setting {
+        name: "CCL_IB_QPS_PER_CONN",
+        default: "1",
+        help: "data QPs per peer; pieces go round-robin across them (1-64)",
+    },
+    Setting {
+        name: "CCL_IB_SLOTS",
+        default: "16",
+        help: "staging slots per peer and direction; bytes in flight are at most slots x slot size (2-256)",
+    },
+    Setting {
+        name: "CCL_IB_SPIN_US",
+        default: "200",
+        help: "microseconds a verbs endpoint busy-polls its completion queue before the rank sleeps on the completion channel (0 = at once)",
+    },
+    Setting {
+        name: "CCL_IB_SLOT_SIZE",
+        default: "256K",
+        help: "bytes per staging slot, the largest piece one RDMA write carries (4K-8M)",
+    },
 ];
 
 /// Log verbosity (`CCL_DEBUG`).
@@ -233,8 +288,43 @@ pub struct Config {
     pub secret: Option<String>,
     /// `CCL_BOOTSTRAP_DIR`
     pub bootstrap_dir: Option<String>,
+    /// `CCL_IB_*`: the verbs transport.
+    pub ib: IbConfig,
     /// `CCL_*` variables that were set but are not settings (likely typos).
     pub unknown: Vec<String>,
+}
+
+/// Settings of the verbs (RoCE) transport, `CCL_IB_*`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbConfig {
+    /// `CCL_IB_HCA`: device/port filter in NCCL syntax.
+    pub hca: Option<String>,
+    /// `CCL_IB_GID_INDEX`: fixed GID index instead of auto-selection.
+    pub gid_index: Option<u32>,
+    /// `CCL_IB_TIMEOUT`: local ACK timeout exponent.
+    pub timeout: u8,
+    /// `CCL_IB_RETRY_CNT`
+    pub retry_cnt: u8,
+    /// `CCL_IB_RNR_RETRY`
+    pub rnr_retry: u8,
+    /// `CCL_IB_TC`: traffic class of data QPs.
+    pub tc: u8,
+    /// `CCL_IB_CTRL_TC`: traffic class of the control (credit) QP.
+    pub ctrl_tc: u8,
+    /// `CCL_IB_QPS_PER_CONN`
+    pub qps_per_conn: usize,
+    /// `CCL_IB_SLOTS`
+    pub slots: usize,
+    /// `CCL_IB_SLOT_SIZE`
+    pub slot_size: usize,
+    /// `CCL_IB_SPIN_US`: busy-poll time before sleeping on the completion channel.
+    pub spin: Duration,
+}
+
+impl Default for IbConfig {
+    fn default() -> Self {
+        Config::default().ib
+    }
 }
 
 impl Default for Config {
@@ -249,7 +339,12 @@ impl Config {
         let mut cfg = Config::from_lookup(|k| std::env::var(k).ok())?;
         cfg.unknown = std::env::vars()
             .map(|(k, _)| k)
-            .filter(|k| k.starts_with("CCL_") && !SETTINGS.iter().any(|s| s.name == k))
+            .filter(|k| {
+                // CCL_RXE_VM_* belong to the SoftRoCE test harness (scripts/rxe-vm.sh).
+                k.starts_with("CCL_")
+                    && !k.starts_with("CCL_RXE_")
+                    && !SETTINGS.iter().any(|s| s.name == k)
+            })
             .collect();
         cfg.unknown.sort();
         Ok(cfg)
@@ -299,6 +394,37 @@ impl Config {
                 .transpose()?,
             secret: get("CCL_SECRET"),
             bootstrap_dir: get("CCL_BOOTSTRAP_DIR"),
+            ib: IbConfig {
+                hca: get("CCL_IB_HCA"),
+                gid_index: get("CCL_IB_GID_INDEX")
+                    .map(|v| parse_in("CCL_IB_GID_INDEX", &v, 0, 65535))
+                    .transpose()?
+                    .map(|v| v as u32),
+                timeout: parse_in("CCL_IB_TIMEOUT", &req("CCL_IB_TIMEOUT"), 1, 31)? as u8,
+                retry_cnt: parse_in("CCL_IB_RETRY_CNT", &req("CCL_IB_RETRY_CNT"), 0, 7)? as u8,
+                rnr_retry: parse_in("CCL_IB_RNR_RETRY", &req("CCL_IB_RNR_RETRY"), 0, 7)? as u8,
+                tc: parse_in("CCL_IB_TC", &req("CCL_IB_TC"), 0, 255)? as u8,
+                ctrl_tc: parse_in("CCL_IB_CTRL_TC", &req("CCL_IB_CTRL_TC"), 0, 255)? as u8,
+                qps_per_conn: parse_in("CCL_IB_QPS_PER_CONN", &req("CCL_IB_QPS_PER_CONN"), 1, 64)?
+                    as usize,
+                spin: Duration::from_micros(parse_in(
+                    "CCL_IB_SPIN_US",
+                    &req("CCL_IB_SPIN_US"),
+                    0,
+                    10_000_000,
+                )?),
+                slots: parse_in("CCL_IB_SLOTS", &req("CCL_IB_SLOTS"), 2, 256)? as usize,
+                slot_size: {
+                    let v = req("CCL_IB_SLOT_SIZE");
+                    let b = parse_size("CCL_IB_SLOT_SIZE", &v, 4096)?;
+                    if b > 8 << 20 {
+                        return Err(Error::invalid_argument(format!(
+                            "CCL_IB_SLOT_SIZE='{v}' must be at most 8M"
+                        )));
+                    }
+                    b
+                },
+            },
             unknown: Vec::new(),
         })
     }
@@ -328,6 +454,21 @@ pub fn parse_num<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
     v.trim().parse::<T>().map_err(|_| {
         Error::invalid_argument(format!("{name}='{v}' is not a valid non-negative integer"))
     })
+}
+
+/// Parses an integer in `lo..=hi`, naming the variable and the range in the error.
+pub fn parse_in(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
+    let n: u64 = v.trim().parse().map_err(|_| {
+        Error::invalid_argument(format!(
+            "{name}='{v}' is not an integer (expected {lo} to {hi})"
+        ))
+    })?;
+    if !(lo..=hi).contains(&n) {
+        return Err(Error::invalid_argument(format!(
+            "{name}='{v}' is out of range (expected {lo} to {hi})"
+        )));
+    }
+    Ok(n)
 }
 
 /// Parses seconds (fractions allowed) into a Duration; must be positive and finite.
@@ -432,12 +573,48 @@ mod tests {
             ("CCL_RANK", "abc"),
             ("CCL_WORLD_SIZE", "-2"),
             ("CCL_BOOTSTRAP_PORT", "70000"),
+            ("CCL_IB_TIMEOUT", "0"),
+            ("CCL_IB_TIMEOUT", "32"),
+            ("CCL_IB_RETRY_CNT", "8"),
+            ("CCL_IB_TC", "256"),
+            ("CCL_IB_CTRL_TC", "x"),
+            ("CCL_IB_QPS_PER_CONN", "0"),
+            ("CCL_IB_SLOTS", "1"),
+            ("CCL_IB_SLOTS", "257"),
+            ("CCL_IB_SLOT_SIZE", "1K"),
+            ("CCL_IB_SLOT_SIZE", "9M"),
+            ("CCL_IB_GID_INDEX", "-1"),
+            ("CCL_IB_SPIN_US", "ms"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{k}={v}");
             assert!(e.to_string().contains(k), "{e}");
             assert!(e.to_string().contains(v), "{e}");
         }
+    }
+
+    #[test]
+    fn ib_settings() {
+        let d = Config::default().ib;
+        assert_eq!((d.timeout, d.retry_cnt, d.rnr_retry), (20, 7, 7));
+        assert_eq!((d.tc, d.ctrl_tc, d.qps_per_conn), (0, 0, 1));
+        assert_eq!((d.slots, d.slot_size), (16, 256 << 10));
+        assert!(d.hca.is_none() && d.gid_index.is_none());
+        let c = cfg(&[
+            ("CCL_IB_HCA", "^mlx5_1,=rxe0:1"),
+            ("CCL_IB_GID_INDEX", "3"),
+            ("CCL_IB_TC", "106"),
+            ("CCL_IB_CTRL_TC", "224"),
+            ("CCL_IB_QPS_PER_CONN", "4"),
+            ("CCL_IB_SLOTS", "8"),
+            ("CCL_IB_SLOT_SIZE", "1M"),
+        ])
+        .unwrap()
+        .ib;
+        assert_eq!(c.hca.as_deref(), Some("^mlx5_1,=rxe0:1"));
+        assert_eq!(c.gid_index, Some(3));
+        assert_eq!((c.tc, c.ctrl_tc, c.qps_per_conn), (106, 224, 4));
+        assert_eq!((c.slots, c.slot_size), (8, 1 << 20));
     }
 
     #[test]

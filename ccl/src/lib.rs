@@ -153,7 +153,7 @@ impl Communicator {
         let rank = b.rank();
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
             .map_err(|m| Error::invalid_argument(m).rank(rank))?;
-        let candidates = transports(config.transport, rank)?;
+        let candidates = transports(&config, rank)?;
         let (comm, links) = Comm::connect(b, candidates, config)?;
         let c = Communicator {
             s: Arc::new(Shared::new(comm, links, overrides)),
@@ -468,24 +468,65 @@ impl Drop for Communicator {
     }
 }
 
-/// The transports this rank can use for `kind`, most preferred first.
-fn transports(kind: TransportKind, rank: usize) -> Result<Vec<Arc<dyn Transport>>> {
+/// The transports this rank can use for `config.transport`, most preferred first.
+fn transports(config: &Config, rank: usize) -> Result<Vec<Arc<dyn Transport>>> {
     let tcp: Arc<dyn Transport> = Arc::new(TcpTransport::new());
-    Ok(match kind {
+    Ok(match config.transport {
         TransportKind::Tcp => vec![tcp],
         TransportKind::Local => vec![Arc::new(LocalTransport::new())],
-        TransportKind::Ib => {
-            return Err(Error::invalid_usage(
-                "CCL_TRANSPORT=ib: this build has no verbs transport",
-            )
-            .rank(rank));
-        }
-        TransportKind::Auto => {
+        TransportKind::Ib => vec![ib_transport(config).map_err(|e| e.rank(rank))?],
+        TransportKind::Auto => match auto_ib(config, rank) {
+            Some(ib) => vec![ib, tcp],
+            None => vec![tcp],
+        },
+    })
+}
+
+#[cfg(feature = "ib")]
+fn ib_transport(config: &Config) -> Result<Arc<dyn Transport>> {
+    Ok(Arc::new(ccl_ibverbs::IbTransport::open(config)?))
+}
+
+#[cfg(not(feature = "ib"))]
+fn ib_transport(_config: &Config) -> Result<Arc<dyn Transport>> {
+    Err(Error::invalid_usage(
+        "CCL_TRANSPORT=ib: this build has no verbs transport (ccl was built without its `ib` feature)",
+    ))
+}
+
+/// `auto`: verbs when an active RoCE port exists (and opens), else none; says which at info
+/// level. The ranks then agree on the first transport all of them have.
+#[cfg(feature = "ib")]
+fn auto_ib(config: &Config, rank: usize) -> Option<Arc<dyn Transport>> {
+    if !ccl_ibverbs::probe(config) {
+        ccl_info!(Some(rank), "transport auto: no active RoCE port, using tcp");
+        return None;
+    }
+    match ccl_ibverbs::IbTransport::open(config) {
+        Ok(t) => {
             ccl_info!(
                 Some(rank),
-                "transport auto: no RDMA transport in this build, using tcp"
+                "transport auto: active RoCE port {} port {}, using ib (if every rank can)",
+                t.device().name(),
+                t.device().port()
             );
-            vec![tcp]
+            Some(Arc::new(t))
         }
-    })
+        Err(e) => {
+            ccl_core::ccl_warn!(
+                Some(rank),
+                "transport auto: a RoCE port exists but cannot be used ({e}); using tcp"
+            );
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "ib"))]
+fn auto_ib(_config: &Config, rank: usize) -> Option<Arc<dyn Transport>> {
+    ccl_info!(
+        Some(rank),
+        "transport auto: no verbs transport in this build, using tcp"
+    );
+    None
 }

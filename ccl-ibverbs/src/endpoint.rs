@@ -1,0 +1,652 @@
+//! One connection to a peer: receiver-driven flow control over pre-registered staging slots.
+//!
+//! Per direction there is a ring of `S` slots of `B` bytes, registered once. The receiver's ring
+//! is the target of the sender's RDMA writes:
+//!
+//! - **Send.** `send` copies up to `B` bytes of the caller's data into local slot `seq % S` and
+//!   posts one RDMA WRITE_WITH_IMM into the peer's slot `seq % S`; the immediate value carries
+//!   the slot index and the length. Pieces go round-robin over the data QPs. A slot may be
+//!   written only while the sender holds a credit for it (clear to send) and its previous write
+//!   has completed locally, so bytes in flight never exceed `S x B`.
+//! - **Receive.** Every data QP keeps a receive posted for each write that can be in flight. A
+//!   completion marks its slot arrived; slots are delivered strictly in sequence order (writes on
+//!   different QPs may complete out of order). `recv` copies out; `recv_with` lends the slot's
+//!   bytes in place (a partial element at the end of a slot is joined with the next slot's bytes
+//!   in a small carry buffer).
+//! - **Credits.** When slots have been consumed, the receiver returns the cumulative count of
+//!   freed slots in the immediate value of a zero-length SEND on the control QP (its own traffic
+//!   class, `CCL_IB_CTRL_TC`).
+//! - **Waiting.** Calls never block. `prepare_wait` polls the CQ, arms it, and polls again (no
+//!   lost wakeup), then the executor sleeps on the completion channel's fd and on the TCP side
+//!   socket, which stays open as a liveness channel: a peer that dies is seen as EOF on it even
+//!   when no work request of ours is outstanding that could fail.
+//!
+//! The data path allocates nothing: slot tables, the completion buffer and the carry are sized
+//! when the connection is made.
+
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ccl_core::transport::{Endpoint, Interest};
+use ccl_core::{Error, Result};
+use nix::poll::PollFlags;
+
+use crate::cq::{CompChannel, Completion, Cq, POLL_BATCH};
+use crate::mr::RegisteredBuf;
+use crate::qp::{POST_BATCH, Qp, WriteImm};
+use crate::transport::IbDevice;
+use crate::wc::wc_error;
+use crate::wire::{decode_imm, encode_imm};
+
+/// Work request id: kind in the top byte, an index below.
+const KIND_SHIFT: u32 = 56;
+const DATA_SEND: u64 = 1;
+pub(crate) const DATA_RECV: u64 = 2;
+const CTRL_SEND: u64 = 3;
+pub(crate) const CTRL_RECV: u64 = 4;
+
+pub(crate) fn wr_id(kind: u64, index: usize) -> u64 {
+    (kind << KIND_SHIFT) | index as u64
+}
+
+/// Bytes a carry buffer holds: more than two of the largest element.
+const CARRY_CAP: usize = 64;
+/// How long a dropped endpoint waits for its writes to be acknowledged, so bytes `send` took
+/// reach the peer even when the program exits right after a collective.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Sizes fixed when the connection is made.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    pub slots: usize,
+    pub slot_size: usize,
+    pub nqp: usize,
+}
+
+impl Layout {
+    /// Send queue depth of each data QP: every slot may be in flight on one QP.
+    pub fn data_send_depth(&self) -> u32 {
+        self.slots as u32
+    }
+    /// Receives kept posted on each data QP.
+    pub fn data_recv_depth(&self) -> u32 {
+        self.slots as u32
+    }
+    /// Credit messages in flight are at most one per slot (see `on_credit`), plus margin.
+    pub fn ctrl_depth(&self) -> u32 {
+        self.slots as u32 + 2
+    }
+    /// CQ entries: every work request that can be posted at once, so even the flush of all of
+    /// them after a move to ERR cannot overrun the CQ.
+    pub fn cq_entries(&self) -> u32 {
+        (self.data_send_depth() + self.data_recv_depth()) * self.nqp as u32
+            + 2 * self.ctrl_depth()
+            + 4
+    }
+}
+
+/// The verbs objects of one connection. Field order is drop order: QPs before the CQ and the
+/// buffers; every object also holds `Arc`s of its parents.
+pub(crate) struct Resources {
+    /// `qps[0]` is the control QP, `qps[1..]` the data QPs.
+    pub qps: Vec<Qp>,
+    pub cq: Arc<Cq>,
+    pub channel: Arc<CompChannel>,
+    /// Local send staging (local access only).
+    pub send_buf: Option<RegisteredBuf>,
+    /// Receive ring the peer writes into (remote write).
+    pub recv_buf: Option<RegisteredBuf>,
+}
+
+/// Where the peer's receive ring is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Remote {
+    pub ring_addr: u64,
+    pub rkey: u32,
+}
+
+pub(crate) struct IbEndpoint {
+    peer: usize,
+    rank: usize,
+    dev: Arc<IbDevice>,
+    layout: Layout,
+    res: Resources,
+    remote: Remote,
+    /// The authenticated TCP connection used to exchange QP information, kept as a liveness
+    /// channel.
+    side: Box<dyn Endpoint>,
+    /// How long to wait for a control-queue slot before failing.
+    timeout: Duration,
+    /// Busy-poll time before sleeping (`CCL_IB_SPIN_US`).
+    spin: Duration,
+
+    // Sender.
+    /// Pieces posted so far.
+    send_seq: u64,
+    /// Slots the peer has granted in total beyond the initial `S` (cumulative credits).
+    granted: u64,
+    /// Last cumulative credit value seen (wrapping u32 on the wire).
+    last_credit_imm: u32,
+    /// Local slot still being read by the device (its write has not completed).
+    send_busy: Box<[bool]>,
+    send_outstanding: usize,
+    next_qp: usize,
+
+    // Receiver.
+    /// Next piece to deliver.
+    recv_seq: u64,
+    /// Bytes that arrived in each slot (`NONE` = not arrived).
+    arrived: Box<[u32]>,
+    /// Bytes of the head slot already delivered.
+    head_off: usize,
+    /// Slots freed in total (wrapping), and the value last sent to the peer.
+    freed: u32,
+    credit_sent: u32,
+    ctrl_outstanding: usize,
+    carry: [u8; CARRY_CAP],
+    carry_len: usize,
+
+    armed: bool,
+    /// Requests staged by one `send` call (one per slot at most).
+    pending: Box<[WriteImm]>,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl IbEndpoint {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        peer: usize,
+        rank: usize,
+        dev: Arc<IbDevice>,
+        layout: Layout,
+        res: Resources,
+        remote: Remote,
+        side: Box<dyn Endpoint>,
+        timeout: Duration,
+        spin: Duration,
+    ) -> IbEndpoint {
+        IbEndpoint {
+            peer,
+            rank,
+            dev,
+            layout,
+            res,
+            remote,
+            side,
+            timeout,
+            spin,
+            send_seq: 0,
+            granted: 0,
+            last_credit_imm: 0,
+            send_busy: vec![false; layout.slots].into_boxed_slice(),
+            send_outstanding: 0,
+            next_qp: 0,
+            recv_seq: 0,
+            arrived: vec![NONE; layout.slots].into_boxed_slice(),
+            head_off: 0,
+            freed: 0,
+            credit_sent: 0,
+            ctrl_outstanding: 0,
+            carry: [0; CARRY_CAP],
+            carry_len: 0,
+            armed: false,
+            pending: vec![WriteImm::default(); layout.slots].into_boxed_slice(),
+        }
+    }
+
+    fn err(&self, e: impl Into<Error>) -> Error {
+        e.into().peer(self.peer).rank(self.rank)
+    }
+
+    fn protocol(&self, what: String) -> Error {
+        Error::remote(format!(
+            "verbs transport: peer {} broke the protocol: {what}",
+            self.peer
+        ))
+        .peer(self.peer)
+        .rank(self.rank)
+    }
+
+    /// Reaps completions: frees local send slots, marks arrived slots, takes credits.
+    fn progress(&mut self) -> Result<()> {
+        if self.armed && self.res.cq.take_event().map_err(|e| self.err(e))? {
+            self.armed = false;
+        }
+        loop {
+            let mut wcs = [Completion::default(); POLL_BATCH];
+            let n = self.res.cq.poll(&mut wcs[..]).map_err(|e| self.err(e))?;
+            for wc in &wcs[..n] {
+                self.complete(wc)?;
+            }
+            if n < POLL_BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    fn complete(&mut self, wc: &Completion) -> Result<()> {
+        let kind = wc.wr_id >> KIND_SHIFT;
+        let index = (wc.wr_id & ((1 << KIND_SHIFT) - 1)) as usize;
+        if wc.status != 0 {
+            let what = match kind {
+                DATA_SEND => "RDMA write of staged data",
+                DATA_RECV => "receive of an RDMA write",
+                CTRL_SEND => "credit message",
+                _ => "receive of a credit message",
+            };
+            return Err(wc_error(wc.status, wc.vendor_err, self.peer, what).rank(self.rank));
+        }
+        match kind {
+            DATA_SEND => {
+                if index >= self.layout.slots || !self.send_busy[index] {
+                    return Err(Error::internal(format!(
+                        "verbs transport: unexpected send completion for slot {index}"
+                    )));
+                }
+                self.send_busy[index] = false;
+                self.send_outstanding -= 1;
+            }
+            DATA_RECV => {
+                let Some(imm) = wc.imm else {
+                    return Err(self.protocol("a data write without an immediate value".into()));
+                };
+                let (slot, len) = decode_imm(imm);
+                if slot >= self.layout.slots
+                    || len > self.layout.slot_size
+                    || len == 0
+                    || self.arrived[slot] != NONE
+                {
+                    return Err(self.protocol(format!(
+                        "write of {len} bytes into slot {slot} (slots {}, {} bytes; arrived {})",
+                        self.layout.slots,
+                        self.layout.slot_size,
+                        self.arrived.get(slot).map_or(0, |&a| a)
+                    )));
+                }
+                self.arrived[slot] = len as u32;
+                let qp =
+                    self.res.qps.get(1 + index).ok_or_else(|| {
+                        Error::internal("receive completion for an unknown data QP")
+                    })?;
+                qp.post_recv(wr_id(DATA_RECV, index))
+                    .map_err(|e| self.err(e))?;
+            }
+            CTRL_SEND => self.ctrl_outstanding -= 1,
+            CTRL_RECV => {
+                let Some(imm) = wc.imm else {
+                    return Err(self.protocol("a credit message without an immediate value".into()));
+                };
+                let delta = imm.wrapping_sub(self.last_credit_imm) as u64;
+                self.last_credit_imm = imm;
+                self.granted += delta;
+                if self.granted > self.send_seq {
+                    return Err(self.protocol(format!(
+                        "credits for {} slots but only {} were written",
+                        self.granted, self.send_seq
+                    )));
+                }
+                self.res.qps[0]
+                    .post_recv(wr_id(CTRL_RECV, 0))
+                    .map_err(|e| self.err(e))?;
+            }
+            _ => {
+                return Err(Error::internal(format!(
+                    "verbs transport: completion with unknown id {:#x}",
+                    wc.wr_id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the next piece may be written now.
+    fn can_send(&self) -> bool {
+        let slot = (self.send_seq % self.layout.slots as u64) as usize;
+        self.send_seq < self.granted + self.layout.slots as u64 && !self.send_busy[slot]
+    }
+
+    /// The unread bytes of the head slot, if it arrived.
+    fn head(&self) -> Option<(*const u8, usize)> {
+        let slot = (self.recv_seq % self.layout.slots as u64) as usize;
+        let len = self.arrived[slot];
+        if len == NONE {
+            return None;
+        }
+        let buf = self
+            .res
+            .recv_buf
+            .as_ref()
+            .expect("live endpoint has buffers");
+        // SAFETY: `slot < slots` and `head_off <= len <= slot_size`, so the pointer stays in the
+        // ring, which is `slots x slot_size` bytes.
+        let p = unsafe {
+            buf.as_ptr()
+                .add(slot * self.layout.slot_size + self.head_off)
+        };
+        Some((p, len as usize - self.head_off))
+    }
+
+    /// Marks `n` bytes of the head slot delivered; frees the slot when it is used up.
+    fn advance(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let slot = (self.recv_seq % self.layout.slots as u64) as usize;
+        self.head_off += n;
+        debug_assert!(self.head_off <= self.arrived[slot] as usize);
+        if self.head_off == self.arrived[slot] as usize {
+            self.arrived[slot] = NONE;
+            self.head_off = 0;
+            self.recv_seq += 1;
+            self.freed = self.freed.wrapping_add(1);
+        }
+    }
+
+    /// Tells the peer about freed slots (one message for everything freed since the last one).
+    fn flush_credits(&mut self) -> Result<()> {
+        if self.freed == self.credit_sent {
+            return Ok(());
+        }
+        if self.ctrl_outstanding as u32 >= self.layout.ctrl_depth() {
+            // The control queue is full of credit messages not yet acknowledged: wait for one,
+            // an acknowledgement away. (Practically never: it holds one per slot.)
+            let t0 = Instant::now();
+            while self.ctrl_outstanding as u32 >= self.layout.ctrl_depth() {
+                self.progress()?;
+                if t0.elapsed() > self.timeout {
+                    return Err(Error::timeout(format!(
+                        "verbs transport: credit messages to peer {} not acknowledged for {:.1} s",
+                        self.peer,
+                        t0.elapsed().as_secs_f64()
+                    ))
+                    .peer(self.peer)
+                    .rank(self.rank));
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.res.qps[0]
+            .post_send_imm(wr_id(CTRL_SEND, 0), self.freed)
+            .map_err(|e| self.err(e))?;
+        self.ctrl_outstanding += 1;
+        self.credit_sent = self.freed;
+        Ok(())
+    }
+
+    /// Moves bytes from the head slots into the carry until it holds `want` (at most
+    /// [`CARRY_CAP`]) or no more bytes have arrived.
+    fn fill_carry(&mut self, want: usize) {
+        let want = want.min(CARRY_CAP);
+        while self.carry_len < want {
+            let Some((p, avail)) = self.head() else {
+                return;
+            };
+            let k = avail.min(want - self.carry_len);
+            // SAFETY: `p..p+k` lies in the head slot, which has arrived and is not granted to
+            // the peer until it is freed, so the device does not write it now; the carry is a
+            // separate array.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p, self.carry[self.carry_len..].as_mut_ptr(), k)
+            };
+            self.carry_len += k;
+            self.advance(k);
+        }
+    }
+
+    fn take_carry(&mut self, n: usize) {
+        self.carry.copy_within(n..self.carry_len, 0);
+        self.carry_len -= n;
+    }
+
+    /// Fails when the side socket shows the peer closed or sent something unexpected.
+    fn check_alive(&mut self) -> Result<()> {
+        let mut b = [0u8; 1];
+        match self.side.recv(&mut b) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(self.protocol("unexpected bytes on the side channel".into())),
+            Err(e) => Err(Error::remote(format!(
+                "verbs transport: peer {} is gone: {}",
+                self.peer,
+                e.message()
+            ))
+            .peer(self.peer)
+            .rank(self.rank)),
+        }
+    }
+
+    fn ready(&self, interest: Interest) -> bool {
+        (interest.recv && self.head().is_some()) || (interest.send && self.can_send())
+    }
+}
+
+impl Endpoint for IbEndpoint {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn send(&mut self, src: &[u8]) -> Result<usize> {
+        self.progress()?;
+        let (s, b, nqp) = (self.layout.slots, self.layout.slot_size, self.layout.nqp);
+        let buf = self
+            .res
+            .send_buf
+            .as_ref()
+            .expect("live endpoint has buffers");
+        let (base, lkey) = (buf.as_ptr(), buf.lkey());
+        // Stage as many pieces as credits and free local slots allow, then post them with one
+        // chained call per QP.
+        let first_qp = self.next_qp;
+        let mut pieces = 0;
+        let mut taken = 0;
+        while taken < src.len() && self.can_send() {
+            let slot = (self.send_seq % s as u64) as usize;
+            let n = (src.len() - taken).min(b);
+            // SAFETY:
+            // - The local slot is not busy: its previous write completed, so the device does
+            //   not read it now.
+            // - `slot * b + n <= s * b`, the buffer's size; `src[taken..taken + n]` is in bounds;
+            //   the regions do not overlap (ours is registered staging memory).
+            let local = unsafe {
+                let dst = base.add(slot * b);
+                std::ptr::copy_nonoverlapping(src[taken..].as_ptr(), dst, n);
+                dst as u64
+            };
+            self.pending[pieces] = WriteImm {
+                wr_id: wr_id(DATA_SEND, slot),
+                addr: local,
+                len: n as u32,
+                lkey,
+                remote_addr: self.remote.ring_addr + (slot * b) as u64,
+                rkey: self.remote.rkey,
+                imm: encode_imm(slot, n),
+            };
+            pieces += 1;
+            self.send_busy[slot] = true;
+            self.send_outstanding += 1;
+            self.send_seq += 1;
+            self.next_qp = (self.next_qp + 1) % nqp;
+            taken += n;
+        }
+        // Piece k went to QP (first_qp + k) % nqp.
+        for q in 0..nqp.min(pieces) {
+            let qi = (first_qp + q) % nqp;
+            let mut group = [WriteImm::default(); POST_BATCH];
+            let mut g = 0;
+            let mut k = q;
+            while k < pieces {
+                group[g] = self.pending[k];
+                g += 1;
+                k += nqp;
+                if g == POST_BATCH || k >= pieces {
+                    // SAFETY:
+                    // - Each request's source is its local slot in the send buffer registered
+                    //   with `lkey`; the slot stays busy (unwritten) until the request's
+                    //   completion is polled.
+                    // - Each remote slot was granted: `seq < granted + slots` held when it was
+                    //   staged, i.e. the peer freed its previous contents; it lies inside the
+                    //   ring the peer registered (`slot * b + n <= s * b`).
+                    unsafe { self.res.qps[1 + qi].post_writes(&group[..g]) }
+                        .map_err(|e| self.err(e))?;
+                    g = 0;
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    fn recv(&mut self, dst: &mut [u8]) -> Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        self.progress()?;
+        let mut got = 0;
+        if self.carry_len > 0 {
+            let k = self.carry_len.min(dst.len());
+            dst[..k].copy_from_slice(&self.carry[..k]);
+            self.take_carry(k);
+            got = k;
+        }
+        while got < dst.len() {
+            let Some((p, avail)) = self.head() else {
+                break;
+            };
+            let k = avail.min(dst.len() - got);
+            // SAFETY: `p..p+k` is arrived data in the head slot, which the device does not
+            // write until the slot is freed and granted again; `dst[got..got + k]` is in bounds
+            // and separate memory.
+            unsafe { std::ptr::copy_nonoverlapping(p, dst[got..].as_mut_ptr(), k) };
+            self.advance(k);
+            got += k;
+        }
+        self.flush_credits()?;
+        Ok(got)
+    }
+
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        self.progress()?;
+        let mut used = 0;
+        while used < max {
+            let want = max - used;
+            if self.carry_len > 0 {
+                self.fill_carry(want);
+                let n = self.carry_len.min(want);
+                let u = consume(&self.carry[..n]).min(n);
+                self.take_carry(u);
+                used += u;
+                if u == 0 {
+                    break;
+                }
+                continue;
+            }
+            let Some((p, avail)) = self.head() else {
+                break;
+            };
+            let n = avail.min(want);
+            // SAFETY: `p..p+n` is arrived data of the head slot; the device does not write the
+            // slot until it is freed (after this borrow ends) and granted again.
+            let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+            let u = consume(bytes).min(n);
+            self.advance(u);
+            used += u;
+            if u < n {
+                let left = n - u;
+                if n == avail && left <= CARRY_CAP / 2 {
+                    // A partial element at the end of the slot: join it with what follows.
+                    self.fill_carry(left);
+                    continue;
+                }
+                break;
+            }
+        }
+        self.flush_credits()?;
+        Ok(used)
+    }
+
+    fn prepare_wait(&mut self, interest: Interest) -> Result<bool> {
+        self.progress()?;
+        self.flush_credits()?;
+        if self.ready(interest) {
+            return Ok(false);
+        }
+        // Busy-poll a while first (CCL_IB_SPIN_US): waking a sleeping rank through the
+        // completion channel costs far more than a poll, most of all on software RDMA.
+        if !self.spin.is_zero() {
+            let t0 = Instant::now();
+            while t0.elapsed() < self.spin {
+                std::hint::spin_loop();
+                self.progress()?;
+                if self.ready(interest) {
+                    return Ok(false);
+                }
+            }
+        }
+        self.check_alive()?;
+        if !self.armed {
+            self.res.cq.arm().map_err(|e| self.err(e))?;
+            self.armed = true;
+        }
+        // A completion that arrived before the CQ was armed raises no event: look again.
+        self.progress()?;
+        Ok(!self.ready(interest))
+    }
+
+    fn wait_fds<'a>(&'a self, interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
+        out.push((self.res.channel.fd(), PollFlags::POLLIN));
+        self.side.wait_fds(
+            Interest {
+                send: false,
+                recv: true,
+            },
+            out,
+        );
+        let _ = interest;
+    }
+}
+
+impl Drop for IbEndpoint {
+    fn drop(&mut self) {
+        // Let the writes `send` already took reach the peer (bounded, and not when the peer is
+        // gone or the connection failed).
+        let t0 = Instant::now();
+        while (self.send_outstanding > 0 || self.ctrl_outstanding > 0) && t0.elapsed() < DRAIN_GRACE
+        {
+            if self.progress().is_err() || self.check_alive().is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        // Stop the QPs and drain what they flush before destroying anything.
+        for qp in &self.res.qps {
+            if let Err(e) = qp.to_error() {
+                ccl_core::ccl_warn!(Some(self.rank), "peer {}: {e}", self.peer);
+            }
+        }
+        let t0 = Instant::now();
+        let mut quiet = 0;
+        let mut wcs = [Completion::default(); POLL_BATCH];
+        while quiet < 3 && t0.elapsed() < Duration::from_millis(500) {
+            match self.res.cq.poll(&mut wcs) {
+                Ok(0) => {
+                    quiet += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok(_) => quiet = 0,
+                Err(_) => break,
+            }
+        }
+        while let Ok(true) = self.res.cq.take_event() {}
+        self.res.qps.clear();
+        // The QPs are gone: nothing can read or write the staging memory any more.
+        if let Some(b) = self.res.send_buf.take() {
+            self.dev.cache.put(b, false);
+        }
+        if let Some(b) = self.res.recv_buf.take() {
+            self.dev.cache.put(b, true);
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! # ccl-ibverbs: the RoCEv2 / InfiniBand verbs transport of ccl
+//!
+//! The only crate of ccl that touches libibverbs (through `rdma-sys`). It implements
+//! [`ccl_core::transport::Transport`] over reliable-connected queue pairs, in the manner of NCCL's
+//! `net_ib`: receiver-driven flow control over pre-registered staging slots, payload by RDMA
+//! WRITE_WITH_IMM, credits back over a control QP with its own traffic class, several data QPs per
+//! peer, busy-poll then sleep on a completion channel.
+//!
+//! ## Quick start
+//!
+//! Programs do not use this crate directly: `ccl` picks it when `CCL_TRANSPORT=ib`, or with
+//! `CCL_TRANSPORT=auto` (the default) when an active RoCE port exists.
+//!
+//! ```sh
+//! # SoftRoCE on a Linux host whose kernel has rdma_rxe (or scripts/rxe-vm.sh CMD in a VM)
+//! sudo scripts/rxe-setup.sh
+//! CCL_TRANSPORT=ib CCL_DEBUG=info target/release/ccl-bench allreduce --np 2 -b 1M -e 64M
+//! ```
+//!
+//! Used directly, the transport is opened once per process and handed to the communicator set-up
+//! like any other transport:
+//!
+//! ```no_run
+//! use ccl_core::Config;
+//! use ccl_core::transport::Transport;
+//! let cfg = Config::from_env()?;
+//! if ccl_ibverbs::probe(&cfg) {
+//!     let ib = ccl_ibverbs::IbTransport::open(&cfg)?;
+//!     println!("{} on {} port {}", ib.name(), ib.device().name(), ib.device().port());
+//! }
+//! # Ok::<(), ccl_core::Error>(())
+//! ```
+//!
+//! ## Settings
+//!
+//! `CCL_IB_HCA` (device/port filter, NCCL syntax), `CCL_IB_GID_INDEX`, `CCL_IB_TIMEOUT`,
+//! `CCL_IB_RETRY_CNT`, `CCL_IB_RNR_RETRY`, `CCL_IB_TC`, `CCL_IB_CTRL_TC`, `CCL_IB_QPS_PER_CONN`,
+//! `CCL_IB_SLOTS`, `CCL_IB_SLOT_SIZE`, `CCL_IB_SPIN_US`; `docs/env.md` describes each.
+//!
+//! ## Design points
+//!
+//! - **Objects.** [`device::Context`], [`pd::Pd`], [`cq::CompChannel`], [`cq::Cq`], [`qp::Qp`] and
+//!   [`mr::RegisteredBuf`] each wrap one verbs object and own their parents through `Arc`, so they
+//!   are destroyed children first. Endpoints move their QPs to ERR and drain the CQ before
+//!   destroying anything. Each failing verb has its own [`VerbsError`] variant with the OS error.
+//! - **GID choice** ([`sysfs`]): from `/sys/class/infiniband/<dev>/ports/<p>/gids` and
+//!   `gid_attrs/types`, preferring RoCE v2 with an IPv4-mapped address, skipping link-local and
+//!   zero GIDs, scanning a short prefix of the table; `CCL_IB_GID_INDEX` overrides.
+//! - **QP transitions** ([`qp::transition`]) are a pure function of the connection parameters.
+//! - **Flow control** ([`endpoint`](crate::endpoint)): bytes in flight per peer and direction are
+//!   at most `CCL_IB_SLOTS x CCL_IB_SLOT_SIZE`; CQs and receive queues are sized from that bound.
+//! - **Liveness.** The TCP connection used to exchange QP information stays open; a dead peer is
+//!   seen as EOF on it (no hang while no work request is outstanding), and failed work
+//!   completions become errors naming the peer ([`wc::wc_error`]).
+//! - **Fork safety.** `ibv_fork_init` is called once, before any other verbs call of this crate
+//!   ([`device::fork_init`]); staging memory is page-aligned `mmap` memory of its own, so
+//!   `MADV_DONTFORK` affects nothing else. `RDMAV_FORK_SAFE=1` in the environment does the same
+//!   for verbs calls made before ccl's.
+//! - **Memory locking.** A registration refused with ENOMEM/EPERM says to raise `ulimit -l`.
+//!
+//! ## No zero copy (yet), on purpose
+//!
+//! Sends copy into registered staging slots and receives copy (or reduce) out of them. Sending
+//! straight from user buffers would need their registrations cached, and a cache of arbitrary
+//! user pointers is unsound without memory hooks: a buffer that is freed and whose address is
+//! mapped again keeps the old pinned pages in the cached registration, and the device silently
+//! sends stale data (rxe on the 6.1 kernel has no on-demand paging to fall back on). Zero copy is
+//! only safe for memory the library allocates and registers itself; [`mr::MrCache`] is keyed by
+//! address range for exactly that use, and today holds the transport's own staging memory
+//! (reused across communicators). On SoftRoCE the copies cost far less than the wire.
+
+pub mod cq;
+pub mod device;
+mod endpoint;
+pub mod error;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod sysfs;
+mod transport;
+pub mod wc;
+pub mod wire;
+
+pub use error::VerbsError;
+pub use transport::{IbDevice, IbTransport, probe, probe_at};

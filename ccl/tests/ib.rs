@@ -1,0 +1,245 @@
+//! Allreduce over the verbs transport, ranks as threads. These need an active RoCE port (rxe in
+//! the VM: `scripts/rxe-tests.sh`); without one they check that `CCL_TRANSPORT=ib` fails with a
+//! clear error and skip the rest (saying so).
+//!
+//! Coverage: 2 and 4 ranks; 1 and 4 data QPs per peer; counts 0, 1, 7 for every dtype, op and
+//! placement; 1M+3 elements for every dtype (sum) and every op (float), in and out of place;
+//! 64 MiB in and out of place; a peer that goes away mid-collective.
+
+#![cfg(feature = "ib")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use ccl::{Config, ErrorKind, ReduceOp};
+use ccl_core::config::TransportKind;
+use common::*;
+use half::{bf16, f16};
+
+fn have_device() -> bool {
+    let present = ccl_ibverbs::probe(&Config::default());
+    if !present {
+        eprintln!("no active RoCE port: skipping (run scripts/rxe-tests.sh for the verbs tests)");
+    }
+    present
+}
+
+fn ib_config(qps: usize) -> Config {
+    let mut c = config(TransportKind::Ib, Duration::from_secs(120));
+    c.ib.qps_per_conn = qps;
+    c
+}
+
+#[test]
+fn ib_without_a_device_is_a_clear_error() {
+    if ccl_ibverbs::probe(&Config::default()) {
+        eprintln!("a RoCE port exists: nothing to check here");
+        return;
+    }
+    let cfg = ib_config(1);
+    let id = ccl::UniqueId::new_at(LOOPBACK, &cfg).unwrap();
+    let e = ccl::Communicator::init_with_config(&id, 0, 1, cfg).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+    let s = e.to_string();
+    assert!(s.contains("CCL_TRANSPORT=ib"), "{s}");
+    assert!(s.contains("/sys/class/infiniband"), "{s}");
+    assert!(s.contains("rank 0"), "{s}");
+}
+
+fn failures(results: Vec<Vec<String>>) -> Vec<String> {
+    results.into_iter().flatten().collect()
+}
+
+#[test]
+fn ib_small_counts_every_dtype_and_op() {
+    if !have_device() {
+        return;
+    }
+    for n in [2, 4] {
+        for qps in [1, 4] {
+            let wrong = failures(run_ranks(n, ib_config(qps), move |comm| {
+                assert_eq!(comm.transport_name(), "ib");
+                let mut wrong = Vec::new();
+                for count in [0, 1, 7] {
+                    for op in ReduceOp::ALL {
+                        for in_place in [false, true] {
+                            for (dtype, w) in all_dtypes(&comm, count, op, in_place) {
+                                if w > 0 {
+                                    wrong.push(format!(
+                                        "rank {} count {count} {dtype} {op} in_place={in_place}: {w} wrong",
+                                        comm.rank()
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+                wrong
+            }));
+            assert!(
+                wrong.is_empty(),
+                "{n} ranks, {qps} QPs:\n{}",
+                wrong.join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn ib_1m_plus_3_every_dtype_and_op() {
+    if !have_device() {
+        return;
+    }
+    const COUNT: usize = (1 << 20) + 3;
+    for n in [2, 4] {
+        for qps in [1, 4] {
+            let t0 = Instant::now();
+            let wrong = failures(run_ranks(n, ib_config(qps), move |comm| {
+                let mut wrong = Vec::new();
+                for in_place in [false, true] {
+                    for (dtype, w) in all_dtypes(&comm, COUNT, ReduceOp::Sum, in_place) {
+                        if w > 0 {
+                            wrong.push(format!("{dtype} sum in_place={in_place}: {w} wrong"));
+                        }
+                    }
+                    for op in ReduceOp::ALL {
+                        let w = allreduce_case::<f32>(&comm, COUNT, op, in_place);
+                        if w > 0 {
+                            wrong.push(format!("float {op} in_place={in_place}: {w} wrong"));
+                        }
+                    }
+                }
+                wrong
+            }));
+            assert!(
+                wrong.is_empty(),
+                "{n} ranks, {qps} QPs:\n{}",
+                wrong.join("\n")
+            );
+            eprintln!(
+                "1M+3: {n} ranks, {qps} QPs: {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+#[test]
+fn ib_64_mib() {
+    if !have_device() {
+        return;
+    }
+    for n in [2, 4] {
+        for qps in [1, 4] {
+            let t0 = Instant::now();
+            let wrong = failures(run_ranks(n, ib_config(qps), move |comm| {
+                let mut wrong = Vec::new();
+                // 64 MiB each: out of place as float sum, in place as bytes (max) and bf16 (avg
+                // is exact for the check values).
+                let w = allreduce_case::<f32>(&comm, 16 << 20, ReduceOp::Sum, false);
+                if w > 0 {
+                    wrong.push(format!("float sum out of place: {w} wrong"));
+                }
+                let w = allreduce_case::<u8>(&comm, 64 << 20, ReduceOp::Max, true);
+                if w > 0 {
+                    wrong.push(format!("uint8 max in place: {w} wrong"));
+                }
+                if n == 2 && qps == 4 {
+                    for (name, w) in [
+                        (
+                            "half prod",
+                            allreduce_case::<f16>(&comm, 32 << 20, ReduceOp::Prod, true),
+                        ),
+                        (
+                            "bfloat16 min",
+                            allreduce_case::<bf16>(&comm, 32 << 20, ReduceOp::Min, false),
+                        ),
+                    ] {
+                        if w > 0 {
+                            wrong.push(format!("{name}: {w} wrong"));
+                        }
+                    }
+                }
+                wrong
+            }));
+            assert!(
+                wrong.is_empty(),
+                "{n} ranks, {qps} QPs:\n{}",
+                wrong.join("\n")
+            );
+            eprintln!(
+                "64 MiB: {n} ranks, {qps} QPs: {:.1} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+#[test]
+fn ib_a_peer_that_goes_away_is_named() {
+    if !have_device() {
+        return;
+    }
+    let res = run_ranks(3, ib_config(1), |comm| {
+        // One good collective first: the connections work.
+        let mut x = vec![1i32; 1000];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x[0], 3);
+        if comm.rank() == 2 {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(comm); // closes its connections mid-job
+            return None;
+        }
+        let t0 = Instant::now();
+        let mut x = vec![1f32; 4 << 20];
+        let e = comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err();
+        let took = t0.elapsed();
+        let sticky = comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err();
+        Some((comm.rank(), e, sticky, took))
+    });
+    let mut named = 0;
+    for (rank, e, sticky, took) in res.into_iter().flatten() {
+        // Noticed when the peer's connections closed, not at the 120 s deadline.
+        assert!(took < Duration::from_secs(30), "rank {rank}: {took:?}: {e}");
+        assert_eq!(sticky.to_string(), e.to_string());
+        assert!(matches!(e.kind(), ErrorKind::Remote), "rank {rank}: {e}");
+        if e.peer_id() == Some(2) {
+            assert!(e.to_string().contains("peer 2"), "{e}");
+            named += 1;
+        }
+    }
+    // The ranks next to rank 2 in the ring see it go; a rank may instead see the other survivor
+    // fail first.
+    assert!(named >= 1, "no rank named peer 2");
+}
+
+#[test]
+fn ib_mismatched_settings_are_refused() {
+    if !have_device() {
+        return;
+    }
+    let cfg = ib_config(1);
+    let id = ccl::UniqueId::new_at(LOOPBACK, &cfg).unwrap();
+    let hs: Vec<_> = (0..2)
+        .map(|rank| {
+            let id = id.clone();
+            let mut cfg = cfg.clone();
+            if rank == 1 {
+                cfg.ib.slots = 8;
+            }
+            std::thread::spawn(move || ccl::Communicator::init_with_config(&id, rank, 2, cfg))
+        })
+        .collect();
+    let errs: Vec<String> = hs
+        .into_iter()
+        .filter_map(|h| h.join().unwrap().err().map(|e| e.to_string()))
+        .collect();
+    assert!(
+        errs.iter().any(
+            |e| e.contains("CCL_IB_SLOTS is 16 on rank 0 but 8 on rank 1")
+                || e.contains("CCL_IB_SLOTS is 8 on rank 1 but 16 on rank 0")
+        ),
+        "{errs:?}"
+    );
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# rxe-tests.sh - the verbs-transport tests on a real SoftRoCE device.
+#
+#   scripts/rxe-tests.sh [--no-pair]
+#
+# Builds the test binaries on the host (release, `cargo test --no-run`), then
+#  1. one VM boot (scripts/rxe-vm.sh) runs every `ib` test: ccl's allreduce over ib with
+#     threads as ranks (2 and 4 ranks, 1 and 4 QPs, every dtype and op, counts 0/1/7/1M+3 and
+#     64 MiB, in and out of place, a peer that goes away), ccl-bench's multi-process ones
+#     (--np runs with -c 1, SIGKILL of a rank mid-collective) and ccl-ibverbs' endpoint tests;
+#  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
+#     run a checked allreduce over rxe between the two "hosts".
+# On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
+# CCL_RXE_TESTS_DIRECT=1 to run step 1 without a VM.
+# Ends with "rxe-tests: N passed, M failed"; exit status 0 when everything passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+PAIR=1
+for a in "$@"; do
+  case "$a" in
+    --no-pair) PAIR=0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "rxe-tests: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+log() { echo "[rxe-tests] $*" >&2; }
+
+mkdir -p target/rxe-tests
+LIST=target/rxe-tests/bins
+log "building test binaries (release)"
+if ! cargo test --release --no-run -p ccl -p ccl-bench -p ccl-ibverbs --message-format=json 2>target/rxe-tests/build.log \
+  | python3 -c '
+import sys, json
+for l in sys.stdin:
+    try:
+        m = json.loads(l)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        t = m["target"]
+        print(t["name"], t["kind"][0], m["executable"])
+' > "$LIST"; then
+  cat target/rxe-tests/build.log >&2
+  log "build failed"
+  exit 1
+fi
+cargo build --release -q -p ccl-bench || exit 1
+
+# The guest part: run the ib tests of each binary, one test at a time (the VM has 2 vCPUs).
+cat > target/rxe-tests/guest.sh <<'GUEST'
+#!/usr/bin/env bash
+set -u
+pass=0 fail=0
+run() {
+  local name=$1; shift
+  echo "== $name"
+  local t0=$(date +%s)
+  if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAILED: $name"; fi
+  echo "== $name: $(( $(date +%s) - t0 )) s"
+}
+while read -r name kind exe; do
+  case "$name/$kind" in
+    ib/test) run "$name ($exe)" "$exe" --test-threads=1 ;;
+    endpoint/test) run "$name" "$exe" --test-threads=1 ;;
+  esac
+done < target/rxe-tests/bins
+echo "guest: $pass passed, $fail failed"
+[ "$fail" = 0 ]
+GUEST
+chmod +x target/rxe-tests/guest.sh
+
+pass=0 fail=0
+t0=$(date +%s)
+if [ "${CCL_RXE_TESTS_DIRECT:-0}" = 1 ]; then
+  target/rxe-tests/guest.sh
+else
+  CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm.sh target/rxe-tests/guest.sh
+fi
+if [ $? = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+log "single-VM tests: $(( $(date +%s) - t0 )) s"
+
+if [ "$PAIR" = 1 ]; then
+  t0=$(date +%s)
+  # Rank 0 (the rendezvous root) in VM B, rank 1 in VM A; A's bootstrap retries until B is up.
+  cmd='export CCL_WORLD_SIZE=2 CCL_COMM_ID=192.0.2.2:29555 CCL_SECRET=rxe-pair CCL_TRANSPORT=ib \
+         CCL_SOCKET_IFNAME="=$RXE_NETDEV" CCL_TIMEOUT=120 CCL_DEBUG=info;
+       if [ "$RXE_ROLE" = b ]; then export CCL_RANK=0; else export CCL_RANK=1; fi;
+       timeout 240 target/release/ccl-bench allreduce -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 > $TMPDIR/out 2> $TMPDIR/err;
+       rc=$?; grep -v "is not a ccl setting" $TMPDIR/err | grep -E "ERROR|error|ready|verbs" ; cat $TMPDIR/out;
+       if [ "$CCL_RANK" = 0 ]; then grep -q "Out of bounds values : 0 OK" $TMPDIR/out || rc=1; fi; exit $rc'
+  if CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-600} scripts/rxe-vm-pair.sh "$cmd" "$cmd"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1)); log "two-VM allreduce FAILED"
+  fi
+  log "two-VM allreduce: $(( $(date +%s) - t0 )) s"
+fi
+echo "rxe-tests: $pass passed, $fail failed"
+[ "$fail" = 0 ]
