@@ -123,3 +123,102 @@ fn killing_a_rank_fails_every_survivor_naming_it() {
         report[report.len() - 1]
     );
 }
+
+/// A rank stopped with SIGSTOP during a run: the others time out (or hear that one did), each
+/// writes its flight recorder, and `ccl-trace` on those dumps names the stopped rank.
+#[test]
+fn a_stopped_rank_is_named_by_the_trace_analysis() {
+    let n = 4;
+    let victim = 2;
+    let dir = std::env::temp_dir().join(format!("ccl-trace-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = free_port();
+    let mut kids: Vec<Child> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(BIN);
+            for (k, _) in std::env::vars() {
+                if k.starts_with("CCL_") {
+                    c.env_remove(k);
+                }
+            }
+            c.args([
+                "allreduce",
+                "-b",
+                "4M",
+                "-e",
+                "4M",
+                "-n",
+                "100000",
+                "-w",
+                "0",
+                "-c",
+                "0",
+                "--transport",
+                "tcp",
+            ])
+            .env("CCL_RANK", r.to_string())
+            .env("CCL_WORLD_SIZE", n.to_string())
+            .env("CCL_COMM_ID", format!("127.0.0.1:{port}"))
+            .env("CCL_SOCKET_IFNAME", "=lo")
+            .env("CCL_TIMEOUT", "3")
+            .env("CCL_TRACE_DIR", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = nix::unistd::Pid::from_raw(kids[victim].id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let t0 = Instant::now();
+    for (r, kid) in kids.iter_mut().enumerate() {
+        if r == victim {
+            continue;
+        }
+        loop {
+            if kid.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "rank {r} did not give up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = kids[victim].kill();
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    let _ = kids[victim].wait();
+    let trace = env!("CARGO_BIN_EXE_ccl-trace");
+    let o = Command::new(trace).arg(&dir).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains(&format!("no dump from rank(s) {victim}")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("=> the job waits for rank(s) {victim}")),
+        "{out}"
+    );
+    // Every dump is well-formed JSON naming its rank.
+    for r in (0..n).filter(|&r| r != victim) {
+        let f = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(&format!("-r{r}.json")))
+            .unwrap_or_else(|| panic!("no dump from rank {r}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        assert_eq!(v["rank"], r);
+        assert!(!v["entries"].as_array().unwrap().is_empty());
+    }
+    eprintln!("{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
