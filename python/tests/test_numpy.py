@@ -184,3 +184,43 @@ def test_version_and_library():
     assert ccl.version() == 100
     assert ccl.library_path().endswith("libccl.so")
     assert len(ccl.get_unique_id()) == 128
+
+
+FROM_ENV = """
+import numpy as np, ccl
+comm = ccl.Communicator.from_env()
+x = np.full(8, comm.rank + 1, np.int64)
+comm.all_reduce(x)
+assert (x == comm.size * (comm.size + 1) // 2).all(), x
+print("rank", comm.rank, "of", comm.size, "ok")
+comm.destroy()
+"""
+
+
+def test_from_env_with_launcher_variables():
+    """What torchrun or mpirun would set: rank, size and where rank 0 runs the rendezvous."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(2):
+        env = dict(
+            os.environ,
+            CCL_RANK=str(r),
+            CCL_WORLD_SIZE="2",
+            CCL_COMM_ID=f"127.0.0.1:{port}",
+            CCL_SOCKET_IFNAME="=lo",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", FROM_ENV], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "rank 1 of 2 ok" in outs[1]
