@@ -191,6 +191,11 @@ pub(crate) fn bytes_of(count: usize, dtype: DataType, what: &str) -> Result<usiz
         })
 }
 
+/// `base + k * block`, unless that overflows.
+fn offset(base: usize, k: usize, block: usize) -> Option<usize> {
+    k.checked_mul(block).and_then(|o| base.checked_add(o))
+}
+
 fn overlaps(a: usize, alen: usize, b: usize, blen: usize) -> bool {
     alen > 0 && blen > 0 && a < b + blen && b < a + alen
 }
@@ -243,8 +248,8 @@ pub(crate) fn prepare(
     // NCCL's in-place forms. A non-root rank's sendbuff of broadcast is never read, so it runs
     // in place whatever it passed.
     let in_place = match coll {
-        Collective::AllGather => sb > 0 && r.checked_add(rank * sb) == Some(s),
-        Collective::ReduceScatter => rb > 0 && s.checked_add(rank * rb) == Some(r),
+        Collective::AllGather => sb > 0 && offset(r, rank, sb) == Some(s),
+        Collective::ReduceScatter => rb > 0 && offset(s, rank, rb) == Some(r),
         Collective::Broadcast if !is_root => true,
         _ => s == r,
     } && (sb > 0 || rb > 0);
@@ -255,6 +260,11 @@ pub(crate) fn prepare(
             Collective::ReduceScatter => ("sendbuff", s, sb),
             _ => ("recvbuff", r, rb),
         };
+        if p == 0 {
+            return Err(Fail::arg(format!(
+                "sendbuff and recvbuff are NULL (in place) but {len} bytes are needed"
+            )));
+        }
         check_region(name, p, len)?;
         // SAFETY: `check_region` found the range non-NULL and not wrapping, `bytes_of` bounded
         // it by `isize::MAX`, and the header's contract makes the caller's buffer valid and
@@ -306,6 +316,8 @@ pub(crate) fn prepare(
         })?;
         v.resize(rb, 0);
         OutBuf::Ours(v)
+    } else if rb == 0 {
+        OutBuf::Ours(Vec::new())
     } else {
         // SAFETY: as for the send buffer, and the header makes recvbuff writable; the ranges
         // do not overlap, so the shared and the mutable slice never alias.

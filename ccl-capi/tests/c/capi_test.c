@@ -427,6 +427,9 @@ static void test_errors(cclComm_t comm, int rank, int n) {
   FAILS(cclReduceScatter(buf, buf2, 1, cclFloat, (cclRedOp_t)-1, comm), cclInvalidArgument, "op -1");
   FAILS(cclAllReduce(NULL, buf2, 4, cclFloat, cclSum, comm), cclInvalidArgument, "sendbuff is NULL");
   FAILS(cclAllReduce(buf, NULL, 4, cclFloat, cclSum, comm), cclInvalidArgument, "recvbuff is NULL");
+  FAILS(cclAllReduce(NULL, NULL, 4, cclFloat, cclSum, comm), cclInvalidArgument,
+        "sendbuff and recvbuff are NULL");
+  FAILS(cclReduce(NULL, NULL, 4, cclFloat, cclSum, 0, comm), cclInvalidArgument, "are NULL");
   FAILS(cclAllReduce(buf, buf2, SIZE_MAX, cclFloat, cclSum, comm), cclInvalidArgument, "larger than any buffer");
   if (n > 1) FAILS(cclAllGather(buf, buf2, SIZE_MAX / 2 + 1, cclInt8, comm), cclInvalidArgument, "overflow");
   FAILS(cclAllReduce((void*)(uintptr_t)(UINTPTR_MAX - 8), buf2, 4, cclFloat, cclSum, comm),

@@ -10,19 +10,42 @@ pub fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Where cargo put `libccl.so` and `libccl.a` for this build: next to the test executable.
+/// The directory of `libccl.so` and `libccl.a` for this test's profile, built up to date.
+///
+/// Cargo builds a `cdylib`/`staticlib`-only crate's library for its own unit tests but not for
+/// integration tests, so this builds it (a no-op when it is fresh). `--workspace --lib` resolves
+/// features as `cargo build --workspace` does, so it shares that build's artifacts.
 pub fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps directory").to_path_buf();
-    for d in [
-        deps.clone(),
-        deps.parent().expect("profile directory").to_path_buf(),
-    ] {
-        if d.join("libccl.so").exists() {
-            return d;
-        }
-    }
-    panic!("libccl.so not found next to {}", exe.display());
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test executable path");
+            let profile_dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("target/<profile>/deps")
+                .to_path_buf();
+            let profile = profile_dir
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let mut cmd = Command::new(env!("CARGO"));
+            cmd.args(["build", "--workspace", "--lib", "--quiet"])
+                .current_dir(crate_dir());
+            if profile != "debug" {
+                cmd.args(["--profile", &profile]);
+            }
+            let st = cmd.status().expect("run cargo build");
+            assert!(st.success(), "building libccl failed");
+            assert!(
+                profile_dir.join("libccl.so").exists(),
+                "libccl.so not in {}",
+                profile_dir.display()
+            );
+            profile_dir
+        })
+        .clone()
 }
 
 /// The C compiler: `$CC` or `cc`.
