@@ -114,7 +114,8 @@ const char* cclGetLastError(cclComm_t comm);
 
 /* Creates a unique id and starts its rendezvous in this process, which must stay alive until
  * every rank has joined. The root listens on CCL_SOCKET_IFNAME (default: the first non-loopback
- * interface; set CCL_SOCKET_IFNAME==lo for a job on one host). Pass the id to every rank. */
+ * interface; CCL_SOCKET_IFNAME="=lo" keeps a job on one host on loopback). Pass the id to every
+ * rank. */
 cclResult_t cclGetUniqueId(cclUniqueId* uniqueId);
 
 /* Joins the communicator of commId as rank of nranks; blocks until every rank has joined
