@@ -81,7 +81,10 @@ pub fn parse_subsys(spec: &str) -> u32 {
             mask = u32::MAX;
             continue;
         }
-        match Subsys::ALL.iter().find(|s| s.name().eq_ignore_ascii_case(name)) {
+        match Subsys::ALL
+            .iter()
+            .find(|s| s.name().eq_ignore_ascii_case(name))
+        {
             Some(s) => mask |= 1 << (*s as u32),
             None => eprintln!(
                 "ccl: CCL_DEBUG_SUBSYS: unknown subsystem '{name}' (known: all, init, bootstrap, net, coll, topo)"
@@ -176,10 +179,16 @@ fn sink() -> &'static Mutex<Option<File>> {
             .filter(|p| !p.trim().is_empty())
             .and_then(|p| {
                 let path = expand_path(p.trim());
-                match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+                match std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                {
                     Ok(f) => Some(f),
                     Err(e) => {
-                        eprintln!("ccl: CCL_DEBUG_FILE: cannot open {path}: {e}; logging to stderr");
+                        eprintln!(
+                            "ccl: CCL_DEBUG_FILE: cannot open {path}: {e}; logging to stderr"
+                        );
                         None
                     }
                 }
