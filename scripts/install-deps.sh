@@ -20,10 +20,11 @@ fi
 pkgs=(gcc pkg-config)
 case "$what" in
   build) ;;
-  # binutils: nm checks libccl.so's exports; iproute2 and util-linux: the Python tests run in
-  # a loopback-only network namespace; python3-venv unless a Python with venv is already there.
+  # binutils: nm checks libccl.so's exports; g++: the header compiles as C++; iproute2 and
+  # util-linux: the Python tests run in a loopback-only network namespace; python3-venv unless a
+  # Python with venv is already there.
   test)
-    pkgs+=(procps binutils iproute2 util-linux)
+    pkgs+=(procps binutils g++ iproute2 util-linux)
     if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
       pkgs+=(python3 python3-venv python3-pip)
     fi

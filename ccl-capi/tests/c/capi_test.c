@@ -5,6 +5,7 @@
  *                         type and operator, groups, non-blocking calls, split, abort, and every
  *                         argument error (NULL pointers, bad counts and enums, use after destroy)
  *   capi_test threads N   N ranks as threads of one process, one communicator each
+ *   capi_test abort 2     cclCommAbort from one thread ends a collective blocked on another
  *
  * Exits 0 when every check passed; prints the failed checks and "N passed, N failed".
  * Run with CCL_SOCKET_IFNAME==lo so everything stays on loopback.
@@ -642,6 +643,59 @@ static int threads(int n) {
   return failed == 0 ? 0 : 1;
 }
 
+/* ---- abort from another thread ---- */
+
+struct aarg {
+  int rank;
+  cclUniqueId id;
+  cclComm_t comm;
+  cclResult_t res;
+  char msg[512];
+};
+
+static void* abort_rank(void* p) {
+  struct aarg* a = p;
+  cclComm_t comm = NULL;
+  a->res = cclCommInitRank(&comm, 2, a->id, a->rank);
+  __atomic_store_n(&a->comm, comm, __ATOMIC_RELEASE);
+  if (a->res != cclSuccess || a->rank == 1) return NULL;
+  /* Rank 1 never joins this allreduce: only an abort can end it. */
+  float x[256] = {0};
+  a->res = cclAllReduce(x, x, 256, cclFloat, cclSum, a->comm);
+  snprintf(a->msg, sizeof a->msg, "%s", cclGetLastError(NULL));
+  return NULL;
+}
+
+/* A collective blocked on one thread ends at once when another thread aborts its
+ * communicator, with an error saying so; the handle is gone afterwards. */
+static int aborts(void) {
+  g_rank = 0;
+  struct aarg a[2];
+  pthread_t t[2];
+  cclUniqueId id;
+  OK(cclGetUniqueId(&id));
+  for (int r = 0; r < 2; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    a[r].rank = r;
+    a[r].id = id;
+    pthread_create(&t[r], NULL, abort_rank, &a[r]);
+  }
+  pthread_join(t[1], NULL);
+  OK(a[1].res);
+  /* Rank 0 is initialized, then enters the allreduce. */
+  while (__atomic_load_n(&a[0].comm, __ATOMIC_ACQUIRE) == NULL) usleep(1000);
+  usleep(300 * 1000);
+  OK(cclCommAbort(a[0].comm));
+  pthread_join(t[0], NULL);
+  CHECK(a[0].res == cclInvalidUsage && strstr(a[0].msg, "abort") != NULL,
+        "allreduce during abort -> %d (%s)", (int)a[0].res, a[0].msg);
+  float x[4] = {0};
+  FAILS(cclAllReduce(x, x, 4, cclFloat, cclSum, a[0].comm), cclInvalidUsage, "destroyed");
+  OK(cclCommDestroy(a[1].comm));
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc != 3 || atoi(argv[2]) < 1 || atoi(argv[2]) > 64) {
     fprintf(stderr, "usage: %s procs|threads N (1..64)\n", argv[0]);
@@ -651,6 +705,10 @@ int main(int argc, char** argv) {
   int n = atoi(argv[2]);
   if (strcmp(argv[1], "procs") == 0) return procs(n);
   if (strcmp(argv[1], "threads") == 0) return threads(n);
+  if (strcmp(argv[1], "abort") == 0) {
+    alarm(120);
+    return aborts();
+  }
   fprintf(stderr, "unknown mode %s\n", argv[1]);
   return 2;
 }
