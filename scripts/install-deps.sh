@@ -23,7 +23,16 @@ fi
 pkgs=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev)
 case "$what" in
   build) ;;
-  test) pkgs+=(procps rdma-core ibverbs-providers ibverbs-utils python3) ;;
+  # binutils: nm checks libccl.so's exports; g++: the header compiles as C++; iproute2 and
+  # util-linux: the Python tests run in a loopback-only network namespace; rdma-core and the
+  # providers: the verbs tests (in the SoftRoCE VM); python3-venv unless a Python with venv is
+  # already there.
+  test)
+    pkgs+=(procps binutils g++ iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils)
+    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      pkgs+=(python3 python3-venv python3-pip)
+    fi
+    ;;
   *) log "unknown mode '$what' (build|test)"; exit 2 ;;
 esac
 

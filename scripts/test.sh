@@ -1,9 +1,31 @@
 #!/usr/bin/env bash
-# The whole test suite: unit, in-process multi-rank, and multi-process tests, installing what
-# they need first. Release mode: the tests move hundreds of megabytes.
+# The whole test suite: unit, in-process multi-rank, and multi-process tests (the C ABI through
+# the header from C, the Rust training example), then the Python package, the torch.distributed
+# backend and DDP under torchrun; installing what they need first. Release mode: the tests move
+# hundreds of megabytes.
+#
+#   CCL_SKIP_PYTHON=1   skip the Python part (it installs PyTorch, several GB, into CCL_VENV)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh test
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
 echo "== cargo test (workspace, release)"
 cargo test --release --workspace
+
+if [ "${CCL_SKIP_PYTHON:-0}" = 1 ]; then
+  echo "== python tests skipped (CCL_SKIP_PYTHON=1)"
+  exit 0
+fi
+echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun)"
+cargo build --release --workspace
+venv=$(CCL_LIBRARY="$PWD/target/release/libccl.so" scripts/python-setup.sh | tail -n 1)
+# Tests talk to loopback only. torch's TCP store (torchrun's) resolves addresses by name, so
+# where possible the Python tests run in a network namespace of their own that has nothing but
+# loopback: no lookup or packet can leave the machine.
+if unshare --net true 2>/dev/null && command -v ip >/dev/null 2>&1; then
+  echo "(in a private network namespace: loopback only)"
+  unshare --net sh -c 'ip link set lo up && exec "$@"' sh "$venv/bin/pytest" -q python/tests
+else
+  echo "(no network namespace available; the tests use loopback addresses only)"
+  "$venv/bin/pytest" -q python/tests
+fi

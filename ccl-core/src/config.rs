@@ -194,6 +194,28 @@ pub const SETTINGS: &[Setting] = &[
         default: "256K",
         help: "bytes per staging slot, the largest piece one RDMA write carries (4K-8M)",
     },
+    // Read by the Python package and the scripts, not by the library; listed so that setting
+    // them draws no unknown-variable warning.
+    Setting {
+        name: "CCL_LIBRARY",
+        default: "",
+        help: "Python package: the libccl.so to load (and to ship, when installing)",
+    },
+    Setting {
+        name: "CCL_VENV",
+        default: "",
+        help: "scripts: the Python venv the tests use (default ~/.cache/ccl/venv)",
+    },
+    Setting {
+        name: "CCL_TORCH",
+        default: "",
+        help: "scripts: the torch requirement installed into the venv ('none' skips torch)",
+    },
+    Setting {
+        name: "CCL_SKIP_PYTHON",
+        default: "",
+        help: "scripts/test.sh: 1 skips the Python tests",
+    },
 ];
 
 /// Log verbosity (`CCL_DEBUG`).

@@ -1,0 +1,244 @@
+/*
+ * ccl.h: the C interface of ccl, a collective-communication library for host memory.
+ *
+ * Shaped like NCCL's nccl.h, so code written for NCCL ports by renaming (nccl -> ccl, NCCL ->
+ * CCL) and dropping the CUDA stream argument: buffers are ordinary host memory and blocking
+ * calls return when the operation is complete on this rank. Link with -lccl (libccl.so or
+ * libccl.a; the static library also needs -lpthread -ldl -lm).
+ *
+ * Every function checks its arguments and never lets a failure cross into the caller: NULL
+ * pointers where a pointer is needed, counts whose buffers would not fit the address space,
+ * values outside the enums, unknown, destroyed or forged communicator and request handles, and
+ * any internal failure come back as a result code, with a message from cclGetLastError().
+ * Pointers that are not NULL must point to memory of the documented size; that cannot be
+ * checked.
+ *
+ * Threads: every function may be called from any thread. A communicator may be used by several
+ * threads; its operations run in the order they were issued on this rank, and every rank must
+ * issue the same collectives in the same order (as with NCCL and MPI).
+ *
+ * The header matches the library's exports; a test in the repository compares the two.
+ */
+#ifndef CCL_H_
+#define CCL_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CCL_MAJOR 0
+#define CCL_MINOR 1
+#define CCL_PATCH 0
+/* NCCL's encoding: cclGetVersion() reports CCL_VERSION_CODE. */
+#define CCL_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define CCL_VERSION_CODE CCL_VERSION(CCL_MAJOR, CCL_MINOR, CCL_PATCH)
+
+/* A communicator: an opaque handle, NULL when there is none. */
+typedef struct cclComm* cclComm_t;
+/* A non-blocking operation in flight: an opaque handle, finished by cclWait or cclTest. */
+typedef struct cclRequest* cclRequest_t;
+/* Reserved for communicator settings; pass NULL (settings come from CCL_* variables). */
+typedef struct cclConfig cclConfig_t;
+
+/* cclCommSplit color of a rank that joins no new communicator. */
+#define CCL_SPLIT_NOCOLOR -1
+
+#define CCL_UNIQUE_ID_BYTES 128
+/* The token every rank of a communicator passes to cclCommInitRank. */
+typedef struct {
+  char internal[CCL_UNIQUE_ID_BYTES];
+} cclUniqueId;
+
+/* Result codes, numbered as NCCL's ncclResult_t (1, NCCL's CUDA error, is not used). */
+typedef enum {
+  cclSuccess = 0,
+  cclSystemError = 2,     /* an operating-system call failed (socket, memory, thread) */
+  cclInternalError = 3,   /* a bug in ccl */
+  cclInvalidArgument = 4, /* a value passed was out of range, NULL or malformed */
+  cclInvalidUsage = 5,    /* the call is not allowed now (destroyed handle, failed or aborted
+                             communicator, group misuse) */
+  cclRemoteError = 6,     /* a peer failed, closed its connection or broke the protocol */
+  cclInProgress = 7,      /* reserved (NCCL's non-blocking initialization) */
+  cclTimeout = 8,         /* a wait passed its deadline (CCL_TIMEOUT without progress) */
+  cclNumResults = 9
+} cclResult_t;
+
+/* Element types, numbered as NCCL's ncclDataType_t. */
+typedef enum {
+  cclInt8 = 0,
+  cclChar = 0,
+  cclUint8 = 1,
+  cclInt32 = 2,
+  cclInt = 2,
+  cclUint32 = 3,
+  cclInt64 = 4,
+  cclUint64 = 5,
+  cclFloat16 = 6,
+  cclHalf = 6,
+  cclFloat32 = 7,
+  cclFloat = 7,
+  cclFloat64 = 8,
+  cclDouble = 8,
+  cclBfloat16 = 9,
+  cclNumTypes = 10
+} cclDataType_t;
+
+/* Reduction operators, numbered as NCCL's ncclRedOp_t. Integer sum and product wrap; avg is
+ * the sum divided by the number of ranks (integers truncate toward zero). */
+typedef enum {
+  cclSum = 0,
+  cclProd = 1,
+  cclMax = 2,
+  cclMin = 3,
+  cclAvg = 4,
+  cclNumOps = 5
+} cclRedOp_t;
+
+/* ---- Library and errors ---------------------------------------------------------------- */
+
+/* Writes CCL_VERSION_CODE of the library (which may differ from this header's). */
+cclResult_t cclGetVersion(int* version);
+
+/* A static description of a result code. */
+const char* cclGetErrorString(cclResult_t result);
+
+/* The message of the last failed call on this thread, naming the function and what was wrong
+ * (for instance "cclAllReduce: invalid argument: datatype 42 is not a cclDataType_t"); "" if
+ * none failed yet. Successful calls leave it alone. The string stays valid until the next
+ * failing call on this thread. comm is ignored and may be NULL (NCCL's signature). */
+const char* cclGetLastError(cclComm_t comm);
+
+/* ---- Communicators --------------------------------------------------------------------- */
+
+/* Creates a unique id and starts its rendezvous in this process, which must stay alive until
+ * every rank has joined. The root listens on CCL_SOCKET_IFNAME (default: the first non-loopback
+ * interface; CCL_SOCKET_IFNAME="=lo" keeps a job on one host on loopback). Pass the id to every
+ * rank. */
+cclResult_t cclGetUniqueId(cclUniqueId* uniqueId);
+
+/* Joins the communicator of commId as rank of nranks; blocks until every rank has joined
+ * (or CCL_TIMEOUT passes). Settings come from CCL_* environment variables. */
+cclResult_t cclCommInitRank(cclComm_t* comm, int nranks, cclUniqueId commId, int rank);
+
+/* Joins the job described by launcher variables (torchrun, mpirun, srun or CCL_RANK,
+ * CCL_WORLD_SIZE and CCL_UNIQUE_ID / CCL_COMM_ID / MASTER_ADDR). */
+cclResult_t cclCommInitFromEnv(cclComm_t* comm);
+
+/* Collective over comm: ranks with the same color form a new communicator, ordered by key then
+ * by their rank in comm. A rank passing CCL_SPLIT_NOCOLOR takes part and gets *newcomm = NULL.
+ * config must be NULL. */
+cclResult_t cclCommSplit(cclComm_t comm, int color, int key, cclComm_t* newcomm,
+                         cclConfig_t* config);
+
+/* Finishes the operations already issued on comm, then frees it. The handle is invalid
+ * afterwards: later calls with it return cclInvalidUsage. */
+cclResult_t cclCommDestroy(cclComm_t comm);
+
+/* Fails comm at once, ending every wait on it (also on other threads), then frees it. */
+cclResult_t cclCommAbort(cclComm_t comm);
+
+/* The error comm has failed with (sticky: every later operation returns it), or cclSuccess. */
+cclResult_t cclCommGetAsyncError(cclComm_t comm, cclResult_t* asyncError);
+
+/* Number of ranks of comm. */
+cclResult_t cclCommCount(const cclComm_t comm, int* count);
+
+/* This process's rank in comm. */
+cclResult_t cclCommUserRank(const cclComm_t comm, int* rank);
+
+/* ---- Collectives ------------------------------------------------------------------------
+ *
+ * Counts are in elements, as in NCCL. In place when sendbuff == recvbuff, except: allgather is
+ * in place when sendbuff == recvbuff + rank * sendcount * size, reduce-scatter when
+ * recvbuff == sendbuff + rank * recvcount * size. Any other overlap of the send and receive
+ * buffers is cclInvalidArgument. Buffers may be NULL when their size is 0. */
+
+/* recvbuff[i] = op over ranks of sendbuff[i], count elements, on every rank. */
+cclResult_t cclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                         cclDataType_t datatype, cclRedOp_t op, cclComm_t comm);
+
+/* Copies count elements from root's sendbuff to every rank's recvbuff (sendbuff is read on
+ * root only; other ranks may pass NULL). */
+cclResult_t cclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                         cclDataType_t datatype, int root, cclComm_t comm);
+
+/* Reduces every rank's sendbuff into root's recvbuff (recvbuff is written on root only; other
+ * ranks may pass NULL). */
+cclResult_t cclReduce(const void* sendbuff, void* recvbuff, size_t count, cclDataType_t datatype,
+                      cclRedOp_t op, int root, cclComm_t comm);
+
+/* recvbuff (nranks * sendcount elements) receives every rank's sendbuff, in rank order. */
+cclResult_t cclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                         cclDataType_t datatype, cclComm_t comm);
+
+/* Rank r's recvbuff (recvcount elements) receives the reduction of block r of every rank's
+ * sendbuff (nranks * recvcount elements). */
+cclResult_t cclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                             cclDataType_t datatype, cclRedOp_t op, cclComm_t comm);
+
+/* Block k (count elements) of sendbuff goes to block rank of rank k's recvbuff; both buffers
+ * hold nranks * count elements. */
+cclResult_t cclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                        cclDataType_t datatype, cclComm_t comm);
+
+/* Returns once every rank of comm has called it. */
+cclResult_t cclBarrier(cclComm_t comm);
+
+/* ---- Point to point and groups ----------------------------------------------------------
+ *
+ * Between cclGroupStart and cclGroupEnd (on this thread; groups nest) operations are recorded
+ * and run together at the outermost cclGroupEnd: all sends and receives of a group on a
+ * communicator run as one exchange, so patterns such as "send right, receive left" cannot
+ * deadlock; collectives recorded in a group run first, in order. Buffers must stay valid until
+ * cclGroupEnd returns. Arguments are checked when an operation is recorded; failures of the
+ * exchange come from cclGroupEnd. Sends and receives with the same peer match in order, and a
+ * receive must have the byte length of its send. */
+
+cclResult_t cclSend(const void* sendbuff, size_t count, cclDataType_t datatype, int peer,
+                    cclComm_t comm);
+cclResult_t cclRecv(void* recvbuff, size_t count, cclDataType_t datatype, int peer,
+                    cclComm_t comm);
+cclResult_t cclGroupStart(void);
+cclResult_t cclGroupEnd(void);
+
+/* ---- Non-blocking collectives -----------------------------------------------------------
+ *
+ * Same arguments as the blocking forms plus request, which receives a handle. The operation
+ * runs in the background, in issue order with every other operation on comm. THE BUFFERS MUST
+ * STAY VALID AND UNTOUCHED until cclWait returns or cclTest reports done. Argument errors are
+ * returned at once (and *request is NULL); failures of the operation come from cclWait or
+ * cclTest. Not allowed inside a group. */
+
+cclResult_t cclAllReduceAsync(const void* sendbuff, void* recvbuff, size_t count,
+                              cclDataType_t datatype, cclRedOp_t op, cclComm_t comm,
+                              cclRequest_t* request);
+cclResult_t cclBroadcastAsync(const void* sendbuff, void* recvbuff, size_t count,
+                              cclDataType_t datatype, int root, cclComm_t comm,
+                              cclRequest_t* request);
+cclResult_t cclReduceAsync(const void* sendbuff, void* recvbuff, size_t count,
+                           cclDataType_t datatype, cclRedOp_t op, int root, cclComm_t comm,
+                           cclRequest_t* request);
+cclResult_t cclAllGatherAsync(const void* sendbuff, void* recvbuff, size_t sendcount,
+                              cclDataType_t datatype, cclComm_t comm, cclRequest_t* request);
+cclResult_t cclReduceScatterAsync(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                  cclDataType_t datatype, cclRedOp_t op, cclComm_t comm,
+                                  cclRequest_t* request);
+cclResult_t cclAlltoAllAsync(const void* sendbuff, void* recvbuff, size_t count,
+                             cclDataType_t datatype, cclComm_t comm, cclRequest_t* request);
+cclResult_t cclBarrierAsync(cclComm_t comm, cclRequest_t* request);
+
+/* Sets *done to 1 if the operation has finished, else 0. When done, the request is released
+ * (the handle becomes invalid) and the operation's result is returned. */
+cclResult_t cclTest(cclRequest_t request, int* done);
+
+/* Waits for the operation, releases the request and returns the operation's result. Every
+ * wait ends: operations fail at their deadline (CCL_TIMEOUT without progress) or on abort. */
+cclResult_t cclWait(cclRequest_t request);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CCL_H_ */

@@ -1,0 +1,335 @@
+//! Caller buffers: checking pointers, counts and enums against NCCL's rules, and wrapping the
+//! memory for the safe API.
+
+use std::ffi::{c_int, c_void};
+
+use ccl::{Collective, Communicator, DataType, ReduceOp};
+
+use crate::error::Fail;
+
+/// Caller memory read by an operation.
+#[derive(Debug)]
+pub(crate) struct RawIn {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a `RawIn` is only read, and the caller promised (header) that the memory stays valid
+// and unchanged until the operation completes, whichever thread runs it.
+unsafe impl Send for RawIn {}
+
+impl RawIn {
+    /// An empty buffer (a count of 0 needs no memory).
+    pub fn empty() -> RawIn {
+        RawIn {
+            ptr: std::ptr::null(),
+            len: 0,
+        }
+    }
+
+    /// # Safety
+    /// `ptr` is non-NULL and valid for reads of `len` bytes that nothing writes, and `len` is at
+    /// most `isize::MAX`, for as long as the returned value is used.
+    pub unsafe fn new(ptr: *const u8, len: usize) -> RawIn {
+        RawIn { ptr, len }
+    }
+}
+
+impl AsRef<[u8]> for RawIn {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY:
+        // - `len > 0`, so `new` made this value, whose contract is that `ptr` is non-NULL and
+        //   valid for reads of `len <= isize::MAX` bytes, unchanged, while it is used.
+        // - `u8` has no alignment or validity requirements.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Caller memory written by an operation.
+#[derive(Debug)]
+pub(crate) struct RawOut {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the caller promised (header) that the memory stays valid, and is used by nothing else,
+// until the operation completes, whichever thread runs it.
+unsafe impl Send for RawOut {}
+
+impl RawOut {
+    /// # Safety
+    /// `ptr` is non-NULL and valid for reads and writes of `len` bytes that nothing else
+    /// accesses, and `len` is at most `isize::MAX`, for as long as the returned value is used.
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> RawOut {
+        RawOut { ptr, len }
+    }
+}
+
+/// Where an operation writes: caller memory, or a buffer of ours for results nobody reads (a
+/// non-root rank's `recvbuff` of reduce, which NCCL lets be NULL).
+#[derive(Debug)]
+pub(crate) enum OutBuf {
+    Raw(RawOut),
+    Ours(Vec<u8>),
+}
+
+impl AsMut<[u8]> for OutBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        match self {
+            OutBuf::Ours(v) => v,
+            OutBuf::Raw(r) if r.len == 0 => &mut [],
+            OutBuf::Raw(r) => {
+                // SAFETY:
+                // - `len > 0`, so `RawOut::new` made this value: `ptr` is non-NULL and valid for
+                //   reads and writes of `len <= isize::MAX` bytes nothing else accesses while it
+                //   is used.
+                // - The `&mut self` borrow makes this the only slice of it at a time.
+                unsafe { std::slice::from_raw_parts_mut(r.ptr, r.len) }
+            }
+        }
+    }
+}
+
+/// A collective's arguments, checked and ready for `Communicator::collective_bytes`.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub coll: Collective,
+    /// `None`: in place.
+    pub send: Option<RawIn>,
+    pub recv: OutBuf,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: usize,
+}
+
+impl Prepared {
+    /// Runs it to completion on the caller's thread.
+    pub fn run(mut self, c: &Communicator) -> Result<(), Fail> {
+        c.collective_bytes(
+            self.coll,
+            self.send.as_ref().map(|s| s.as_ref()),
+            self.recv.as_mut(),
+            self.count,
+            self.dtype,
+            self.op,
+            self.root,
+        )?;
+        Ok(())
+    }
+
+    /// A barrier (no buffers).
+    pub fn barrier() -> Prepared {
+        Prepared {
+            coll: Collective::Barrier,
+            send: None,
+            recv: OutBuf::Ours(Vec::new()),
+            count: 0,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            root: 0,
+        }
+    }
+}
+
+/// Decodes a `cclDataType_t`.
+pub(crate) fn dtype_of(v: c_int) -> Result<DataType, Fail> {
+    u8::try_from(v)
+        .ok()
+        .and_then(DataType::from_u8)
+        .ok_or_else(|| {
+            Fail::arg(format!(
+                "datatype {v} is not a cclDataType_t (0 to {})",
+                DataType::ALL.len() - 1
+            ))
+        })
+}
+
+/// Decodes a `cclRedOp_t`.
+pub(crate) fn op_of(v: c_int) -> Result<ReduceOp, Fail> {
+    u8::try_from(v)
+        .ok()
+        .and_then(ReduceOp::from_u8)
+        .ok_or_else(|| {
+            Fail::arg(format!(
+                "op {v} is not a cclRedOp_t (0 to {})",
+                ReduceOp::ALL.len() - 1
+            ))
+        })
+}
+
+/// Checks that `bytes` at `p` can be memory: not NULL unless empty, not wrapping around.
+pub(crate) fn check_region(name: &str, p: usize, bytes: usize) -> Result<(), Fail> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    if p == 0 {
+        return Err(Fail::arg(format!(
+            "{name} is NULL but {bytes} bytes are needed"
+        )));
+    }
+    if p.checked_add(bytes).is_none() {
+        return Err(Fail::arg(format!(
+            "{name} {p:#x} plus {bytes} bytes runs past the end of the address space"
+        )));
+    }
+    Ok(())
+}
+
+/// `count` elements of `dtype` in bytes, if a buffer that large can exist.
+pub(crate) fn bytes_of(count: usize, dtype: DataType, what: &str) -> Result<usize, Fail> {
+    count
+        .checked_mul(dtype.size())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Fail::arg(format!(
+                "{what} of {count} elements of {dtype} is larger than any buffer can be"
+            ))
+        })
+}
+
+/// `base + k * block`, unless that overflows.
+fn offset(base: usize, k: usize, block: usize) -> Option<usize> {
+    k.checked_mul(block).and_then(|o| base.checked_add(o))
+}
+
+fn overlaps(a: usize, alen: usize, b: usize, blen: usize) -> bool {
+    alen > 0 && blen > 0 && a < b + blen && b < a + alen
+}
+
+/// Checks a collective's arguments on this rank against NCCL's rules and wraps its buffers.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prepare(
+    c: &Communicator,
+    coll: Collective,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: c_int,
+    op: c_int,
+    root: c_int,
+) -> Result<Prepared, Fail> {
+    let (rank, n) = (c.rank(), c.size());
+    let dtype = dtype_of(datatype)?;
+    let op = match coll {
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => op_of(op)?,
+        _ => ReduceOp::Sum,
+    };
+    let root = match coll {
+        Collective::Broadcast | Collective::Reduce => match usize::try_from(root) {
+            Ok(r) if r < n => r,
+            _ => {
+                return Err(Fail::arg(format!(
+                    "root {root} is out of range for {n} ranks"
+                )));
+            }
+        },
+        _ => 0,
+    };
+    let blocks = || {
+        count
+            .checked_mul(n)
+            .ok_or_else(|| Fail::arg(format!("count {count} times {n} ranks overflows a size_t")))
+    };
+    let (send_elems, recv_elems) = match coll {
+        Collective::AllGather => (count, blocks()?),
+        Collective::ReduceScatter => (blocks()?, count),
+        Collective::AllToAll => (blocks()?, blocks()?),
+        _ => (count, count),
+    };
+    let sb = bytes_of(send_elems, dtype, "sendbuff")?;
+    let rb = bytes_of(recv_elems, dtype, "recvbuff")?;
+    let (s, r) = (sendbuff as usize, recvbuff as usize);
+    let is_root = rank == root;
+
+    // NCCL's in-place forms. A non-root rank's sendbuff of broadcast is never read, so it runs
+    // in place whatever it passed.
+    let in_place = match coll {
+        Collective::AllGather => sb > 0 && offset(r, rank, sb) == Some(s),
+        Collective::ReduceScatter => rb > 0 && offset(s, rank, rb) == Some(r),
+        Collective::Broadcast if !is_root => true,
+        _ => s == r,
+    } && (sb > 0 || rb > 0);
+
+    if in_place {
+        // One buffer, the larger of the two: allgather's output, reduce-scatter's input.
+        let (name, p, len) = match coll {
+            Collective::ReduceScatter => ("sendbuff", s, sb),
+            _ => ("recvbuff", r, rb),
+        };
+        if p == 0 {
+            return Err(Fail::arg(format!(
+                "sendbuff and recvbuff are NULL (in place) but {len} bytes are needed"
+            )));
+        }
+        check_region(name, p, len)?;
+        // SAFETY: `check_region` found the range non-NULL and not wrapping, `bytes_of` bounded
+        // it by `isize::MAX`, and the header's contract makes the caller's buffer valid and
+        // writable (it is the receive buffer) and untouched by others until the call completes.
+        let buf = unsafe { RawOut::new(p as *mut u8, len) };
+        return Ok(Prepared {
+            coll,
+            send: None,
+            recv: OutBuf::Raw(buf),
+            count,
+            dtype,
+            op,
+            root,
+        });
+    }
+
+    check_region("sendbuff", s, sb)?;
+    // A non-root rank's recvbuff of reduce is never written; NCCL lets it be NULL.
+    let reduce_leaf = coll == Collective::Reduce && !is_root && r == 0;
+    if !reduce_leaf {
+        check_region("recvbuff", r, rb)?;
+        if overlaps(s, sb, r, rb) {
+            let rule = match coll {
+                Collective::AllGather => "sendbuff == recvbuff + rank * sendcount * size",
+                Collective::ReduceScatter => "recvbuff == sendbuff + rank * recvcount * size",
+                _ => "sendbuff == recvbuff",
+            };
+            return Err(Fail::arg(format!(
+                "sendbuff [{s:#x}, +{sb}) and recvbuff [{r:#x}, +{rb}) overlap, which only the \
+                 in-place form allows ({rule})"
+            )));
+        }
+    }
+    let send = if sb == 0 {
+        RawIn::empty()
+    } else {
+        // SAFETY: `check_region` found the range non-NULL and not wrapping, `bytes_of` bounded
+        // it by `isize::MAX`; the header's contract makes it valid for reads and unchanged until
+        // the call completes; it does not overlap the receive buffer (checked above, or it is
+        // a buffer of ours).
+        unsafe { RawIn::new(s as *const u8, sb) }
+    };
+    let recv = if reduce_leaf {
+        let mut v = Vec::new();
+        v.try_reserve_exact(rb).map_err(|_| {
+            Fail::arg(format!(
+                "cannot allocate {rb} bytes standing in for a NULL recvbuff"
+            ))
+        })?;
+        v.resize(rb, 0);
+        OutBuf::Ours(v)
+    } else if rb == 0 {
+        OutBuf::Ours(Vec::new())
+    } else {
+        // SAFETY: as for the send buffer, and the header makes recvbuff writable; the ranges
+        // do not overlap, so the shared and the mutable slice never alias.
+        OutBuf::Raw(unsafe { RawOut::new(r as *mut u8, rb) })
+    };
+    Ok(Prepared {
+        coll,
+        send: Some(send),
+        recv,
+        count,
+        dtype,
+        op,
+        root,
+    })
+}

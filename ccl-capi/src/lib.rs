@@ -1,0 +1,292 @@
+//! The C ABI of ccl: `libccl.so`, `libccl.a` and `include/ccl.h`, shaped like NCCL's `nccl.h`.
+//!
+//! Every exported function runs inside [`guard`]: arguments are checked before anything is
+//! touched, errors become result codes with a thread-local message ([`cclGetLastError`]), and a
+//! panic is caught and reported as `cclInternalError` instead of unwinding into C.
+//!
+//! Communicators and requests cross the boundary as ids looked up in registries
+//! ([`handles`]), never as pointers to Rust objects, so a destroyed, forged or mixed-up handle is
+//! an error code rather than a use of freed memory.
+
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
+
+use std::ffi::{c_char, c_int};
+
+use ccl::{Communicator, UniqueId};
+
+mod buffers;
+mod colls;
+mod error;
+mod group;
+mod handles;
+
+pub use colls::*;
+pub use group::{cclGroupEnd, cclGroupStart, cclRecv, cclSend};
+
+use error::{Fail, guard, out};
+use handles::{comm_from, remove_comm};
+
+/// `cclResult_t`: NCCL's result codes (`int`-sized, like the C enum).
+pub type cclResult_t = c_int;
+pub const cclSuccess: cclResult_t = 0;
+pub const cclSystemError: cclResult_t = 2;
+pub const cclInternalError: cclResult_t = 3;
+pub const cclInvalidArgument: cclResult_t = 4;
+pub const cclInvalidUsage: cclResult_t = 5;
+pub const cclRemoteError: cclResult_t = 6;
+pub const cclInProgress: cclResult_t = 7;
+pub const cclTimeout: cclResult_t = 8;
+pub const cclNumResults: cclResult_t = 9;
+
+/// `cclDataType_t`: NCCL's numbering. Taken as a plain `int` so any value can be checked.
+pub type cclDataType_t = c_int;
+pub const cclInt8: cclDataType_t = 0;
+pub const cclChar: cclDataType_t = 0;
+pub const cclUint8: cclDataType_t = 1;
+pub const cclInt32: cclDataType_t = 2;
+pub const cclInt: cclDataType_t = 2;
+pub const cclUint32: cclDataType_t = 3;
+pub const cclInt64: cclDataType_t = 4;
+pub const cclUint64: cclDataType_t = 5;
+pub const cclFloat16: cclDataType_t = 6;
+pub const cclHalf: cclDataType_t = 6;
+pub const cclFloat32: cclDataType_t = 7;
+pub const cclFloat: cclDataType_t = 7;
+pub const cclFloat64: cclDataType_t = 8;
+pub const cclDouble: cclDataType_t = 8;
+pub const cclBfloat16: cclDataType_t = 9;
+pub const cclNumTypes: cclDataType_t = 10;
+
+/// `cclRedOp_t`: NCCL's numbering, taken as a plain `int`.
+pub type cclRedOp_t = c_int;
+pub const cclSum: cclRedOp_t = 0;
+pub const cclProd: cclRedOp_t = 1;
+pub const cclMax: cclRedOp_t = 2;
+pub const cclMin: cclRedOp_t = 3;
+pub const cclAvg: cclRedOp_t = 4;
+pub const cclNumOps: cclRedOp_t = 5;
+
+/// `CCL_SPLIT_NOCOLOR`.
+pub const CCL_SPLIT_NOCOLOR: c_int = -1;
+/// `CCL_UNIQUE_ID_BYTES`.
+pub const CCL_UNIQUE_ID_BYTES: usize = ccl_core::bootstrap::UNIQUE_ID_BYTES;
+
+/// `cclUniqueId`: 128 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct cclUniqueId {
+    pub internal: [c_char; CCL_UNIQUE_ID_BYTES],
+}
+
+/// Target of `cclComm_t`; never dereferenced (the handle's value is a registry id).
+#[repr(C)]
+#[derive(Debug)]
+pub struct cclComm {
+    _opaque: [u8; 0],
+}
+/// `cclComm_t`.
+pub type cclComm_t = *mut cclComm;
+
+/// Target of `cclRequest_t`; never dereferenced.
+#[repr(C)]
+#[derive(Debug)]
+pub struct cclRequest {
+    _opaque: [u8; 0],
+}
+/// `cclRequest_t`.
+pub type cclRequest_t = *mut cclRequest;
+
+/// `cclConfig_t`: reserved, only NULL is accepted.
+#[repr(C)]
+#[derive(Debug)]
+pub struct cclConfig_t {
+    _opaque: [u8; 0],
+}
+
+/// The version as NCCL encodes it: `major * 10000 + minor * 100 + patch`.
+pub fn version_code() -> c_int {
+    let p = |s: &str| s.parse::<c_int>().unwrap_or(0);
+    p(env!("CARGO_PKG_VERSION_MAJOR")) * 10000
+        + p(env!("CARGO_PKG_VERSION_MINOR")) * 100
+        + p(env!("CARGO_PKG_VERSION_PATCH"))
+}
+
+/// Writes the library's version code.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclGetVersion(version: *mut c_int) -> cclResult_t {
+    guard("cclGetVersion", || out(version, "version", version_code()))
+}
+
+/// A static description of `result`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclGetErrorString(result: cclResult_t) -> *const c_char {
+    let s: &'static [u8] = match result {
+        cclSuccess => b"no error\0",
+        cclSystemError => b"unhandled system error (socket, memory or thread failure)\0",
+        cclInternalError => b"internal error (a bug in ccl)\0",
+        cclInvalidArgument => b"invalid argument\0",
+        cclInvalidUsage => b"invalid usage\0",
+        cclRemoteError => b"remote process exited or there was a network error\0",
+        cclInProgress => b"operation in progress\0",
+        cclTimeout => b"timeout: a wait passed its deadline\0",
+        _ => b"unknown result code\0",
+    };
+    s.as_ptr().cast()
+}
+
+/// The message of the last failed call on this thread ("" if none).
+#[unsafe(no_mangle)]
+pub extern "C" fn cclGetLastError(_comm: cclComm_t) -> *const c_char {
+    error::last_error_ptr()
+}
+
+/// Creates a unique id (and its rendezvous root in this process).
+#[unsafe(no_mangle)]
+pub extern "C" fn cclGetUniqueId(uniqueId: *mut cclUniqueId) -> cclResult_t {
+    guard("cclGetUniqueId", || {
+        if uniqueId.is_null() {
+            return Err(Fail::arg("uniqueId is NULL"));
+        }
+        let id = UniqueId::new()?;
+        let mut v = cclUniqueId {
+            internal: [0; CCL_UNIQUE_ID_BYTES],
+        };
+        for (d, s) in v.internal.iter_mut().zip(id.as_bytes()) {
+            *d = *s as c_char;
+        }
+        out(uniqueId, "uniqueId", v)
+    })
+}
+
+/// Publishes a new communicator through `comm`.
+fn publish(comm: *mut cclComm_t, name: &str, c: Communicator) -> Result<(), Fail> {
+    let h = handles::insert_comm(c);
+    out(comm, name, h)
+}
+
+/// Joins a communicator by unique id.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommInitRank(
+    comm: *mut cclComm_t,
+    nranks: c_int,
+    commId: cclUniqueId,
+    rank: c_int,
+) -> cclResult_t {
+    guard("cclCommInitRank", || {
+        if comm.is_null() {
+            return Err(Fail::arg("comm is NULL"));
+        }
+        if nranks < 1 {
+            return Err(Fail::arg(format!("nranks is {nranks}, must be at least 1")));
+        }
+        if rank < 0 || rank >= nranks {
+            return Err(Fail::arg(format!(
+                "rank {rank} is out of range for {nranks} ranks"
+            )));
+        }
+        let bytes: Vec<u8> = commId.internal.iter().map(|&c| c as u8).collect();
+        let id = UniqueId::from_bytes(&bytes)?;
+        let c = Communicator::init(&id, rank as usize, nranks as usize)?;
+        publish(comm, "comm", c)
+    })
+}
+
+/// Joins the job described by launcher variables.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommInitFromEnv(comm: *mut cclComm_t) -> cclResult_t {
+    guard("cclCommInitFromEnv", || {
+        if comm.is_null() {
+            return Err(Fail::arg("comm is NULL"));
+        }
+        let c = Communicator::from_env()?;
+        publish(comm, "comm", c)
+    })
+}
+
+/// Splits `comm` by color and key.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommSplit(
+    comm: cclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut cclComm_t,
+    config: *mut cclConfig_t,
+) -> cclResult_t {
+    guard("cclCommSplit", || {
+        let c = comm_from(comm)?;
+        if newcomm.is_null() {
+            return Err(Fail::arg("newcomm is NULL"));
+        }
+        if !config.is_null() {
+            return Err(Fail::arg(
+                "config must be NULL (settings come from CCL_* variables)",
+            ));
+        }
+        let color = match color {
+            CCL_SPLIT_NOCOLOR => None,
+            c if c >= 0 => Some(c as u32),
+            c => {
+                return Err(Fail::arg(format!(
+                    "color {c} is negative (use a color >= 0 or CCL_SPLIT_NOCOLOR)"
+                )));
+            }
+        };
+        match c.split(color, i64::from(key))? {
+            Some(n) => publish(newcomm, "newcomm", n),
+            None => out(newcomm, "newcomm", std::ptr::null_mut()),
+        }
+    })
+}
+
+/// Finishes issued operations and frees the communicator.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommDestroy(comm: cclComm_t) -> cclResult_t {
+    guard("cclCommDestroy", || {
+        // Dropping the last reference finishes what was issued; a thread still inside a call
+        // holds its own reference and the communicator goes when that call returns.
+        drop(remove_comm(comm)?);
+        Ok(())
+    })
+}
+
+/// Aborts and frees the communicator.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommAbort(comm: cclComm_t) -> cclResult_t {
+    guard("cclCommAbort", || {
+        let c = remove_comm(comm)?;
+        c.abort();
+        drop(c);
+        Ok(())
+    })
+}
+
+/// The communicator's sticky error, or success.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommGetAsyncError(
+    comm: cclComm_t,
+    asyncError: *mut cclResult_t,
+) -> cclResult_t {
+    guard("cclCommGetAsyncError", || {
+        let c = comm_from(comm)?;
+        let code = c.error().map_or(cclSuccess, |e| error::code_of(&e));
+        out(asyncError, "asyncError", code)
+    })
+}
+
+/// Number of ranks.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommCount(comm: cclComm_t, count: *mut c_int) -> cclResult_t {
+    guard("cclCommCount", || {
+        let c = comm_from(comm)?;
+        out(count, "count", c.size() as c_int)
+    })
+}
+
+/// This process's rank.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommUserRank(comm: cclComm_t, rank: *mut c_int) -> cclResult_t {
+    guard("cclCommUserRank", || {
+        let c = comm_from(comm)?;
+        out(rank, "rank", c.rank() as c_int)
+    })
+}

@@ -1,0 +1,284 @@
+//! Data-parallel training: logistic regression on synthetic data, gradients averaged with
+//! allreduce.
+//!
+//! Every rank generates the same data set, keeps its shard (samples `i` with
+//! `i % size == rank`), starts from rank 0's weights (broadcast), and each epoch computes the
+//! gradient and loss of its shard, sums them over ranks with one allreduce (gradient, loss and
+//! sample count in one buffer), and takes the same step. Rank 0 prints the loss per epoch. At the
+//! end the ranks compare their weights bit for bit (allgather); the program exits non-zero if
+//! they differ, or if the loss did not fall.
+//!
+//! ```text
+//! cargo build --release -p ccl-examples
+//! target/release/train --np 4                     # 4 local processes over TCP
+//! target/release/train --np 4 --transport local   # 4 threads of one process
+//! torchrun --nproc_per_node 2 --no-python target/release/train
+//! mpirun -np 4 target/release/train
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::{Command, ExitCode};
+
+use ccl::{Communicator, Config, ReduceOp, UniqueId};
+
+struct Args {
+    np: Option<usize>,
+    transport: Option<String>,
+    epochs: usize,
+    samples: usize,
+    features: usize,
+    lr: f64,
+}
+
+const USAGE: &str = "usage: train [--np N] [--transport tcp|local] [--epochs E] [--samples S] \
+                     [--features F] [--lr RATE]";
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        np: None,
+        transport: None,
+        epochs: 30,
+        samples: 20_000,
+        features: 32,
+        lr: 0.5,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        let num = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag}: '{v}' is not a count"))
+        };
+        match flag.as_str() {
+            "--np" => a.np = Some(num(val()?)?),
+            "--transport" => a.transport = Some(val()?),
+            "--epochs" => a.epochs = num(val()?)?,
+            "--samples" => a.samples = num(val()?)?,
+            "--features" => a.features = num(val()?)?,
+            "--lr" => {
+                let v = val()?;
+                a.lr = v
+                    .parse()
+                    .map_err(|_| format!("--lr: '{v}' is not a number"))?;
+            }
+            "-h" | "--help" => return Err(USAGE.into()),
+            _ => return Err(format!("unknown argument '{flag}'\n{USAGE}")),
+        }
+    }
+    if a.np == Some(0) {
+        return Err("--np must be at least 1".into());
+    }
+    Ok(a)
+}
+
+/// A small deterministic generator (xorshift64*), so every rank makes the same data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [0, 1).
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform().max(1e-300), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+fn sigmoid(z: f64) -> f64 {
+    1.0 / (1.0 + (-z).exp())
+}
+
+/// This rank's shard of the data set: features (row-major) and 0/1 labels.
+fn shard(a: &Args, rank: usize, size: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let truth: Vec<f64> = (0..a.features).map(|_| rng.normal()).collect();
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    for i in 0..a.samples {
+        let row: Vec<f64> = (0..a.features).map(|_| rng.normal()).collect();
+        let z: f64 = row.iter().zip(&truth).map(|(p, q)| p * q).sum::<f64>() + 0.5;
+        let label = f64::from(rng.uniform() < sigmoid(2.0 * z));
+        if i % size == rank {
+            x.extend(row);
+            y.push(label);
+        }
+    }
+    (x, y)
+}
+
+/// Trains as one rank; returns an error message when a check fails.
+fn train(comm: &Communicator, a: &Args) -> Result<(), String> {
+    let (rank, size) = (comm.rank(), comm.size());
+    let f = a.features;
+    let (x, y) = shard(a, rank, size);
+    let err = |e: ccl::Error| e.to_string();
+
+    // Weights and bias; every rank starts from rank 0's (different) random values.
+    let mut w = vec![0.0f64; f + 1];
+    let mut rng = Rng(1 + rank as u64);
+    w.iter_mut().for_each(|v| *v = 0.1 * rng.normal());
+    comm.broadcast_in_place(&mut w, 0).map_err(err)?;
+
+    let mut losses = Vec::with_capacity(a.epochs);
+    // [gradient (f + 1), loss sum, samples]
+    let mut acc = vec![0.0f64; f + 3];
+    for epoch in 0..a.epochs {
+        acc.iter_mut().for_each(|v| *v = 0.0);
+        for (row, &label) in x.chunks_exact(f).zip(&y) {
+            let z = row.iter().zip(&w).map(|(p, q)| p * q).sum::<f64>() + w[f];
+            let p = sigmoid(z);
+            let d = p - label;
+            for (g, xi) in acc[..f].iter_mut().zip(row) {
+                *g += d * xi;
+            }
+            acc[f] += d;
+            acc[f + 1] -= label * p.max(1e-12).ln() + (1.0 - label) * (1.0 - p).max(1e-12).ln();
+            acc[f + 2] += 1.0;
+        }
+        comm.all_reduce_in_place(&mut acc, ReduceOp::Sum)
+            .map_err(err)?;
+        let n = acc[f + 2];
+        for (wi, g) in w.iter_mut().zip(&acc[..=f]) {
+            *wi -= a.lr * g / n;
+        }
+        let loss = acc[f + 1] / n;
+        losses.push(loss);
+        if rank == 0 {
+            println!("epoch {epoch:3}  loss {loss:.5}");
+        }
+    }
+
+    // Every rank's weights, compared bit for bit.
+    let bits: Vec<u64> = w.iter().map(|v| v.to_bits()).collect();
+    let mut all = vec![0u64; bits.len() * size];
+    comm.all_gather(&bits, &mut all).map_err(err)?;
+    let differ: Vec<usize> = (0..size)
+        .filter(|&r| all[r * bits.len()..(r + 1) * bits.len()] != bits[..])
+        .collect();
+    if !differ.is_empty() {
+        return Err(format!("rank {rank}: weights differ from ranks {differ:?}"));
+    }
+    let (first, last) = (losses[0], *losses.last().unwrap_or(&losses[0]));
+    if rank == 0 {
+        println!(
+            "loss {first:.5} -> {last:.5}; weights bit-identical on all {size} ranks ({})",
+            comm.transport_name()
+        );
+    }
+    if a.epochs > 1 && last >= 0.8 * first {
+        return Err(format!(
+            "rank {rank}: the loss did not fall ({first} -> {last})"
+        ));
+    }
+    Ok(())
+}
+
+fn config(a: &Args) -> Result<Config, String> {
+    let mut c = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(t) = &a.transport {
+        c.transport = t.parse().map_err(|e| format!("--transport: {e}"))?;
+    }
+    Ok(c)
+}
+
+/// `--np N --transport local`: the ranks are threads of this process.
+fn threads(a: &Args, n: usize) -> Result<(), String> {
+    let cfg = config(a)?;
+    let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &cfg).map_err(|e| e.to_string())?;
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let (id, cfg) = (id.clone(), cfg.clone());
+                s.spawn(move || {
+                    let comm = Communicator::init_with_config(&id, rank, n, cfg)
+                        .map_err(|e| e.to_string())?;
+                    train(&comm, a)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .filter_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank panicked".into()))
+                    .err()
+            })
+            .collect()
+    });
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("\n"))
+    }
+}
+
+/// `--np N`: N processes of this program on loopback, with this process as their rendezvous.
+fn processes(a: &Args, n: usize) -> Result<(), String> {
+    let cfg = config(a)?;
+    let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &cfg).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my executable: {e}"))?;
+    let mut args: Vec<String> = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        if x == "--np" {
+            it.next();
+        } else {
+            args.push(x);
+        }
+    }
+    let mut children = Vec::new();
+    for rank in 0..n {
+        let c = Command::new(&exe)
+            .args(&args)
+            .env("CCL_UNIQUE_ID", id.to_hex())
+            .env("CCL_RANK", rank.to_string())
+            .env("CCL_WORLD_SIZE", n.to_string())
+            .env("CCL_SOCKET_IFNAME", "=lo")
+            .spawn()
+            .map_err(|e| format!("cannot start rank {rank}: {e}"))?;
+        children.push(c);
+    }
+    let mut failed = Vec::new();
+    for (rank, mut c) in children.into_iter().enumerate() {
+        match c.wait() {
+            Ok(s) if s.success() => {}
+            Ok(s) => failed.push(format!("rank {rank} ({s})")),
+            Err(e) => failed.push(format!("rank {rank} (wait: {e})")),
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("failed: {}", failed.join(", ")))
+    }
+}
+
+fn main() -> ExitCode {
+    let r = parse().and_then(|a| match a.np {
+        Some(n) if a.transport.as_deref() == Some("local") => threads(&a, n),
+        Some(n) => processes(&a, n),
+        None => {
+            let comm =
+                Communicator::from_env_with_config(config(&a)?).map_err(|e| e.to_string())?;
+            train(&comm, &a)
+        }
+    });
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("train: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,96 @@
+"""Loading libccl.so and declaring its functions (the prototypes of include/ccl.h)."""
+
+import ctypes
+import os
+from pathlib import Path
+
+c_int = ctypes.c_int
+c_size_t = ctypes.c_size_t
+c_void_p = ctypes.c_void_p
+c_int_p = ctypes.POINTER(ctypes.c_int)
+
+UNIQUE_ID_BYTES = 128
+
+
+class UniqueIdStruct(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_ubyte * UNIQUE_ID_BYTES)]
+
+
+# Handles are opaque pointers (cclComm_t, cclRequest_t).
+Handle = c_void_p
+Handle_p = ctypes.POINTER(c_void_p)
+
+# name: (return type, argument types)
+PROTOTYPES = {
+    "cclGetVersion": (c_int, [c_int_p]),
+    "cclGetErrorString": (ctypes.c_char_p, [c_int]),
+    "cclGetLastError": (ctypes.c_char_p, [Handle]),
+    "cclGetUniqueId": (c_int, [ctypes.POINTER(UniqueIdStruct)]),
+    "cclCommInitRank": (c_int, [Handle_p, c_int, UniqueIdStruct, c_int]),
+    "cclCommInitFromEnv": (c_int, [Handle_p]),
+    "cclCommSplit": (c_int, [Handle, c_int, c_int, Handle_p, c_void_p]),
+    "cclCommDestroy": (c_int, [Handle]),
+    "cclCommAbort": (c_int, [Handle]),
+    "cclCommGetAsyncError": (c_int, [Handle, c_int_p]),
+    "cclCommCount": (c_int, [Handle, c_int_p]),
+    "cclCommUserRank": (c_int, [Handle, c_int_p]),
+    "cclAllReduce": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle]),
+    "cclBroadcast": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle]),
+    "cclReduce": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, Handle]),
+    "cclAllGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, Handle]),
+    "cclReduceScatter": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle]),
+    "cclAlltoAll": (c_int, [c_void_p, c_void_p, c_size_t, c_int, Handle]),
+    "cclBarrier": (c_int, [Handle]),
+    "cclSend": (c_int, [c_void_p, c_size_t, c_int, c_int, Handle]),
+    "cclRecv": (c_int, [c_void_p, c_size_t, c_int, c_int, Handle]),
+    "cclGroupStart": (c_int, []),
+    "cclGroupEnd": (c_int, []),
+    "cclAllReduceAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle, Handle_p]),
+    "cclBroadcastAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle, Handle_p]),
+    "cclReduceAsync": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, c_int, c_int, c_int, Handle, Handle_p],
+    ),
+    "cclAllGatherAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, Handle, Handle_p]),
+    "cclReduceScatterAsync": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle, Handle_p],
+    ),
+    "cclAlltoAllAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, Handle, Handle_p]),
+    "cclBarrierAsync": (c_int, [Handle, Handle_p]),
+    "cclTest": (c_int, [Handle, c_int_p]),
+    "cclWait": (c_int, [Handle]),
+}
+
+
+def candidates():
+    """Where the library is looked for, in order."""
+    env = os.environ.get("CCL_LIBRARY")
+    if env:
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    out = [here / "libccl.so"]
+    # A source checkout: python/ccl/ -> target/release/libccl.so of the workspace.
+    repo = here.parent.parent
+    target = Path(os.environ.get("CARGO_TARGET_DIR", repo / "target"))
+    out.append(target / "release" / "libccl.so")
+    return out
+
+
+def load():
+    tried = []
+    for p in candidates():
+        if p.is_file():
+            lib = ctypes.CDLL(str(p))
+            for name, (res, args) in PROTOTYPES.items():
+                f = getattr(lib, name)
+                f.restype = res
+                f.argtypes = args
+            lib.path = str(p)
+            return lib
+        tried.append(str(p))
+    raise ImportError(
+        "ccl: libccl.so not found (tried "
+        + ", ".join(tried)
+        + "); install the package with pip from the repository, or set CCL_LIBRARY"
+    )

@@ -1,0 +1,47 @@
+"""Runs a function as N ranks in N fresh processes and reports every rank's failure."""
+
+import multiprocessing as mp
+import os
+import traceback
+
+import ccl
+
+TIMEOUT = 120
+
+
+def _entry(fn, rank, size, uid, q, args):
+    try:
+        fn(rank, size, uid, *args)
+        q.put((rank, None))
+    except BaseException:  # noqa: BLE001 - report anything to the parent
+        q.put((rank, traceback.format_exc()))
+
+
+def run_ranks(fn, size, *args):
+    """Calls fn(rank, size, uid, *args) in `size` spawned processes; the unique id's rendezvous
+    runs in this process. Fails with every rank's traceback if any rank fails or hangs."""
+    os.environ.setdefault("CCL_SOCKET_IFNAME", "=lo")
+    os.environ.setdefault("CCL_TIMEOUT", "60")
+    uid = ccl.get_unique_id()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_entry, args=(fn, r, size, uid, q, args)) for r in range(size)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(size):
+            rank, err = q.get(timeout=TIMEOUT)
+            results[rank] = err
+    except Exception:  # noqa: BLE001 - a missing rank is reported below
+        pass
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    failures = [f"rank {r}:\n{e}" for r, e in sorted(results.items()) if e]
+    missing = [r for r in range(size) if r not in results]
+    if missing:
+        failures.append(f"ranks {missing} did not report within {TIMEOUT} s")
+    assert not failures, "\n".join(failures)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Creates (or reuses) the Python environment the Python tests run in: a venv with numpy, pytest
+# and PyTorch (PyPI's wheel), then installs the ccl package from python/ into it (which builds
+# libccl.so with cargo). Prints the venv's path on stdout as its last line.
+#
+#   CCL_VENV   where the venv lives (default: ~/.cache/ccl/venv, kept between runs: torch is
+#              several gigabytes)
+#   CCL_TORCH  the torch requirement (default below); CCL_TORCH=none skips torch
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { echo "[python-setup] $*" >&2; }
+
+venv=${CCL_VENV:-$HOME/.cache/ccl/venv}
+torch_req=${CCL_TORCH:-torch==2.15.0}
+py=${PYTHON:-python3}
+
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating venv $venv"
+  mkdir -p "$(dirname "$venv")"
+  "$py" -m venv "$venv"
+fi
+vpy="$venv/bin/python"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+need=()
+"$vpy" -c "import numpy" 2>/dev/null || need+=("numpy>=1.24")
+"$vpy" -c "import pytest" 2>/dev/null || need+=("pytest>=7")
+"$vpy" -c "import setuptools, wheel" 2>/dev/null || need+=(setuptools wheel)
+if [ "$torch_req" != none ]; then
+  have=$("$vpy" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
+  case "$torch_req" in
+    torch==*) [ "$have" = "${torch_req#torch==}" ] || need+=("$torch_req") ;;
+    *) [ -n "$have" ] || need+=("$torch_req") ;;
+  esac
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  log "pip install ${need[*]} (torch is a multi-gigabyte download)"
+  "$vpy" -m pip install -q --no-cache-dir "${need[@]}" >&2
+fi
+
+log "pip install ./python (builds libccl.so)"
+"$vpy" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python >&2
+echo "$venv"
