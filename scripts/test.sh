@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, in-process multi-rank, and multi-process tests (the C ABI through
 # the header from C, the Rust training example), then the Python package, the torch.distributed
-# backend and DDP under torchrun; installing what they need first. Release mode: the tests move
-# hundreds of megabytes.
+# backend and DDP under torchrun, then the verbs transport on real SoftRoCE in a VM (one boot,
+# then two VMs linked); installing what they need first. Release mode: the tests move hundreds
+# of megabytes.
 #
 #   CCL_SKIP_PYTHON=1   skip the Python part (it installs PyTorch, several GB, into CCL_VENV)
+#   CCL_SKIP_RXE=1      skip the SoftRoCE VM part (it downloads a kernel and qemu once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh test
@@ -12,10 +14,7 @@ scripts/install-deps.sh test
 echo "== cargo test (workspace, release)"
 cargo test --release --workspace
 
-if [ "${CCL_SKIP_PYTHON:-0}" = 1 ]; then
-  echo "== python tests skipped (CCL_SKIP_PYTHON=1)"
-  exit 0
-fi
+python_tests() {
 echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun)"
 cargo build --release --workspace
 venv=$(CCL_LIBRARY="$PWD/target/release/libccl.so" scripts/python-setup.sh | tail -n 1)
@@ -28,4 +27,18 @@ if unshare --net true 2>/dev/null && command -v ip >/dev/null 2>&1; then
 else
   echo "(no network namespace available; the tests use loopback addresses only)"
   "$venv/bin/pytest" -q python/tests
+fi
+}
+
+if [ "${CCL_SKIP_PYTHON:-0}" = 1 ]; then
+  echo "== python tests skipped (CCL_SKIP_PYTHON=1)"
+else
+  python_tests
+fi
+
+if [ "${CCL_SKIP_RXE:-0}" = 1 ]; then
+  echo "== SoftRoCE (rxe) tests skipped (CCL_SKIP_RXE=1)"
+else
+  echo "== SoftRoCE (rxe) tests in the VM"
+  scripts/rxe-tests.sh
 fi
