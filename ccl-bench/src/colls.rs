@@ -116,6 +116,13 @@ impl Bench for Coll {
         }
     }
 
+    fn algo(&self, comm: &Communicator, bytes: usize) -> String {
+        match self.op {
+            Op::Coll(c) => comm.algorithm(c, bytes).name().to_string(),
+            Op::SendRecv => "p2p".to_string(),
+        }
+    }
+
     fn bus_factor(&self, n: usize) -> f64 {
         let n = n as f64;
         match self.op {

@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use ccl::{Communicator, DataType, ReduceOp, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One operation plugged into the harness (nccl-tests: one file per collective).
 pub trait Bench {
@@ -37,6 +37,8 @@ pub trait Bench {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()>;
+    /// The algorithm the communicator runs this benchmark's operation with at `bytes`.
+    fn algo(&self, comm: &Communicator, bytes: usize) -> String;
     /// Writes this rank's inputs into `buf` (the send buffer, or the in-place buffer).
     fn fill(
         &self,
@@ -71,13 +73,16 @@ pub struct Plan {
 }
 
 /// One row of results (one size, one placement).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub size: usize,
     pub count: usize,
     pub dtype: String,
     pub op: String,
-    pub placement: &'static str,
+    pub placement: String,
+    /// The algorithm that ran (what `CCL_ALGO` or the cost model picked).
+    #[serde(default)]
+    pub algo: String,
     pub time_us: f64,
     pub algbw_gbs: f64,
     pub busbw_gbs: f64,
@@ -193,14 +198,16 @@ pub fn run(b: &dyn Bench, comm: &Communicator, p: &Plan, out: &mut dyn Write) ->
         comm.all_reduce_in_place(&mut times, ReduceOp::Max)?;
         let mut wrong = [w_oop as u64, w_ip as u64];
         comm.all_reduce_in_place(&mut wrong, ReduceOp::Sum)?;
-        let mk = |placement, t: f64, w: u64| {
+        let algo = b.algo(comm, bytes);
+        let mk = |placement: &str, t: f64, w: u64| {
             let algbw = if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
             Row {
                 size: bytes,
                 count,
                 dtype: p.dtype.name().to_string(),
                 op: p.op.name().to_string(),
-                placement,
+                placement: placement.to_string(),
+                algo: algo.clone(),
                 time_us: t * 1e6,
                 algbw_gbs: algbw,
                 busbw_gbs: algbw * b.bus_factor(n),

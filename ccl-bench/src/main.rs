@@ -13,6 +13,7 @@
 
 mod colls;
 mod harness;
+mod plot;
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -53,13 +54,27 @@ enum Cmd {
     Alltoall(BenchArgs),
     /// Each rank sends to the next and receives from the previous (busbw factor 1).
     Sendrecv(BenchArgs),
+    /// Draws the busbw curves of one or more `--json` reports into one SVG picture.
+    Plot(PlotArgs),
+}
+
+#[derive(Args, Debug)]
+struct PlotArgs {
+    /// The SVG file to write.
+    out: PathBuf,
+    /// `--json` reports; each placement of each becomes one line.
+    #[arg(required = true)]
+    reports: Vec<PathBuf>,
+    /// Title of the picture (default: the collectives and rank counts of the reports).
+    #[arg(long)]
+    title: Option<String>,
 }
 
 impl Cmd {
-    fn parts(&self) -> (colls::Op, &BenchArgs) {
+    fn parts(&self) -> Option<(colls::Op, &BenchArgs)> {
         use ccl::Collective as C;
         use colls::Op;
-        match self {
+        Some(match self {
             Cmd::Allreduce(a) => (Op::Coll(C::AllReduce), a),
             Cmd::Allgather(a) => (Op::Coll(C::AllGather), a),
             Cmd::Reducescatter(a) => (Op::Coll(C::ReduceScatter), a),
@@ -67,7 +82,8 @@ impl Cmd {
             Cmd::Reduce(a) => (Op::Coll(C::Reduce), a),
             Cmd::Alltoall(a) => (Op::Coll(C::AllToAll), a),
             Cmd::Sendrecv(a) => (Op::SendRecv, a),
-        }
+            Cmd::Plot(_) => return None,
+        })
     }
 }
 
@@ -122,19 +138,31 @@ struct BenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
+    /// Also draw busbw against size (both placements) as an SVG picture to this file.
+    #[arg(long, value_name = "PATH")]
+    plot: Option<PathBuf>,
+    /// Record every operation of every rank and write them as one Chrome trace (open in
+    /// chrome://tracing or Perfetto; one track per rank) to this file.
+    #[arg(long, value_name = "PATH")]
+    trace: Option<PathBuf>,
 }
 
-#[derive(serde::Serialize)]
-struct Report<'a> {
-    collective: &'a str,
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Report {
+    collective: String,
     nranks: usize,
-    transport: &'a str,
-    results: &'a [Row],
+    transport: String,
+    results: Vec<Row>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (op, args) = cli.cmd.parts();
+    if let Cmd::Plot(p) = &cli.cmd {
+        return plot_reports(p);
+    }
+    let Some((op, args)) = cli.cmd.parts() else {
+        unreachable!("every other subcommand is a benchmark")
+    };
     let coll = colls::Coll {
         op,
         root: args.root,
@@ -176,6 +204,13 @@ fn settings(args: &BenchArgs, op: colls::Op) -> ccl::Result<Config> {
     if let Some(t) = args.transport {
         c.transport = t;
     }
+    if args.trace.is_some() {
+        // Room for every operation of the run: the timed and warm-up ones of both placements
+        // and the few the harness adds per size.
+        let per_size = 2 * (args.iters + args.warmup) + 8;
+        let sizes = harness::sizes(args.min_bytes, args.max_bytes, args.factor).len();
+        c.trace_buffer = c.trace_buffer.max(per_size * sizes + 16);
+    }
     if let Some(a) = &args.algo {
         // A bare name means "for the collective being measured", so a name that collective lacks
         // is an error rather than silently ignored.
@@ -215,21 +250,41 @@ fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs) -> ExitCo
             return ExitCode::FAILURE;
         }
     };
-    if comm.rank() == 0
-        && let Some(path) = &args.json
-    {
-        let report = Report {
-            collective: coll.name(),
-            nranks: comm.size(),
-            transport: comm.transport_name(),
-            results: &rows,
-        };
-        let text = serde_json::to_string_pretty(&report).expect("rows serialize");
-        if let Err(e) = std::fs::write(path, text + "\n") {
-            eprintln!("ccl-bench: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
+    let report = Report {
+        collective: coll.name().to_string(),
+        nranks: comm.size(),
+        transport: comm.transport_name().to_string(),
+        results: rows,
+    };
+    let mut files: Vec<(&PathBuf, String)> = Vec::new();
+    if let Some(path) = &args.trace {
+        // Every rank takes part in gathering the recorders; only rank 0 writes.
+        match gather_traces(comm) {
+            Ok(dumps) => files.push((path, plot::chrome_trace(&dumps))),
+            Err(e) => {
+                eprintln!("ccl-bench: cannot gather the trace: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
+    if let Some(path) = &args.json {
+        files.push((
+            path,
+            serde_json::to_string_pretty(&report).expect("rows serialize") + "\n",
+        ));
+    }
+    if let Some(path) = &args.plot {
+        files.push((path, plot::svg(&title(&[&report]), &series(&report, ""))));
+    }
+    if comm.rank() == 0 {
+        for (path, text) in files {
+            if let Err(e) = std::fs::write(path, text) {
+                eprintln!("ccl-bench: cannot write {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let rows = report.results;
     let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
     if wrong > 0 {
         if comm.rank() == 0 {
@@ -409,4 +464,106 @@ fn kill_all(children: &mut [Option<Child>]) {
         let _ = c.kill();
         let _ = c.wait();
     }
+}
+
+/// Every rank's flight recorder, parsed, in rank order (on every rank).
+fn gather_traces(comm: &Communicator) -> ccl::Result<Vec<serde_json::Value>> {
+    let mine = comm.trace_json().into_bytes();
+    let n = comm.size();
+    let mut lens = vec![0u64; n];
+    comm.all_gather(&[mine.len() as u64], &mut lens)?;
+    let width = lens.iter().copied().max().unwrap_or(0) as usize;
+    let mut padded = mine;
+    padded.resize(width, b' ');
+    let mut all = vec![0u8; width * n];
+    comm.all_gather(&padded, &mut all)?;
+    all.chunks(width.max(1))
+        .zip(&lens)
+        .enumerate()
+        .map(|(r, (c, &len))| {
+            serde_json::from_slice(&c[..len as usize]).map_err(|e| {
+                ccl::Error::new(
+                    ccl::ErrorKind::Internal,
+                    format!(
+                        "rank {}: the recorder of rank {r} is not JSON: {e}",
+                        comm.rank()
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+/// One line per placement of a report, labelled with `prefix`.
+fn series(r: &Report, prefix: &str) -> Vec<plot::Series> {
+    ["out-of-place", "in-place"]
+        .iter()
+        .filter_map(|&placement| {
+            let points: Vec<(f64, f64)> = r
+                .results
+                .iter()
+                .filter(|row| row.placement == placement)
+                .map(|row| (row.size as f64, row.busbw_gbs))
+                .collect();
+            (!points.is_empty()).then(|| plot::Series {
+                label: format!("{prefix}{placement}"),
+                points,
+            })
+        })
+        .collect()
+}
+
+fn title(reports: &[&Report]) -> String {
+    let mut parts: Vec<String> = reports
+        .iter()
+        .map(|r| format!("{}, {} ranks", r.collective, r.nranks))
+        .collect();
+    parts.dedup();
+    format!("{} (busbw)", parts.join("; "))
+}
+
+/// `ccl-bench plot OUT.svg A.json B.json ...`
+fn plot_reports(p: &PlotArgs) -> ExitCode {
+    let mut reports = Vec::new();
+    for path in &p.reports {
+        let parsed = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str::<Report>(&t).map_err(|e| e.to_string()));
+        match parsed {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                eprintln!(
+                    "ccl-bench plot: {}: not a ccl-bench --json report: {e}",
+                    path.display()
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let lines: Vec<plot::Series> = reports
+        .iter()
+        .zip(&p.reports)
+        .flat_map(|(r, path)| {
+            let name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy())
+                .unwrap_or_default();
+            let algos: Vec<&str> = {
+                let mut a: Vec<&str> = r.results.iter().map(|x| x.algo.as_str()).collect();
+                a.dedup();
+                a
+            };
+            series(
+                r,
+                &format!("{name} ({}, {}) ", r.transport, algos.join("/")),
+            )
+        })
+        .collect();
+    let refs: Vec<&Report> = reports.iter().collect();
+    let t = p.title.clone().unwrap_or_else(|| title(&refs));
+    if let Err(e) = std::fs::write(&p.out, plot::svg(&t, &lines)) {
+        eprintln!("ccl-bench plot: cannot write {}: {e}", p.out.display());
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }

@@ -106,9 +106,6 @@ pub fn analyse(dumps: &[&Dump]) -> Verdict {
                 never_arrived.insert(r);
             }
             Some(e) => {
-                if let Some(p) = e.waiting_on {
-                    waits.insert(r, p);
-                }
                 // A peer whose header never came has not entered this operation.
                 for p in &e.peers {
                     if !p.arrived && p.to_recv > 0 && e.state != "done" {
@@ -118,15 +115,27 @@ pub fn analyse(dumps: &[&Dump]) -> Verdict {
             }
         }
     }
-    // Follow each rank's waits to where they end: a rank that never arrived, left no dump, or
-    // waits for nobody.
+    // What each rank waits for is read from its own latest unfinished operation: a rank still
+    // inside an earlier operation than the furthest one waits there, and the chain runs through
+    // it to the rank everyone is really behind.
+    for (&r, d) in &by_rank {
+        let open = d
+            .entries
+            .iter()
+            .filter(|e| e.state != "done")
+            .max_by_key(|e| e.seq);
+        if let Some(p) = open.and_then(|e| e.waiting_on) {
+            waits.insert(r, p);
+        }
+    }
+    // Follow each rank's waits to where they end: a rank that left no dump or waits for nobody.
+    // A cycle of waits ends where it closes.
     let mut culprits = BTreeSet::new();
     for &start in waits.keys() {
         let mut at = start;
         let mut seen = BTreeSet::new();
         while let Some(&next) = waits.get(&at) {
-            if !seen.insert(at) || never_arrived.contains(&next) || no_dump.contains(&next) {
-                at = next;
+            if !seen.insert(at) {
                 break;
             }
             at = next;
@@ -312,6 +321,23 @@ mod tests {
             text.contains("never sent this operation's header"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_rank_behind_in_an_earlier_operation_is_followed() {
+        // Rank 2 stopped inside #7 and left no dump; rank 3 waits for it there, rank 0 (still in
+        // #7) waits for 3, and rank 1, already in #8, waits for 0.
+        let mut r1 = dump(1, 8, Some(0), &[(0, false)]);
+        r1.entries[0].state = "running".into();
+        let ds = [
+            dump(0, 7, Some(3), &[(3, true)]),
+            r1,
+            dump(3, 7, Some(2), &[(2, true)]),
+        ];
+        let refs: Vec<&Dump> = ds.iter().collect();
+        let v = analyse(&refs);
+        assert_eq!(v.stuck_seq, 8);
+        assert_eq!(v.culprits, BTreeSet::from([2]));
     }
 
     #[test]

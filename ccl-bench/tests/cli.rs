@@ -161,6 +161,78 @@ fn json_report() {
     assert_eq!(results[0]["count"], 256);
 }
 
+/// `--algo`, `--trace`, `--plot` and the `plot` subcommand: the report names the algorithm
+/// that ran, the trace is Chrome JSON with one track per rank holding every timed operation,
+/// and the pictures are SVG with one line per placement of each report.
+#[test]
+fn trace_plot_and_algorithm_in_the_report() {
+    let dir = std::env::temp_dir().join(format!("ccl-bench-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let mut reports = Vec::new();
+    for (algo, np) in [("ring", "3"), ("rd", "2")] {
+        let o = bench()
+            .args(["allreduce", "--np", np, "-b", "1K", "-e", "16K", "-f", "4"])
+            .args(["-n", "3", "-w", "1", "--transport", "tcp", "--algo", algo])
+            .args(["--json", &f(&format!("{algo}.json"))])
+            .args(["--plot", &f(&format!("{algo}.svg"))])
+            .args(["--trace", &f(&format!("{algo}-trace.json"))])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f(&format!("{algo}.json"))).unwrap())
+                .unwrap();
+        let rows = v["results"].as_array().unwrap();
+        assert!(rows.iter().all(|r| r["algo"] == algo), "{v}");
+        let svg = std::fs::read_to_string(f(&format!("{algo}.svg"))).unwrap();
+        assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
+        let t: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(f(&format!("{algo}-trace.json"))).unwrap(),
+        )
+        .unwrap();
+        let slices: Vec<&serde_json::Value> = t["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .collect();
+        let np: u64 = np.parse().unwrap();
+        for rank in 0..np {
+            let mine: Vec<_> = slices.iter().filter(|e| e["pid"] == rank).collect();
+            // 2 sizes x 2 placements x (3 timed + 1 warm-up) allreduces with this algorithm.
+            let timed = mine
+                .iter()
+                .filter(|e| {
+                    e["args"]["algo"] == algo
+                        && e["name"].as_str().unwrap().starts_with("allreduce")
+                })
+                .count();
+            assert!(timed >= 16, "rank {rank}: {timed} {algo} slices in {t}");
+        }
+        reports.push(f(&format!("{algo}.json")));
+    }
+    let out = f("both.svg");
+    let o = bench()
+        .args(["plot", &out])
+        .args(&reports)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
+    assert!(svg.contains("ring (tcp, ring) out-of-place"), "{svg}");
+    // A file that is not a report is named.
+    let o = bench().args(["plot", &out, &f("rd.svg")]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("rd.svg: not a ccl-bench --json report"),
+        "{}",
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn in_process_threads() {
     let o = bench()

@@ -216,6 +216,31 @@ impl Communicator {
         self.s.turns.wake_all();
     }
 
+    /// Peers the slow-rank report named in its last window: ranks that entered operations
+    /// `CCL_SLOW_MS` or more after this one on average, two windows of `CCL_SLOW_WINDOW`
+    /// operations in a row (also logged at warn level).
+    pub fn slow_peers(&self) -> Vec<ccl_core::comm::SlowPeer> {
+        self.s.comm.slow_peers()
+    }
+
+    /// The flight recorder as JSON (what `CCL_TRACE_DIR` dumps hold; `ccl-trace` reads it).
+    pub fn trace_json(&self) -> String {
+        self.s.comm.trace_json("snapshot")
+    }
+
+    /// Writes the flight recorder to `CCL_TRACE_DIR` now; returns the file, if written.
+    pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
+        self.s.comm.dump_trace(reason)
+    }
+
+    /// The algorithm `coll` runs for a buffer of `size_bytes` (the whole buffer for allreduce,
+    /// broadcast, reduce; the gathered result for allgather; the whole input for reduce-scatter
+    /// and alltoall): the one forced by `CCL_ALGO` or [`set_algorithm`](Self::set_algorithm),
+    /// else the cost model's choice.
+    pub fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
+        self.s.algorithm(coll, size_bytes)
+    }
+
     /// The error the communicator failed with, if it has (NCCL's `ncclCommGetAsyncError`).
     pub fn error(&self) -> Option<Error> {
         self.s.comm.error()

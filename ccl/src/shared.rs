@@ -44,6 +44,25 @@ struct Inner {
 }
 
 impl Shared {
+    /// The algorithm `coll` runs at `size_bytes` (the nccl-tests size): the one set by
+    /// `CCL_ALGO` or `set_algorithm`, else the cost model's choice.
+    pub(crate) fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
+        let forced = self
+            .overrides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(coll);
+        forced.unwrap_or_else(|| {
+            algo::choose(
+                coll,
+                self.size(),
+                size_bytes,
+                &self.comm.transport_properties(),
+                self.comm.topology(),
+            )
+        })
+    }
+
     pub fn new(comm: Arc<Comm>, links: Links, overrides: Overrides) -> Shared {
         Shared {
             comm,
@@ -155,21 +174,7 @@ impl Shared {
             Collective::ReduceScatter | Collective::AllToAll => send_bytes,
             _ => recv_bytes,
         };
-        let forced = self
-            .overrides
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(coll);
-        let algo = match forced {
-            Some(a) => a,
-            None => algo::choose(
-                coll,
-                n,
-                size_bytes,
-                &self.comm.transport_properties(),
-                self.comm.topology(),
-            ),
-        };
+        let algo = self.algorithm(coll, size_bytes);
         let shape = Shape {
             rank,
             size: n,
