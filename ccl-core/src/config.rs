@@ -75,6 +75,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "algorithm override, e.g. 'ring' or per collective 'allreduce:ring;allgather:ring'",
     },
     Setting {
+        name: "CCL_TOPO_FILE",
+        default: "",
+        help: "file giving each rank's host, rack, zone and link speed (docs/topology.md)",
+    },
+    Setting {
         name: "CCL_RANK",
         default: "",
         help: "this process's rank (overrides the launcher's variables)",
@@ -187,6 +192,8 @@ pub struct Config {
     pub socket_buffer: usize,
     /// `CCL_ALGO`
     pub algo: Option<String>,
+    /// `CCL_TOPO_FILE`
+    pub topo_file: Option<String>,
     /// `CCL_RANK`
     pub rank: Option<usize>,
     /// `CCL_WORLD_SIZE`
@@ -248,6 +255,7 @@ impl Config {
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
             socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
             algo: get("CCL_ALGO"),
+            topo_file: get("CCL_TOPO_FILE"),
             rank: get("CCL_RANK")
                 .map(|v| parse_num("CCL_RANK", &v))
                 .transpose()?,
