@@ -72,8 +72,14 @@ impl Collective {
     /// The algorithms that implement this collective.
     pub fn algos(self) -> &'static [Algo] {
         match self {
-            Collective::AllReduce => &[Algo::Ring, Algo::RecursiveDoubling],
-            Collective::Broadcast | Collective::Reduce => &[Algo::Ring],
+            Collective::AllReduce => &[
+                Algo::Ring,
+                Algo::RecursiveDoubling,
+                Algo::Tree,
+                Algo::HalvingDoubling,
+                Algo::Hierarchical,
+            ],
+            Collective::Broadcast | Collective::Reduce => &[Algo::Ring, Algo::Tree],
             Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring, Algo::Pairwise],
             Collective::AllToAll => &[Algo::Pairwise],
             Collective::Barrier => &[Algo::RecursiveDoubling],
@@ -114,6 +120,14 @@ pub enum Algo {
     RecursiveDoubling,
     /// Every rank sends straight to every other at once: one step.
     Pairwise,
+    /// Binary trees: NCCL's double binary tree for allreduce, one tree from or to the root for
+    /// broadcast and reduce. `log2(n)` latency, pipelined.
+    Tree,
+    /// Recursive halving, then recursive doubling (Rabenseifner): the ring's bytes in `2 log2(n)`
+    /// steps.
+    HalvingDoubling,
+    /// Inside each host, then across hosts among one leader per host, then inside each host.
+    Hierarchical,
 }
 
 impl Algo {
@@ -122,13 +136,23 @@ impl Algo {
         Algo::ALL.iter().position(|a| *a == self).expect("listed") as u8
     }
 
-    pub const ALL: [Algo; 3] = [Algo::Ring, Algo::RecursiveDoubling, Algo::Pairwise];
+    pub const ALL: [Algo; 6] = [
+        Algo::Ring,
+        Algo::RecursiveDoubling,
+        Algo::Pairwise,
+        Algo::Tree,
+        Algo::HalvingDoubling,
+        Algo::Hierarchical,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
             Algo::RecursiveDoubling => "rd",
             Algo::Pairwise => "pairwise",
+            Algo::Tree => "tree",
+            Algo::HalvingDoubling => "hd",
+            Algo::Hierarchical => "hier",
         }
     }
 }
@@ -147,6 +171,9 @@ impl FromStr for Algo {
             "ring" | "chain" => Ok(Algo::Ring),
             "rd" | "recursive_doubling" | "dissemination" => Ok(Algo::RecursiveDoubling),
             "pairwise" | "direct" => Ok(Algo::Pairwise),
+            "tree" | "dbtree" => Ok(Algo::Tree),
+            "hd" | "halving_doubling" | "rabenseifner" => Ok(Algo::HalvingDoubling),
+            "hier" | "hierarchical" => Ok(Algo::Hierarchical),
             _ => {
                 let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
                 Err(format!(
@@ -163,10 +190,10 @@ pub fn build(
     coll: Collective,
     algo: Algo,
     shape: &Shape,
-    _topo: &Topology,
+    topo: &Topology,
 ) -> Result<Schedule, String> {
     match (coll, algo) {
-        (Collective::AllReduce, Algo::Ring) => Ok(allreduce::ring::build(shape)),
+        (Collective::AllReduce, Algo::Ring) => Ok(allreduce::ring::build(shape, topo)),
         (Collective::AllReduce, Algo::RecursiveDoubling) => Ok(allreduce::rd::build(shape)),
         (Collective::Broadcast, Algo::Ring) => Ok(broadcast::ring::build(shape)),
         (Collective::Reduce, Algo::Ring) => Ok(reduce::ring::build(shape)),
@@ -176,6 +203,11 @@ pub fn build(
         (Collective::ReduceScatter, Algo::Pairwise) => Ok(reduce_scatter::pairwise(shape)),
         (Collective::AllToAll, Algo::Pairwise) => Ok(alltoall::pairwise(shape)),
         (Collective::Barrier, Algo::RecursiveDoubling) => Ok(barrier::dissemination(shape)),
+        (Collective::AllReduce, Algo::Tree) => Ok(allreduce::tree::build(shape, topo)),
+        (Collective::AllReduce, Algo::HalvingDoubling) => Ok(allreduce::hd::build(shape, topo)),
+        (Collective::AllReduce, Algo::Hierarchical) => Ok(allreduce::hier::build(shape, topo)),
+        (Collective::Broadcast, Algo::Tree) => Ok(broadcast::tree::build(shape, topo)),
+        (Collective::Reduce, Algo::Tree) => Ok(reduce::tree::build(shape, topo)),
         _ => Err(format!("{coll} has no {algo} algorithm")),
     }
 }
