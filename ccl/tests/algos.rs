@@ -1,0 +1,171 @@
+//! The tree, halving-doubling and hierarchical allreduce, each forced through `CCL_ALGO`, with
+//! ranks as threads: world sizes 1..=8, counts {0, 1, 7, 1023}, every dtype and op, in place and
+//! out of place, over the in-process and TCP transports, with exact expected values. A topology
+//! file describing 2 racks x 2 hosts x 2 ranks (the ranks of one process all report the same
+//! host name, so the file places them on made-up hosts) drives the hierarchical path and the
+//! topology-ordered ring and trees.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ccl::{Communicator, ErrorKind, ReduceOp, UniqueId};
+use ccl_core::config::TransportKind;
+use common::*;
+
+const COUNTS: [usize; 4] = [0, 1, 7, 1023];
+
+/// Writes a topology file for `n` ranks: rank `r` on host `r % hosts`, so hosts are not
+/// contiguous in rank order, in 2 racks.
+fn topo_file(tag: &str, n: usize, hosts: usize) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ccl-topo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{tag}-{n}.txt"));
+    let mut text = String::from("# rank host rack zone [link Gbit/s]\nrack-uplink 100\n");
+    for r in 0..n {
+        let h = r % hosts;
+        text.push_str(&format!("{r} node{h} rack{} zone0 25\n", h % 2));
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn sweep(transport: TransportKind, algo: &'static str, topo: Option<usize>) {
+    for n in 1..=8 {
+        let mut cfg = config(transport, Duration::from_secs(120));
+        cfg.algo = Some(format!("allreduce:{algo}"));
+        if let Some(hosts) = topo {
+            cfg.topo_file = Some(
+                topo_file(&format!("{algo}-{transport:?}"), n, hosts)
+                    .display()
+                    .to_string(),
+            );
+        }
+        let results = run_ranks(n, cfg, move |comm| {
+            let mut wrong = Vec::new();
+            for count in COUNTS {
+                for op in ReduceOp::ALL {
+                    for in_place in [false, true] {
+                        for (dtype, w) in all_dtypes(&comm, count, op, in_place) {
+                            if w > 0 {
+                                wrong.push(format!(
+                                    "rank {} count {count} {dtype} {op} in_place={in_place}: {w} wrong",
+                                    comm.rank()
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            wrong
+        });
+        let wrong: Vec<String> = results.into_iter().flatten().collect();
+        assert!(
+            wrong.is_empty(),
+            "{algo} over {transport:?}, {n} ranks, topology {topo:?}:\n{}",
+            wrong.join("\n")
+        );
+    }
+}
+
+#[test]
+fn tree_local() {
+    sweep(TransportKind::Local, "tree", None);
+}
+
+#[test]
+fn tree_tcp() {
+    sweep(TransportKind::Tcp, "tree", None);
+}
+
+#[test]
+fn halving_doubling_local() {
+    sweep(TransportKind::Local, "hd", None);
+}
+
+#[test]
+fn halving_doubling_tcp() {
+    sweep(TransportKind::Tcp, "hd", None);
+}
+
+#[test]
+fn hierarchical_local() {
+    // All ranks on one host (no file), then 4 made-up hosts in 2 racks.
+    sweep(TransportKind::Local, "hier", None);
+    sweep(TransportKind::Local, "hier", Some(4));
+}
+
+#[test]
+fn hierarchical_tcp() {
+    sweep(TransportKind::Tcp, "hier", None);
+    sweep(TransportKind::Tcp, "hier", Some(4));
+}
+
+#[test]
+fn topology_ordered_ring_tree_and_hd() {
+    for algo in ["ring", "tree", "hd"] {
+        sweep(TransportKind::Local, algo, Some(3));
+    }
+}
+
+/// Large buffers: many pipelined pieces per op (the in-flight hazards a small count never
+/// reaches), 2 racks x 2 hosts x 2 ranks.
+#[test]
+fn large_counts_pipeline() {
+    let count = (1 << 20) + 3;
+    for algo in ["tree", "hd", "hier"] {
+        for n in [3, 8] {
+            let mut cfg = config(TransportKind::Tcp, Duration::from_secs(120));
+            cfg.algo = Some(format!("allreduce:{algo}"));
+            cfg.chunk_size = 64 << 10;
+            cfg.topo_file = Some(topo_file("large", n, 4).display().to_string());
+            let wrong: usize = run_ranks(n, cfg, move |comm| {
+                let mut w = 0;
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    for in_place in [false, true] {
+                        w += allreduce_case::<f32>(&comm, count, op, in_place);
+                        w += allreduce_case::<i8>(&comm, count, op, in_place);
+                    }
+                }
+                w
+            })
+            .into_iter()
+            .sum();
+            assert_eq!(wrong, 0, "{algo} n={n}");
+        }
+    }
+}
+
+fn init_all(n: usize, cfg: ccl::Config) -> Vec<ccl::Result<Communicator>> {
+    let id = UniqueId::new_at(LOOPBACK, &cfg).expect("unique id");
+    let hs: Vec<_> = (0..n)
+        .map(|rank| {
+            let (id, cfg) = (id.clone(), cfg.clone());
+            std::thread::spawn(move || Communicator::init_with_config(&id, rank, n, cfg))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn bad_topology_file_is_an_invalid_argument_naming_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("ccl-topo-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("topo.txt");
+    std::fs::write(&path, "0 a r z\n1 a r\n").unwrap();
+    let mut cfg = config(TransportKind::Local, Duration::from_secs(20));
+    cfg.topo_file = Some(path.display().to_string());
+    for r in init_all(2, cfg.clone()) {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains(&format!("{} line 2", path.display())), "{e}");
+    }
+    // A rank the world does not have.
+    std::fs::write(&path, "0 a r z\n1 a r z\n2 a r z\n").unwrap();
+    for r in init_all(2, cfg) {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("line 3: rank 2 does not exist"), "{e}");
+    }
+}
