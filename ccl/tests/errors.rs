@@ -170,9 +170,9 @@ fn init_rejects_bad_rank_and_size() {
 #[test]
 fn bad_algorithm_override_is_refused() {
     let mut cfg = config(TransportKind::Local, Duration::from_secs(5));
-    cfg.algo = Some("allreduce:tree".into());
+    cfg.algo = Some("allreduce:butterfly".into());
     let id = ccl::UniqueId::new_at(LOOPBACK, &cfg).unwrap();
     let e = ccl::Communicator::init_with_config(&id, 0, 1, cfg).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-    assert!(e.to_string().contains("tree"), "{e}");
+    assert!(e.to_string().contains("butterfly"), "{e}");
 }
