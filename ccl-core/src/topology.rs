@@ -12,6 +12,25 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+/// Counts the cost model reads on every call, computed once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub hosts: usize,
+    pub racks: usize,
+    pub zones: usize,
+    /// Fewest and most ranks on one host.
+    pub min_per_host: usize,
+    pub max_per_host: usize,
+    /// Fewest and most ranks in one rack.
+    pub min_per_rack: usize,
+    pub max_per_rack: usize,
+    /// Fewest and most ranks in one zone.
+    pub min_per_zone: usize,
+    pub max_per_zone: usize,
+    /// Bytes per second of the slowest host link given.
+    pub min_link: Option<u64>,
+}
+
 /// Location of every rank, as small integer ids per level (equal ids = same place), and the
 /// link speeds the topology file gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +44,7 @@ pub struct Topology {
     rack_uplink: Option<u64>,
     /// Bytes per second of a zone's uplink (shared by every flow leaving the zone), if known.
     zone_uplink: Option<u64>,
+    summary: Summary,
 }
 
 fn ids<T: PartialEq + Clone>(keys: &[T]) -> Vec<u32> {
@@ -44,6 +64,19 @@ fn count_distinct(v: &[u32]) -> usize {
     v.iter().max().map_or(0, |&m| m as usize + 1)
 }
 
+/// (groups, fewest members, most members) of the ids in `v`.
+fn group_sizes(v: &[u32]) -> (usize, usize, usize) {
+    let mut per = vec![0usize; count_distinct(v)];
+    for &x in v {
+        per[x as usize] += 1;
+    }
+    (
+        per.len(),
+        per.iter().copied().min().unwrap_or(0),
+        per.iter().copied().max().unwrap_or(0),
+    )
+}
+
 impl Topology {
     /// Every rank on its own host, one rack, one zone.
     pub fn flat(n: usize) -> Topology {
@@ -54,7 +87,9 @@ impl Topology {
             link: vec![None; n],
             rack_uplink: None,
             zone_uplink: None,
+            summary: Summary::default(),
         }
+        .summarized()
     }
 
     /// Ranks with equal host names share a host; one rack, one zone.
@@ -66,7 +101,9 @@ impl Topology {
             link: vec![None; hosts.len()],
             rack_uplink: None,
             zone_uplink: None,
+            summary: Summary::default(),
         }
+        .summarized()
     }
 
     /// From explicit (host, rack, zone) names per rank. A host name is only unique within its
@@ -85,7 +122,33 @@ impl Topology {
             link: vec![None; places.len()],
             rack_uplink: None,
             zone_uplink: None,
+            summary: Summary::default(),
         }
+        .summarized()
+    }
+
+    fn summarized(mut self) -> Topology {
+        let (hosts, min_per_host, max_per_host) = group_sizes(&self.host);
+        let (racks, min_per_rack, max_per_rack) = group_sizes(&self.rack);
+        let (zones, min_per_zone, max_per_zone) = group_sizes(&self.zone);
+        self.summary = Summary {
+            hosts,
+            racks,
+            zones,
+            min_per_host,
+            max_per_host,
+            min_per_rack,
+            max_per_rack,
+            min_per_zone,
+            max_per_zone,
+            min_link: self.link.iter().flatten().min().copied(),
+        };
+        self
+    }
+
+    /// Group counts and sizes.
+    pub fn summary(&self) -> &Summary {
+        &self.summary
     }
 
     /// `zones x racks x hosts x ranks` ranks, numbered host by host: the shape tests and
@@ -116,7 +179,7 @@ impl Topology {
         self.link = vec![link.map(bps); self.size()];
         self.rack_uplink = rack_uplink.map(bps);
         self.zone_uplink = zone_uplink.map(bps);
-        self
+        self.summarized()
     }
 
     /// Number of ranks.
@@ -138,17 +201,17 @@ impl Topology {
 
     /// Number of distinct hosts.
     pub fn num_hosts(&self) -> usize {
-        count_distinct(&self.host)
+        self.summary.hosts
     }
 
     /// Number of distinct racks.
     pub fn num_racks(&self) -> usize {
-        count_distinct(&self.rack)
+        self.summary.racks
     }
 
     /// Number of distinct zones.
     pub fn num_zones(&self) -> usize {
-        count_distinct(&self.zone)
+        self.summary.zones
     }
 
     /// Ranks on `rank`'s host, in rank order.
@@ -160,11 +223,7 @@ impl Topology {
 
     /// Most ranks on one host.
     pub fn max_ranks_per_host(&self) -> usize {
-        let mut per = vec![0usize; self.num_hosts()];
-        for &h in &self.host {
-            per[h as usize] += 1;
-        }
-        per.into_iter().max().unwrap_or(0)
+        self.summary.max_per_host
     }
 
     /// Bytes per second of `rank`'s host network link, if the topology file gave it.
@@ -174,7 +233,7 @@ impl Topology {
 
     /// Bytes per second of the slowest host link the topology file gave.
     pub fn min_link_bandwidth(&self) -> Option<f64> {
-        self.link.iter().flatten().min().map(|&b| b as f64)
+        self.summary.min_link.map(|b| b as f64)
     }
 
     /// Bytes per second of a rack's uplink, shared by every flow leaving the rack.
@@ -421,7 +480,7 @@ impl TopoFile {
         t.link = link;
         t.rack_uplink = self.rack_uplink;
         t.zone_uplink = self.zone_uplink;
-        Ok(t)
+        Ok(t.summarized())
     }
 }
 

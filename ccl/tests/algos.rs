@@ -159,13 +159,20 @@ fn bad_topology_file_is_an_invalid_argument_naming_file_and_line() {
     for r in init_all(2, cfg.clone()) {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
-        assert!(e.to_string().contains(&format!("{} line 2", path.display())), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("{} line 2", path.display())),
+            "{e}"
+        );
     }
     // A rank the world does not have.
     std::fs::write(&path, "0 a r z\n1 a r z\n2 a r z\n").unwrap();
     for r in init_all(2, cfg) {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
-        assert!(e.to_string().contains("line 3: rank 2 does not exist"), "{e}");
+        assert!(
+            e.to_string().contains("line 3: rank 2 does not exist"),
+            "{e}"
+        );
     }
 }
