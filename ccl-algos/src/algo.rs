@@ -529,15 +529,6 @@ mod tests {
         }
     }
 
-    fn table(topo: &Topology, t: &TransportProperties) -> Vec<(usize, Algo)> {
-        (3..=30)
-            .map(|p| {
-                let b = 1usize << p;
-                (b, choose(Collective::AllReduce, topo.size(), b, t, topo))
-            })
-            .collect()
-    }
-
     fn choice(topo: &Topology, bytes: usize) -> Algo {
         choose(Collective::AllReduce, topo.size(), bytes, &tcp(), topo)
     }
