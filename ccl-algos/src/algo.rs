@@ -618,6 +618,21 @@ mod tests {
         }
     }
 
+    /// The depths the model charges are those of the trees the schedules use.
+    #[test]
+    fn model_depths_match_the_trees() {
+        for n in 1..=200 {
+            let order: Vec<usize> = (0..n).collect();
+            let [a, b] = crate::tree::double_tree(&order, n);
+            assert_eq!(double_tree_depth(n), a.depth().max(b.depth()), "n={n}");
+            assert_eq!(
+                rooted_depth(n),
+                crate::tree::Tree::rooted(&order, n).depth(),
+                "n={n}"
+            );
+        }
+    }
+
     #[test]
     fn rooted_trees_are_priced() {
         for coll in [Collective::Broadcast, Collective::Reduce] {
