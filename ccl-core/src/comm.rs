@@ -234,6 +234,18 @@ impl Comm {
             "communicator ready: {size} ranks over {} (listening on {local_ip})",
             transport.name()
         );
+        if let (Some(path), 0) = (&config.topo_file, rank) {
+            let sm = topology.summary();
+            ccl_info!(
+                Some(rank),
+                "topology from {path}: {} hosts ({} to {} ranks each), {} racks, {} zones",
+                sm.hosts,
+                sm.min_per_host,
+                sm.max_per_host,
+                sm.racks,
+                sm.zones
+            );
+        }
         let comm = Comm {
             rank,
             size,
