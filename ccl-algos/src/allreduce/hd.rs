@@ -29,6 +29,37 @@ pub fn core_size(n: usize) -> usize {
     1 << (usize::BITS - 1 - n.leading_zeros())
 }
 
+/// `blocks` in the order position `v` wants them during reduce-scatter: the ones it passes on
+/// soonest first (lowest bit where the block and `v` differ first), its own block last. The
+/// blocks a rank passes on at one step arrived together, in this same order, at the step before,
+/// so every send streams right behind the receive producing it.
+fn rs_order(blocks: &[usize], v: usize, p: usize) -> Vec<usize> {
+    let bits = p.trailing_zeros();
+    let key = |b: usize| {
+        if bits == 0 {
+            0
+        } else {
+            (b ^ v).reverse_bits() >> (usize::BITS - bits)
+        }
+    };
+    // Lowest differing bit first means the largest bit-reversed difference first.
+    let mut out = blocks.to_vec();
+    out.sort_by_key(|&b| std::cmp::Reverse(key(b)));
+    out
+}
+
+/// The order in which position `v` holds final blocks after `k` allgather steps (its own, then
+/// each step's arrivals in the order they came): the order it sends them in.
+fn ag_order(v: usize, k: u32, p: usize) -> Vec<usize> {
+    if k == 0 {
+        return vec![v];
+    }
+    let m = p >> k;
+    let mut out = ag_order(v, k - 1, p);
+    out.extend(ag_order(v ^ m, k - 1, p));
+    out
+}
+
 pub fn build(s: &Shape, topo: &Topology) -> Schedule {
     let (r, n, count) = (s.rank, s.size, s.count);
     let mut sc = Schedule::new("hd");
@@ -49,18 +80,22 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
     let order = topo.ring_order();
     let pos = order.iter().position(|&x| x == r).expect("rank in order");
     let p = core_size(n);
+    let steps = p.trailing_zeros();
     let avg = s.op == ReduceOp::Avg;
     let block = |b: usize, buf: Buf| {
         let (off, len) = chunk(count, p, b);
         Region::new(buf, off, len)
     };
-    // Blocks that hold data, in order.
-    let blocks: Vec<usize> = (0..p).filter(|&b| block(b, Buf::Recv).len > 0).collect();
+    let nonempty = |b: &usize| block(*b, Buf::Recv).len > 0;
+    // Blocks that hold data.
+    let blocks: Vec<usize> = (0..p).filter(nonempty).collect();
 
     if pos >= p {
-        // Folded: hand every block to position pos - p, get the results back.
-        let partner = order[pos - p];
-        for &b in &blocks {
+        // Folded: hand every block to position pos - p, in the order it reduces them, and get
+        // the results back in the order it finishes them.
+        let v = pos - p;
+        let partner = order[v];
+        for b in rs_order(&blocks, v, p) {
             sc.push_stream(
                 Action::Send {
                     peer: partner,
@@ -70,8 +105,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
                 0,
             );
         }
-        let last = 1 + 2 * p.trailing_zeros();
-        for &b in &blocks {
+        for b in ag_order(v, steps, p).into_iter().filter(nonempty) {
             sc.push_stream(
                 Action::Recv {
                     peer: partner,
@@ -79,18 +113,19 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
                     combine: Combine::Copy,
                 },
                 None,
-                last,
+                1 + 2 * steps,
             );
         }
         return sc.finish();
     }
 
+    let v = pos;
     // Where each block's current value is and which op produces it.
     let mut cur: Vec<Data> = (0..p).map(|b| Data::ready(block(b, input_buf))).collect();
     let folded = (pos + p < n).then(|| order[pos + p]);
     if let Some(f) = folded {
         // Absorb the folded rank's data: own data first (lower position).
-        for &b in &blocks {
+        for b in rs_order(&blocks, v, p) {
             let dst = block(b, Buf::Recv);
             let with = (cur[b].region != dst).then_some(cur[b].region);
             let id = sc.push_stream(
@@ -113,14 +148,19 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
         }
     }
 
-    let v = pos;
-    let steps = p.trailing_zeros();
     // Reduce-scatter: before step m, this rank holds the blocks agreeing with v below bit m.
     for i in 0..steps {
         let m = 1usize << i;
-        let partner = order[v ^ m];
-        let held = |b: usize| b & (m - 1) == v & (m - 1);
-        for &b in blocks.iter().filter(|&&b| held(b) && b & m != v & m) {
+        let u = v ^ m;
+        let partner = order[u];
+        let held: Vec<usize> = blocks
+            .iter()
+            .copied()
+            .filter(|&b| b & (m - 1) == v & (m - 1))
+            .collect();
+        let give: Vec<usize> = held.iter().copied().filter(|&b| b & m != v & m).collect();
+        let keep: Vec<usize> = held.iter().copied().filter(|&b| b & m == v & m).collect();
+        for b in rs_order(&give, u, p) {
             sc.push_stream(
                 Action::Send {
                     peer: partner,
@@ -130,7 +170,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
                 1 + i,
             );
         }
-        for &b in blocks.iter().filter(|&&b| held(b) && b & m == v & m) {
+        for b in rs_order(&keep, v, p) {
             let dst = block(b, Buf::Recv);
             let with = (cur[b].region != dst).then_some(cur[b].region);
             let id = sc.push_stream(
@@ -139,7 +179,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
                     dst,
                     combine: Combine::Reduce {
                         with,
-                        incoming_first: (v ^ m) < v,
+                        incoming_first: u < v,
                         finish_avg: avg && i + 1 == steps,
                     },
                 },
@@ -152,14 +192,13 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
             };
         }
     }
-    // Allgather: before step m (going down), this rank holds the blocks agreeing with v below
-    // bit 2m; it sends them and receives its partner's.
-    for i in (0..steps).rev() {
-        let m = 1usize << i;
+    // Allgather: step k (m = p/2, p/4, ..., 1) sends everything held, in the order it was
+    // finished, and receives the partner's.
+    for k in 0..steps {
+        let m = p >> (k + 1);
         let partner = order[v ^ m];
-        let mask = 2 * m - 1;
-        let step = 1 + steps + (steps - 1 - i);
-        for &b in blocks.iter().filter(|&&b| b & mask == v & mask) {
+        let step = 1 + steps + k;
+        for b in ag_order(v, k, p).into_iter().filter(nonempty) {
             sc.push_stream(
                 Action::Send {
                     peer: partner,
@@ -169,7 +208,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
                 step,
             );
         }
-        for &b in blocks.iter().filter(|&&b| b & mask == (v ^ m) & mask) {
+        for b in ag_order(v ^ m, k, p).into_iter().filter(nonempty) {
             let dst = block(b, Buf::Recv);
             let id = sc.push_stream(
                 Action::Recv {
@@ -187,7 +226,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
         }
     }
     if let Some(f) = folded {
-        for &b in &blocks {
+        for b in ag_order(v, steps, p).into_iter().filter(nonempty) {
             sc.push_stream(
                 Action::Send {
                     peer: f,
@@ -220,6 +259,25 @@ mod tests {
         for (n, p) in want {
             assert_eq!(core_size(n), p, "n={n}");
         }
+    }
+
+    #[test]
+    fn orders() {
+        // Position 0 of 8 passes odd blocks on at step 1 (7 first: it travels furthest), then 6
+        // and 2 at step 2, 4 at step 3, and keeps 0.
+        assert_eq!(
+            rs_order(&(0..8).collect::<Vec<_>>(), 0, 8),
+            [7, 3, 5, 1, 6, 2, 4, 0]
+        );
+        // Position 1 receives 7, 3, 5, 1 from 0 at step 1, in the order 0 sends them.
+        assert_eq!(rs_order(&[1, 3, 5, 7], 1, 8), [7, 3, 5, 1]);
+        assert_eq!(rs_order(&[0, 1], 1, 2), [0, 1]);
+        assert_eq!(ag_order(5, 0, 8), [5]);
+        assert_eq!(ag_order(5, 1, 8), [5, 1]);
+        assert_eq!(ag_order(5, 3, 8), [5, 1, 7, 3, 4, 0, 6, 2]);
+        let mut all = ag_order(3, 3, 8);
+        all.sort();
+        assert_eq!(all, (0..8).collect::<Vec<_>>());
     }
 
     #[test]
