@@ -3,7 +3,8 @@
 //! out of place, over the in-process and TCP transports, with exact expected values. A topology
 //! file describing 2 racks x 2 hosts x 2 ranks (the ranks of one process all report the same
 //! host name, so the file places them on made-up hosts) drives the hierarchical path and the
-//! topology-ordered ring and trees.
+//! topology-ordered ring and trees. The tree broadcast and reduce run from every root over the
+//! same made-up hosts.
 
 mod common;
 
@@ -133,6 +134,103 @@ fn large_counts_pipeline() {
             .into_iter()
             .sum();
             assert_eq!(wrong, 0, "{algo} n={n}");
+        }
+    }
+}
+
+/// Tree broadcast and reduce from every root, ranks placed by a topology file (the tree follows
+/// its ring order), every dtype; reduce with every op; non-root buffers of reduce untouched.
+#[test]
+fn rooted_trees_every_root_with_a_topology() {
+    use ccl::Collective;
+    use ccl_core::check::{self, CheckValue};
+    fn one<T: CheckValue>(comm: &Communicator, c: usize, op: ReduceOp, in_place: bool) -> usize {
+        let (r, n) = (comm.rank(), comm.size());
+        let mine: Vec<T> = (0..c)
+            .map(|i| T::from_i64(check::input(op, r, i)))
+            .collect();
+        let poison = || vec![T::from_i64(99); c];
+        let same = |a: &T, b: &T| bytemuck::bytes_of(a) == bytemuck::bytes_of(b);
+        let mut wrong = 0;
+        for root in 0..n {
+            // Broadcast: the root's input everywhere.
+            let out = if in_place {
+                let mut b = mine.clone();
+                comm.broadcast_in_place(&mut b, root).unwrap();
+                b
+            } else {
+                let mut b = poison();
+                comm.broadcast(&mine, &mut b, root).unwrap();
+                b
+            };
+            wrong += (0..c)
+                .filter(|&i| !same(&out[i], &T::from_i64(check::input(op, root, i))))
+                .count();
+            // Reduce: the result at the root only.
+            let out = if in_place {
+                let mut b = mine.clone();
+                comm.reduce_in_place(&mut b, op, root).unwrap();
+                b
+            } else {
+                let mut b = poison();
+                comm.reduce(&mine, &mut b, op, root).unwrap();
+                b
+            };
+            wrong += (0..c)
+                .filter(|&i| {
+                    let want = if r == root {
+                        check::expected::<T>(op, n, i)
+                    } else if in_place {
+                        mine[i]
+                    } else {
+                        T::from_i64(99)
+                    };
+                    !same(&out[i], &want)
+                })
+                .count();
+        }
+        wrong
+    }
+    for transport in [TransportKind::Local, TransportKind::Tcp] {
+        for n in 1..=8 {
+            let mut cfg = config(transport, Duration::from_secs(120));
+            cfg.topo_file = Some(
+                topo_file(&format!("rooted-{transport:?}"), n, 3)
+                    .display()
+                    .to_string(),
+            );
+            let wrong: Vec<String> = run_ranks(n, cfg, move |comm| {
+                comm.set_algorithm(Collective::Broadcast, Some(ccl::Algo::Tree))
+                    .unwrap();
+                comm.set_algorithm(Collective::Reduce, Some(ccl::Algo::Tree))
+                    .unwrap();
+                let mut wrong = Vec::new();
+                for c in COUNTS {
+                    for op in ReduceOp::ALL {
+                        for in_place in [false, true] {
+                            let w = one::<f32>(&comm, c, op, in_place)
+                                + one::<half::bf16>(&comm, c, op, in_place)
+                                + one::<i8>(&comm, c, op, in_place)
+                                + one::<u64>(&comm, c, op, in_place);
+                            if w > 0 {
+                                wrong.push(format!(
+                                    "rank {} count {c} {op} in_place={in_place}: {w} wrong",
+                                    comm.rank()
+                                ));
+                            }
+                        }
+                    }
+                }
+                wrong
+            })
+            .into_iter()
+            .flatten()
+            .collect();
+            assert!(
+                wrong.is_empty(),
+                "{transport:?} n={n}:\n{}",
+                wrong.join("\n")
+            );
         }
     }
 }
