@@ -110,12 +110,22 @@ impl Comm {
                 "{var} is set but is not a ccl setting (see docs/env.md)"
             );
         }
-        // Read the topology file before any exchange, so a bad file fails here, on every rank.
-        let topo_file = match &config.topo_file {
-            Some(path) => {
+        // Read the topology file before any exchange, so a bad file fails here, on every rank. A
+        // topology given in code takes precedence.
+        if let Some(t) = &config.topology
+            && t.size() != size
+        {
+            return Err(Error::invalid_argument(format!(
+                "the topology given describes {} ranks but the world has {size}",
+                t.size()
+            ))
+            .rank(rank));
+        }
+        let topo_file = match (&config.topology, &config.topo_file) {
+            (None, Some(path)) => {
                 Some(TopoFile::read(std::path::Path::new(path)).map_err(|e| e.rank(rank))?)
             }
-            None => None,
+            _ => None,
         };
         let mine: Vec<&str> = candidates.iter().map(|t| t.name()).collect();
         let offers = bootstrap.allgather(mine.join(",").as_bytes())?;
@@ -159,7 +169,11 @@ impl Comm {
         blob.push(u8::from(crate::bootstrap::root_is_local(bootstrap.root())));
         blob.push(hb.len() as u8);
         blob.extend_from_slice(hb);
-        let fp = topo_file.as_ref().map_or(0, |f| f.fingerprint());
+        let fp = match (&config.topology, &topo_file) {
+            (Some(t), _) => t.fingerprint().max(1),
+            (None, Some(f)) => f.fingerprint(),
+            (None, None) => 0,
+        };
         blob.extend_from_slice(&fp.to_le_bytes());
         blob.extend_from_slice(crate::log::hostname().as_bytes());
         let all = bootstrap.allgather(&blob)?;
@@ -182,8 +196,8 @@ impl Comm {
             let their_fp = u64::from_le_bytes(rest[n..n + 8].try_into().expect("8 bytes"));
             if their_fp != fp {
                 return Err(Error::invalid_usage(format!(
-                    "CCL_TOPO_FILE differs between this rank ({}) and rank {r} ({}); every rank \
-                     must read the same topology",
+                    "the topology (CCL_TOPO_FILE) differs between this rank ({}) and rank {r} \
+                     ({}); every rank must use the same",
                     if fp == 0 { "unset" } else { "set" },
                     if their_fp == 0 { "unset" } else { "set" }
                 ))
@@ -191,9 +205,10 @@ impl Comm {
             }
             hosts.push(String::from_utf8_lossy(&rest[n + 8..]).into_owned());
         }
-        let topology = match &topo_file {
-            Some(f) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
-            None => Topology::from_hosts(&hosts),
+        let topology = match (&config.topology, &topo_file) {
+            (Some(t), _) => t.clone(),
+            (None, Some(f)) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
+            (None, None) => Topology::from_hosts(&hosts),
         };
         let deadline = Instant::now() + config.timeout;
         let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..size).map(|_| None).collect();
@@ -234,7 +249,7 @@ impl Comm {
             "communicator ready: {size} ranks over {} (listening on {local_ip})",
             transport.name()
         );
-        if let (Some(path), 0) = (&config.topo_file, rank) {
+        if let (Some(path), true, 0) = (&config.topo_file, topo_file.is_some(), rank) {
             let sm = topology.summary();
             ccl_info!(
                 Some(rank),

@@ -194,6 +194,9 @@ pub struct Config {
     pub algo: Option<String>,
     /// `CCL_TOPO_FILE`
     pub topo_file: Option<String>,
+    /// A topology given in code instead of read from `CCL_TOPO_FILE` (not an environment
+    /// setting): a communicator split off another takes its members' part of the parent's.
+    pub topology: Option<crate::topology::Topology>,
     /// `CCL_RANK`
     pub rank: Option<usize>,
     /// `CCL_WORLD_SIZE`
@@ -256,6 +259,7 @@ impl Config {
             socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
             algo: get("CCL_ALGO"),
             topo_file: get("CCL_TOPO_FILE"),
+            topology: None,
             rank: get("CCL_RANK")
                 .map(|v| parse_num("CCL_RANK", &v))
                 .transpose()?,

@@ -182,6 +182,28 @@ impl Topology {
         self.summarized()
     }
 
+    /// The part of this topology that `members` (ranks here, in their new rank order) form:
+    /// what a communicator split off this one sees.
+    pub fn subset(&self, members: &[usize]) -> Topology {
+        let key = |r: usize| (self.zone[r], self.rack[r], self.host[r]);
+        let hosts: Vec<(u32, u32, u32)> = members.iter().map(|&r| key(r)).collect();
+        let racks: Vec<(u32, u32)> = members
+            .iter()
+            .map(|&r| (self.zone[r], self.rack[r]))
+            .collect();
+        let zones: Vec<u32> = members.iter().map(|&r| self.zone[r]).collect();
+        Topology {
+            host: ids(&hosts),
+            rack: ids(&racks),
+            zone: ids(&zones),
+            link: members.iter().map(|&r| self.link[r]).collect(),
+            rack_uplink: self.rack_uplink,
+            zone_uplink: self.zone_uplink,
+            summary: Summary::default(),
+        }
+        .summarized()
+    }
+
     /// Number of ranks.
     pub fn size(&self) -> usize {
         self.host.len()
@@ -539,6 +561,23 @@ mod tests {
         assert_eq!(changes(&|r| t.zone(r)), 2);
         assert_eq!(t.host_groups().len(), 8);
         assert!(t.host_groups().iter().all(|g| g.len() == 2));
+    }
+
+    #[test]
+    fn subsets_keep_places() {
+        let t = Topology::grid(1, 2, 2, 2).with_bandwidth(Some(1e9), Some(2e9), None);
+        // Every other rank: one rank on each of the 4 hosts, 2 racks.
+        let s = t.subset(&[6, 4, 2, 0]);
+        assert_eq!(s.size(), 4);
+        assert_eq!((s.num_hosts(), s.num_racks(), s.num_zones()), (4, 2, 1));
+        assert_eq!(s.ring_order(), vec![0, 1, 2, 3]);
+        assert_eq!(s.rack(0), s.rack(1));
+        assert_ne!(s.rack(1), s.rack(2));
+        assert_eq!(s.link_bandwidth(1), Some(1e9));
+        assert_eq!(s.rack_uplink(), Some(2e9));
+        let s = t.subset(&[0, 1, 4]);
+        assert_eq!(s.host_groups(), vec![vec![0, 1], vec![2]]);
+        assert_eq!(t.subset(&(0..8).collect::<Vec<_>>()), t);
     }
 
     #[test]

@@ -235,6 +235,34 @@ fn rooted_trees_every_root_with_a_topology() {
     }
 }
 
+/// A communicator split off one with a topology file keeps its members' places (the file names
+/// the parent's ranks, so the child must not read it).
+#[test]
+fn split_keeps_the_topology() {
+    for transport in [TransportKind::Local, TransportKind::Tcp] {
+        let mut cfg = config(transport, Duration::from_secs(120));
+        cfg.topo_file = Some(topo_file("split", 8, 4).display().to_string());
+        cfg.algo = Some("allreduce:hier".into());
+        let wrong: usize = run_ranks(8, cfg, |comm| {
+            // Even ranks sit on hosts 0 and 2 (rack 0), odd ones on hosts 1 and 3 (rack 1).
+            let r = comm.rank();
+            let child = comm.split(Some((r % 2) as u32), r as i64).unwrap().unwrap();
+            assert_eq!(child.size(), 4);
+            let mut w = 0;
+            for count in COUNTS {
+                for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                    w += allreduce_case::<f32>(&child, count, op, false);
+                    w += allreduce_case::<i32>(&child, count, op, true);
+                }
+            }
+            w
+        })
+        .into_iter()
+        .sum();
+        assert_eq!(wrong, 0, "{transport:?}");
+    }
+}
+
 fn init_all(n: usize, cfg: ccl::Config) -> Vec<ccl::Result<Communicator>> {
     let id = UniqueId::new_at(LOOPBACK, &cfg).expect("unique id");
     let hs: Vec<_> = (0..n)
