@@ -19,3 +19,4 @@ pub mod reduce_scatter;
 pub mod schedule;
 pub mod select;
 pub mod symbolic;
+pub mod tree;

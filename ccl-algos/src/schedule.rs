@@ -221,6 +221,37 @@ impl Schedule {
         self.push(action, &deps, stream_from, step)
     }
 
+    /// [`push_auto`](Schedule::push_auto) for an op at the end of a **stream chain** (a send
+    /// streaming from a receive that streams from an earlier receive, ...): it need not wait for
+    /// the ops up the chain either, when each touches exactly the same regions as this op where
+    /// they overlap. An op of the chain is never ahead of the one streaming from it, so element
+    /// `i` of a shared region is done up the chain before this op reaches it. Without this, a
+    /// send streaming behind two reducing receives would wait for the first to finish whole.
+    pub fn push_stream(&mut self, action: Action, stream_from: Option<OpId>, step: u32) -> OpId {
+        let mut chain = Vec::new();
+        let mut cur = stream_from;
+        while let Some(c) = cur {
+            chain.push(c);
+            cur = self.ops[c].stream_from;
+        }
+        let (ar, aw) = access(&action);
+        let mine: Vec<Region> = ar.into_iter().chain(aw).filter(|r| r.len > 0).collect();
+        let aligned = |op: &Action| {
+            let (r, w) = access(op);
+            r.iter()
+                .chain(&w)
+                .filter(|x| x.len > 0)
+                .all(|x| mine.iter().all(|m| !m.overlaps(x) || m == x))
+        };
+        let deps: Vec<OpId> = (0..self.ops.len())
+            .filter(|&i| {
+                conflicts(&self.ops[i].action, &action)
+                    && !(chain.contains(&i) && aligned(&self.ops[i].action))
+            })
+            .collect();
+        self.push(action, &deps, stream_from, step)
+    }
+
     /// Derives the per-peer and local queues. Call once after the last push.
     pub fn finish(mut self) -> Schedule {
         let mut peers: Vec<PeerOps> = Vec::new();

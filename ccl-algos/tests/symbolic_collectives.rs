@@ -99,8 +99,10 @@ fn setup(
         op,
         rendezvous,
         extra: Vec::new(),
-        // Rooted collectives do not make every rank depend on every other.
-        causal: !matches!(coll, Collective::Broadcast | Collective::Reduce),
+        // Rooted collectives do not make every rank depend on every other, and a count of 0
+        // moves no data (only the barrier synchronises without any).
+        causal: !matches!(coll, Collective::Broadcast | Collective::Reduce)
+            && (c > 0 || coll == Collective::Barrier),
     }
 }
 

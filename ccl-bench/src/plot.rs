@@ -67,8 +67,12 @@ pub fn svg(title: &str, series: &[Series]) -> String {
         esc(title)
     );
     // Grid: powers of two along x, tenths along y.
-    let mut e = lx0.ceil() as i64;
+    // Ticks on multiples of the step, so 1K, 1M, 1G are labelled whenever the step allows.
     let step = (((lx1 - lx0) / 12.0).ceil() as i64).max(1);
+    let mut e = (lx0.ceil() as i64).div_euclid(step) * step;
+    if (e as f64) < lx0 {
+        e += step;
+    }
     while (e as f64) <= lx1 {
         let x = px(2f64.powi(e as i32));
         let _ = write!(

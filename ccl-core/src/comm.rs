@@ -16,7 +16,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use crate::bootstrap::{Bootstrap, Monitor, Notice};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
-use crate::topology::Topology;
+use crate::topology::{TopoFile, Topology};
 use crate::trace::{Meta, Recorder};
 use crate::transport::{ConnectContext, Endpoint, Handle, MAX_HANDLE_LEN, Transport};
 use crate::{ccl_info, ccl_warn, net};
@@ -115,6 +115,23 @@ impl Comm {
                 "{var} is set but is not a ccl setting (see docs/env.md)"
             );
         }
+        // Read the topology file before any exchange, so a bad file fails here, on every rank. A
+        // topology given in code takes precedence.
+        if let Some(t) = &config.topology
+            && t.size() != size
+        {
+            return Err(Error::invalid_argument(format!(
+                "the topology given describes {} ranks but the world has {size}",
+                t.size()
+            ))
+            .rank(rank));
+        }
+        let topo_file = match (&config.topology, &config.topo_file) {
+            (None, Some(path)) => {
+                Some(TopoFile::read(std::path::Path::new(path)).map_err(|e| e.rank(rank))?)
+            }
+            _ => None,
+        };
         let mine: Vec<&str> = candidates.iter().map(|t| t.name()).collect();
         let offers = bootstrap.allgather(mine.join(",").as_bytes())?;
         let offers: Vec<String> = offers
@@ -150,13 +167,20 @@ impl Comm {
         } else {
             None
         };
-        // Each rank's blob: [hosts the root?][handle length][handle][host name].
-        let mut blob = Vec::with_capacity(2 + MAX_HANDLE_LEN + 64);
+        // Each rank's blob: [hosts the root?][handle length][handle][topology file fingerprint]
+        // [host name].
+        let mut blob = Vec::with_capacity(2 + MAX_HANDLE_LEN + 8 + 64);
         let handle = listener.as_ref().map(|l| l.handle());
         let hb = handle.as_ref().map(|h| h.as_bytes()).unwrap_or(&[]);
         blob.push(u8::from(crate::bootstrap::root_is_local(bootstrap.root())));
         blob.push(hb.len() as u8);
         blob.extend_from_slice(hb);
+        let fp = match (&config.topology, &topo_file) {
+            (Some(t), _) => t.fingerprint().max(1),
+            (None, Some(f)) => f.fingerprint(),
+            (None, None) => 0,
+        };
+        blob.extend_from_slice(&fp.to_le_bytes());
         blob.extend_from_slice(crate::log::hostname().as_bytes());
         let all = bootstrap.allgather(&blob)?;
         let mut handles = Vec::with_capacity(size);
@@ -168,15 +192,30 @@ impl Comm {
             let (&flag, rest) = b.split_first().ok_or_else(bad)?;
             let (&n, rest) = rest.split_first().ok_or_else(bad)?;
             let n = n as usize;
-            if rest.len() < n {
+            if rest.len() < n + 8 {
                 return Err(bad());
             }
             if flag == 1 {
                 root_host = Some(r);
             }
             handles.push(Handle::new(&rest[..n]).map_err(|e| e.rank(rank).peer(r))?);
-            hosts.push(String::from_utf8_lossy(&rest[n..]).into_owned());
+            let their_fp = u64::from_le_bytes(rest[n..n + 8].try_into().expect("8 bytes"));
+            if their_fp != fp {
+                return Err(Error::invalid_usage(format!(
+                    "the topology (CCL_TOPO_FILE) differs between this rank ({}) and rank {r} \
+                     ({}); every rank must use the same",
+                    if fp == 0 { "unset" } else { "set" },
+                    if their_fp == 0 { "unset" } else { "set" }
+                ))
+                .rank(rank));
+            }
+            hosts.push(String::from_utf8_lossy(&rest[n + 8..]).into_owned());
         }
+        let topology = match (&config.topology, &topo_file) {
+            (Some(t), _) => t.clone(),
+            (None, Some(f)) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
+            (None, None) => Topology::from_hosts(&hosts),
+        };
         let deadline = Instant::now() + config.timeout;
         let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..size).map(|_| None).collect();
         for peer in rank + 1..size {
@@ -216,6 +255,18 @@ impl Comm {
             "communicator ready: {size} ranks over {} (listening on {local_ip})",
             transport.name()
         );
+        if let (Some(path), true, 0) = (&config.topo_file, topo_file.is_some(), rank) {
+            let sm = topology.summary();
+            ccl_info!(
+                Some(rank),
+                "topology from {path}: {} hosts ({} to {} ranks each), {} racks, {} zones",
+                sm.hosts,
+                sm.min_per_host,
+                sm.max_per_host,
+                sm.racks,
+                sm.zones
+            );
+        }
         let tag = comm_tag(&bootstrap_secret);
         let trace_buffer = config.trace_buffer;
         let comm = Comm {
@@ -224,7 +275,7 @@ impl Comm {
             config,
             transport_name: transport.name(),
             transport_props: transport.properties(),
-            topology: Topology::from_hosts(&hosts),
+            topology,
             local_ip,
             hosts,
             monitor,

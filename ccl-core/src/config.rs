@@ -95,6 +95,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "algorithm override, e.g. 'ring' or per collective 'allreduce:ring;allgather:ring'",
     },
     Setting {
+        name: "CCL_TOPO_FILE",
+        default: "",
+        help: "file giving each rank's host, rack, zone and link speed (docs/topology.md)",
+    },
+    Setting {
         name: "CCL_RANK",
         default: "",
         help: "this process's rank (overrides the launcher's variables)",
@@ -292,6 +297,11 @@ pub struct Config {
     pub socket_buffer: usize,
     /// `CCL_ALGO`
     pub algo: Option<String>,
+    /// `CCL_TOPO_FILE`
+    pub topo_file: Option<String>,
+    /// A topology given in code instead of read from `CCL_TOPO_FILE` (not an environment
+    /// setting): a communicator split off another takes its members' part of the parent's.
+    pub topology: Option<crate::topology::Topology>,
     /// `CCL_RANK`
     pub rank: Option<usize>,
     /// `CCL_WORLD_SIZE`
@@ -397,6 +407,8 @@ impl Config {
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
             socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
             algo: get("CCL_ALGO"),
+            topo_file: get("CCL_TOPO_FILE"),
+            topology: None,
             rank: get("CCL_RANK")
                 .map(|v| parse_num("CCL_RANK", &v))
                 .transpose()?,

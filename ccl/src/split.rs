@@ -46,7 +46,12 @@ impl Communicator {
             .iter()
             .position(|&r| r == me)
             .expect("a rank is a member of its color");
-        Communicator::init_with_config(&id, new_rank, m.len(), self.config().clone())
+        // The new communicator's ranks stay where they are: its part of this topology (a
+        // topology file would name this communicator's ranks).
+        let mut config = self.config().clone();
+        config.topo_file = None;
+        config.topology = Some(self.s.comm.topology().subset(&m));
+        Communicator::init_with_config(&id, new_rank, m.len(), config)
             .map(Some)
             .map_err(|e| e.context(format!("split: joining color {}", color.unwrap_or(0))))
     }

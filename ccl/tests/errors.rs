@@ -53,7 +53,10 @@ fn a_missing_peer_times_out_naming_it() {
         // Every rank keeps its connections open until all are done, so each sees its own
         // timeout rather than a peer closing.
         let all_done = Arc::new(std::sync::Barrier::new(3));
-        let res = run_ranks(3, config(t, Duration::from_millis(800)), move |comm| {
+        // The ring, whose waits the checks below describe.
+        let mut cfg = config(t, Duration::from_millis(800));
+        cfg.algo = Some("allreduce:ring".into());
+        let res = run_ranks(3, cfg, move |comm| {
             if comm.rank() == 2 {
                 // Never joins the collective.
                 all_done.wait();
@@ -170,9 +173,9 @@ fn init_rejects_bad_rank_and_size() {
 #[test]
 fn bad_algorithm_override_is_refused() {
     let mut cfg = config(TransportKind::Local, Duration::from_secs(5));
-    cfg.algo = Some("allreduce:tree".into());
+    cfg.algo = Some("allreduce:butterfly".into());
     let id = ccl::UniqueId::new_at(LOOPBACK, &cfg).unwrap();
     let e = ccl::Communicator::init_with_config(&id, 0, 1, cfg).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-    assert!(e.to_string().contains("tree"), "{e}");
+    assert!(e.to_string().contains("butterfly"), "{e}");
 }

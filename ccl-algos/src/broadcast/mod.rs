@@ -1,3 +1,4 @@
 //! Broadcast algorithms: copy the root's buffer to every rank.
 
 pub mod ring;
+pub mod tree;
