@@ -56,6 +56,17 @@ enum Cmd {
     Sendrecv(BenchArgs),
     /// Draws the busbw curves of one or more `--json` reports into one SVG picture.
     Plot(PlotArgs),
+    /// Compares `--json` reports of one collective size by size: a Markdown table of
+    /// out-of-place times, the fastest marked, and how far the automatic choice (the report
+    /// named `auto`) is from the fastest.
+    Compare(CompareArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompareArgs {
+    /// `--json` reports; each is a column named after its file (`ring.json` -> `ring`).
+    #[arg(required = true)]
+    reports: Vec<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -82,7 +93,7 @@ impl Cmd {
             Cmd::Reduce(a) => (Op::Coll(C::Reduce), a),
             Cmd::Alltoall(a) => (Op::Coll(C::AllToAll), a),
             Cmd::Sendrecv(a) => (Op::SendRecv, a),
-            Cmd::Plot(_) => return None,
+            Cmd::Plot(_) | Cmd::Compare(_) => return None,
         })
     }
 }
@@ -157,8 +168,10 @@ struct Report {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Cmd::Plot(p) = &cli.cmd {
-        return plot_reports(p);
+    match &cli.cmd {
+        Cmd::Plot(p) => return plot_reports(p),
+        Cmd::Compare(c) => return compare_reports(c),
+        _ => {}
     }
     let Some((op, args)) = cli.cmd.parts() else {
         unreachable!("every other subcommand is a benchmark")
@@ -522,32 +535,141 @@ fn title(reports: &[&Report]) -> String {
     format!("{} (busbw)", parts.join("; "))
 }
 
-/// `ccl-bench plot OUT.svg A.json B.json ...`
-fn plot_reports(p: &PlotArgs) -> ExitCode {
-    let mut reports = Vec::new();
-    for path in &p.reports {
-        let parsed = std::fs::read_to_string(path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| serde_json::from_str::<Report>(&t).map_err(|e| e.to_string()));
-        match parsed {
-            Ok(r) => reports.push(r),
-            Err(e) => {
-                eprintln!(
-                    "ccl-bench plot: {}: not a ccl-bench --json report: {e}",
-                    path.display()
-                );
-                return ExitCode::from(2);
-            }
+fn read_reports(paths: &[PathBuf]) -> Result<Vec<Report>, String> {
+    paths
+        .iter()
+        .map(|path| {
+            std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| serde_json::from_str::<Report>(&t).map_err(|e| e.to_string()))
+                .map_err(|e| format!("{}: not a ccl-bench --json report: {e}", path.display()))
+        })
+        .collect()
+}
+
+fn stem(path: &std::path::Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// `ccl-bench compare A.json B.json ... auto.json`
+fn compare_reports(c: &CompareArgs) -> ExitCode {
+    let table = read_reports(&c.reports).and_then(|r| compare_table(&r, &c.reports));
+    match table {
+        Ok(t) => {
+            print!("{t}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ccl-bench compare: {e}");
+            ExitCode::from(2)
         }
     }
+}
+
+/// The Markdown table `compare` prints.
+fn compare_table(reports: &[Report], paths: &[PathBuf]) -> Result<String, String> {
+    use std::collections::BTreeMap;
+    use std::fmt::Write as _;
+    let first = reports.first().ok_or("no reports")?;
+    for (r, p) in reports.iter().zip(paths) {
+        if r.collective != first.collective || r.nranks != first.nranks {
+            return Err(format!(
+                "{} is {} over {} ranks, {} is {} over {} ranks",
+                p.display(),
+                r.collective,
+                r.nranks,
+                paths[0].display(),
+                first.collective,
+                first.nranks
+            ));
+        }
+    }
+    let names: Vec<String> = paths.iter().map(|p| stem(p)).collect();
+    let auto = names.iter().position(|n| n == "auto");
+    // size -> per report (time, algorithm), out of place.
+    let mut table: BTreeMap<usize, Vec<Option<(f64, String)>>> = BTreeMap::new();
+    for (i, r) in reports.iter().enumerate() {
+        for row in r.results.iter().filter(|x| x.placement == "out-of-place") {
+            table
+                .entry(row.size)
+                .or_insert_with(|| vec![None; reports.len()])[i] =
+                Some((row.time_us, row.algo.clone()));
+        }
+    }
+    let mut out = String::new();
+    out.push_str("| size |");
+    for n in &names {
+        let _ = write!(out, " {n} (us) |");
+    }
+    if auto.is_some() {
+        out.push_str(" auto picked | auto / best |");
+    }
+    out.push('\n');
+    out.push_str(&"|---".repeat(names.len() + 1 + 2 * usize::from(auto.is_some())));
+    out.push_str("|\n");
+    let mut worst: f64 = 0.0;
+    for (size, cols) in &table {
+        // The fastest among the fixed algorithms (the auto column is not a contender).
+        let best = cols
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| Some(i) != auto)
+            .filter_map(|(i, c)| c.as_ref().map(|(t, _)| (i, *t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let _ = write!(out, "| {} |", size_name(*size));
+        for (i, c) in cols.iter().enumerate() {
+            match c {
+                Some((t, _)) if best.is_some_and(|b| b.0 == i) => {
+                    let _ = write!(out, " **{t:.1}** |");
+                }
+                Some((t, _)) => {
+                    let _ = write!(out, " {t:.1} |");
+                }
+                None => out.push_str(" - |"),
+            }
+        }
+        if let Some(a) = auto {
+            match (&cols[a], best) {
+                (Some((t, algo)), Some((_, b))) if b > 0.0 => {
+                    worst = worst.max(t / b);
+                    let _ = write!(out, " {algo} | {:.2} |", t / b);
+                }
+                _ => out.push_str(" - | - |"),
+            }
+        }
+        out.push('\n');
+    }
+    if auto.is_some() {
+        let _ = writeln!(out, "\nWorst auto / best: {worst:.2}");
+    }
+    Ok(out)
+}
+
+fn size_name(b: usize) -> String {
+    for (u, s) in [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if b >= s && b % s == 0 {
+            return format!("{} {u}", b / s);
+        }
+    }
+    format!("{b} B")
+}
+
+/// `ccl-bench plot OUT.svg A.json B.json ...`
+fn plot_reports(p: &PlotArgs) -> ExitCode {
+    let reports = match read_reports(&p.reports) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ccl-bench plot: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let lines: Vec<plot::Series> = reports
         .iter()
         .zip(&p.reports)
         .flat_map(|(r, path)| {
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy())
-                .unwrap_or_default();
+            let name = stem(path);
             let algos: Vec<&str> = {
                 let mut a: Vec<&str> = r.results.iter().map(|x| x.algo.as_str()).collect();
                 a.dedup();

@@ -129,21 +129,34 @@ pub fn analyse(dumps: &[&Dump]) -> Verdict {
         }
     }
     // Follow each rank's waits to where they end: a rank that left no dump or waits for nobody.
-    // A cycle of waits ends where it closes.
+    // A rank names only one of the peers it waits for, so waits can run in a cycle (two
+    // halving-doubling partners each stuck behind a third rank): a cycle proves nothing and
+    // counts only when no chain ends anywhere else.
     let mut culprits = BTreeSet::new();
+    let mut cycles = BTreeSet::new();
     for &start in waits.keys() {
         let mut at = start;
         let mut seen = BTreeSet::new();
+        let mut cycled = false;
         while let Some(&next) = waits.get(&at) {
             if !seen.insert(at) {
+                cycled = true;
                 break;
             }
             at = next;
         }
-        culprits.insert(at);
+        if cycled {
+            cycles.insert(at);
+        } else {
+            culprits.insert(at);
+        }
     }
     if culprits.is_empty() {
-        culprits = never_arrived.clone();
+        culprits = if never_arrived.is_empty() {
+            cycles
+        } else {
+            never_arrived.clone()
+        };
     }
     Verdict {
         comm,
@@ -338,6 +351,27 @@ mod tests {
         let v = analyse(&refs);
         assert_eq!(v.stuck_seq, 8);
         assert_eq!(v.culprits, BTreeSet::from([2]));
+    }
+
+    #[test]
+    fn a_cycle_of_waits_does_not_hide_the_stopped_rank() {
+        // Halving-doubling: 0 and 1 each name the other (both stuck behind the step before),
+        // 3 waits for the stopped rank 2.
+        let ds = [
+            dump(0, 9, Some(1), &[(1, true), (3, true)]),
+            dump(1, 9, Some(0), &[(0, true), (2, true)]),
+            dump(3, 9, Some(2), &[(2, false), (1, true)]),
+        ];
+        let refs: Vec<&Dump> = ds.iter().collect();
+        assert_eq!(analyse(&refs).culprits, BTreeSet::from([2]));
+        // Only a cycle: the ranks that never arrived are named.
+        let ds = [
+            dump(0, 9, Some(1), &[(1, true), (2, false)]),
+            dump(1, 9, Some(0), &[(0, true)]),
+        ];
+        let refs: Vec<&Dump> = ds.iter().collect();
+        let v = analyse(&refs);
+        assert_eq!(v.culprits, BTreeSet::from([2, 3]), "{v:?}");
     }
 
     #[test]
