@@ -7,7 +7,9 @@
 #  1. one VM boot (scripts/rxe-vm.sh) runs every `ib` test: ccl's allreduce over ib with
 #     threads as ranks (2 and 4 ranks, 1 and 4 QPs, every dtype and op, counts 0/1/7/1M+3 and
 #     64 MiB, in and out of place, a peer that goes away), ccl-bench's multi-process ones
-#     (--np runs with -c 1, SIGKILL of a rank mid-collective) and ccl-ibverbs' endpoint tests;
+#     (--np runs with -c 1, SIGKILL of a rank mid-collective), every other collective and
+#     allreduce algorithm (the `ib_` tests of ccl's collectives and algos suites: 1-5 ranks,
+#     every dtype, op, placement and root) and ccl-ibverbs' endpoint tests;
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
 #     run a checked allreduce over rxe between the two "hosts".
 # On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
@@ -62,6 +64,7 @@ run() {
 while read -r name kind exe; do
   case "$name/$kind" in
     ib/test) run "$name ($exe)" "$exe" --test-threads=1 ;;
+    collectives/test|algos/test) run "$name (ib_*)" "$exe" --test-threads=1 ib_ ;;
     endpoint/test) run "$name" "$exe" --test-threads=1 ;;
   esac
 done < target/rxe-tests/bins

@@ -17,14 +17,6 @@ use ccl_core::config::TransportKind;
 use common::*;
 use half::{bf16, f16};
 
-fn have_device() -> bool {
-    let present = ccl_ibverbs::probe(&Config::default());
-    if !present {
-        eprintln!("no active RoCE port: skipping (run scripts/rxe-tests.sh for the verbs tests)");
-    }
-    present
-}
-
 fn ib_config(qps: usize) -> Config {
     let mut c = config(TransportKind::Ib, Duration::from_secs(120));
     c.ib.qps_per_conn = qps;
@@ -53,7 +45,7 @@ fn failures(results: Vec<Vec<String>>) -> Vec<String> {
 
 #[test]
 fn ib_small_counts_every_dtype_and_op() {
-    if !have_device() {
+    if !have_ib() {
         return;
     }
     for n in [2, 4] {
@@ -88,7 +80,7 @@ fn ib_small_counts_every_dtype_and_op() {
 
 #[test]
 fn ib_1m_plus_3_every_dtype_and_op() {
-    if !have_device() {
+    if !have_ib() {
         return;
     }
     const COUNT: usize = (1 << 20) + 3;
@@ -127,7 +119,7 @@ fn ib_1m_plus_3_every_dtype_and_op() {
 
 #[test]
 fn ib_64_mib() {
-    if !have_device() {
+    if !have_ib() {
         return;
     }
     for n in [2, 4] {
@@ -178,7 +170,7 @@ fn ib_64_mib() {
 
 #[test]
 fn ib_a_peer_that_goes_away_is_named() {
-    if !have_device() {
+    if !have_ib() {
         return;
     }
     let res = run_ranks(3, ib_config(1), |comm| {
@@ -216,7 +208,7 @@ fn ib_a_peer_that_goes_away_is_named() {
 
 #[test]
 fn ib_mismatched_settings_are_refused() {
-    if !have_device() {
+    if !have_ib() {
         return;
     }
     let cfg = ib_config(1);

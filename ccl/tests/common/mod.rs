@@ -122,3 +122,14 @@ pub fn all_dtypes(
         ),
     ]
 }
+
+/// Whether an active RoCE port exists for the verbs-transport variants of the sweeps; without
+/// one they say so and return (`scripts/rxe-tests.sh` runs them in a SoftRoCE VM).
+#[cfg(feature = "ib")]
+pub fn have_ib() -> bool {
+    let present = ccl_ibverbs::probe(&Config::default());
+    if !present {
+        eprintln!("no active RoCE port: skipping (run scripts/rxe-tests.sh for the verbs tests)");
+    }
+    present
+}
