@@ -11,7 +11,9 @@
 #     allreduce algorithm (the `ib_` tests of ccl's collectives and algos suites: 1-5 ranks,
 #     every dtype, op, placement and root) and ccl-ibverbs' endpoint tests;
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
-#     run a checked allreduce over rxe between the two "hosts".
+#     run a checked allreduce over rxe between the two "hosts"; then, in a second boot, a
+#     checked allreduce with 1% packet loss (netem) each way, and the link set down
+#     mid-run, which must fail both ranks naming the other within the timeout.
 # On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
 # CCL_RXE_TESTS_DIRECT=1 to run step 1 without a VM.
 # Ends with "rxe-tests: N passed, M failed"; exit status 0 when everything passed.
@@ -98,6 +100,39 @@ if [ "$PAIR" = 1 ]; then
     fail=$((fail + 1)); log "two-VM allreduce FAILED"
   fi
   log "two-VM allreduce: $(( $(date +%s) - t0 )) s"
+
+  # Faults on the link between the two VMs (one boot): 1% packet loss each way must leave
+  # results correct (RC retransmits); the link set down mid-run must fail both ranks with an
+  # error naming the other, within the timeout, not hang.
+  t0=$(date +%s)
+  cmd='export CCL_WORLD_SIZE=2 CCL_SECRET=rxe-faults CCL_TRANSPORT=ib CCL_SOCKET_IFNAME="=$RXE_NETDEV";
+       if [ "$RXE_ROLE" = b ]; then export CCL_RANK=0; else export CCL_RANK=1; fi;
+       modprobe sch_netem || exit 1;
+       tc qdisc add dev "$RXE_NETDEV" root netem loss 1% || exit 1;
+       echo "netem: $(tc qdisc show dev $RXE_NETDEV)";
+       CCL_COMM_ID=192.0.2.2:29556 CCL_TIMEOUT=120 timeout 400 target/release/ccl-bench allreduce \
+         -b 8 -e 4M -f 8 -n 3 -w 1 -c 1 > $TMPDIR/loss 2>&1; rc=$?;
+       cat $TMPDIR/loss | grep -v "is not a ccl setting";
+       if [ "$CCL_RANK" = 0 ]; then grep -q "Out of bounds values : 0 OK" $TMPDIR/loss || rc=1; fi;
+       [ $rc = 0 ] || { echo "FAILED: allreduce under 1% loss (rc $rc)"; exit 1; };
+       echo "PASSED: allreduce under 1% loss, results checked";
+       tc qdisc del dev "$RXE_NETDEV" root;
+       if [ "$RXE_ROLE" = a ]; then (sleep 15; ip link set dev "$RXE_NETDEV" down; echo "link down at $(date +%s)") & fi;
+       t=$(date +%s);
+       CCL_COMM_ID=192.0.2.2:29557 CCL_TIMEOUT=20 timeout 150 target/release/ccl-bench allreduce \
+         -b 1M -e 1M -n 1000000 -w 0 -c 1 > $TMPDIR/down 2>&1; rc=$?;
+       grep -v "is not a ccl setting" $TMPDIR/down | tail -5;
+       echo "exit $rc after $(( $(date +%s) - t )) s";
+       if [ $rc = 0 ] || [ $rc = 124 ]; then echo "FAILED: link down gave exit $rc"; exit 1; fi;
+       peer=$(( 1 - CCL_RANK ));
+       grep -q "peer $peer" $TMPDIR/down || { echo "FAILED: the error does not name peer $peer"; exit 1; };
+       echo "PASSED: link down failed rank $CCL_RANK naming peer $peer"'
+  if CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm-pair.sh "$cmd" "$cmd"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1)); log "two-VM link faults FAILED"
+  fi
+  log "two-VM link faults: $(( $(date +%s) - t0 )) s"
 fi
 echo "rxe-tests: $pass passed, $fail failed"
 [ "$fail" = 0 ]
