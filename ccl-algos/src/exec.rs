@@ -527,10 +527,14 @@ fn drive(
                     .min(LOOKAHEAD);
                 let hb = &mut st.in_buf[pi];
                 let ep = links.get(p.peer).map_err(fail)?;
+                // A transport may lend the bytes in several pieces (a message-based one hands
+                // out one slot at a time): take only what the header still lacks.
+                let mut taken = 0;
                 let k = ep
                     .recv_with(want + look, &mut |b: &[u8]| {
-                        let t = b.len().min(want);
-                        hb[got..got + t].copy_from_slice(&b[..t]);
+                        let t = b.len().min(want - taken);
+                        hb[got + taken..got + taken + t].copy_from_slice(&b[..t]);
+                        taken += t;
                         t
                     })
                     .map_err(|e| {

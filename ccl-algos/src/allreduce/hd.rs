@@ -65,17 +65,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
     let mut sc = Schedule::new("hd");
     let input_buf = if s.in_place { Buf::Recv } else { Buf::Send };
     if n == 1 {
-        if !s.in_place && count > 0 {
-            sc.push_auto(
-                Action::Copy {
-                    src: Region::new(Buf::Send, 0, count),
-                    dst: Region::new(Buf::Recv, 0, count),
-                },
-                None,
-                0,
-            );
-        }
-        return sc.finish();
+        return super::alone(s, sc);
     }
     let order = topo.ring_order();
     let pos = order.iter().position(|&x| x == r).expect("rank in order");

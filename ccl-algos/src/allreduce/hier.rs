@@ -14,7 +14,7 @@
 //! bit-identical everywhere.
 
 use crate::allreduce::ring::{self, chunk};
-use crate::schedule::{Action, Buf, Region, Schedule, Shape};
+use crate::schedule::{Buf, Region, Schedule, Shape};
 use crate::tree::{Data, Tree, bcast_down, reduce_up};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
@@ -24,17 +24,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
     let mut sc = Schedule::new("hier");
     let input_buf = if s.in_place { Buf::Recv } else { Buf::Send };
     if n == 1 {
-        if !s.in_place && count > 0 {
-            sc.push_auto(
-                Action::Copy {
-                    src: Region::new(Buf::Send, 0, count),
-                    dst: Region::new(Buf::Recv, 0, count),
-                },
-                None,
-                0,
-            );
-        }
-        return sc.finish();
+        return super::alone(s, sc);
     }
     let groups = topo.host_groups();
     let leaders: Vec<usize> = groups.iter().map(|g| g[0]).collect();

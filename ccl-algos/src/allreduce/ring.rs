@@ -32,19 +32,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
     let mut sc = Schedule::new("ring");
     let src_buf = if s.in_place { Buf::Recv } else { Buf::Send };
     if n == 1 {
-        if !s.in_place && count > 0 {
-            sc.push(
-                Action::Copy {
-                    src: Region::new(Buf::Send, 0, count),
-                    dst: Region::new(Buf::Recv, 0, count),
-                },
-                &[],
-                None,
-                0,
-            );
-        }
-        // Avg over one rank divides by one: nothing to do.
-        return sc.finish();
+        return super::alone(s, sc);
     }
     let order = topo.ring_order();
     let input: Vec<Data> = (0..n)

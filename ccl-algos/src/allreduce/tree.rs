@@ -17,7 +17,7 @@
 //! message per direction per tree, and never two up-tree (or two down-tree) messages in one
 //! direction (that would make a rank interior in both trees), so both ends agree on the order.
 
-use crate::schedule::{Action, Buf, Region, Schedule, Shape};
+use crate::schedule::{Buf, Region, Schedule, Shape};
 use crate::tree::{Data, bcast_down, double_tree, reduce_up};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
@@ -33,17 +33,7 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
     let mut sc = Schedule::new("tree");
     let input_buf = if s.in_place { Buf::Recv } else { Buf::Send };
     if n == 1 {
-        if !s.in_place && count > 0 {
-            sc.push_auto(
-                Action::Copy {
-                    src: Region::new(Buf::Send, 0, count),
-                    dst: Region::new(Buf::Recv, 0, count),
-                },
-                None,
-                0,
-            );
-        }
-        return sc.finish();
+        return super::alone(s, sc);
     }
     let trees = double_tree(&topo.ring_order(), n);
     let avg = s.op == ReduceOp::Avg;

@@ -162,7 +162,10 @@ pub trait Endpoint: Send {
     /// Lends up to `max` received bytes of the stream to `consume`, which returns how many of the
     /// offered bytes it used (possibly fewer, e.g. whole elements only; the rest is offered again
     /// on the next call). Returns the number used. This lets the caller reduce straight from the
-    /// transport's buffer into its destination with no intermediate copy.
+    /// transport's buffer into its destination with no intermediate copy. `consume` may be
+    /// called several times in one call, with consecutive pieces of the stream (a message-based
+    /// transport lends one received message at a time), until it takes less than it was offered
+    /// or `max` bytes are used.
     fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize>;
 
     /// Called before the executor blocks. Returns `Ok(false)` when progress may be possible right
