@@ -77,7 +77,15 @@ fn c_program_through_the_static_library() {
     assert!(lib.exists(), "{} was not built", lib.display());
     let exe = common::compile_c(
         "capi_test_static",
-        &[lib.to_str().unwrap(), "-lpthread", "-ldl", "-lm"],
+        // The verbs transport is in the library by default: its system libraries come along.
+        &[
+            lib.to_str().unwrap(),
+            "-libverbs",
+            "-lrdmacm",
+            "-lpthread",
+            "-ldl",
+            "-lm",
+        ],
         false,
     );
     let mut cmd = Command::new(&exe);
