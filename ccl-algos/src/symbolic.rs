@@ -122,6 +122,41 @@ pub struct Setup {
     pub causal: bool,
 }
 
+impl Setup {
+    /// Allreduce of `count` elements over `n` ranks: every element of every rank's result is
+    /// the reduction of all inputs, bit-identical across ranks, and (for a count above 0) every
+    /// rank has heard from every other.
+    pub fn allreduce(
+        n: usize,
+        count: usize,
+        in_place: bool,
+        op: ReduceOp,
+        rendezvous: bool,
+    ) -> Setup {
+        Setup {
+            init: Box::new(move |r| {
+                if in_place {
+                    (Vec::new(), inputs(r, count))
+                } else {
+                    (inputs(r, count), vec![None; count])
+                }
+            }),
+            expect: Box::new(move |_, i| {
+                Some(Expect::Reduced {
+                    mask: all_ranks(n),
+                    idx: i as u32,
+                })
+            }),
+            identical: true,
+            op,
+            rendezvous,
+            extra: Vec::new(),
+            // A count of 0 moves no data, so it synchronises nothing.
+            causal: count > 0,
+        }
+    }
+}
+
 impl std::fmt::Debug for Setup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Setup")

@@ -3,39 +3,9 @@
 
 use ccl_algos::algo::{Algo, Collective, build};
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
-use ccl_algos::symbolic::{Expect, Setup, all_ranks, inputs, simulate};
+use ccl_algos::symbolic::{Setup, simulate};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
-
-fn allreduce_setup(
-    n: usize,
-    count: usize,
-    in_place: bool,
-    op: ReduceOp,
-    rendezvous: bool,
-) -> Setup {
-    Setup {
-        init: Box::new(move |r| {
-            if in_place {
-                (Vec::new(), inputs(r, count))
-            } else {
-                (inputs(r, count), vec![None; count])
-            }
-        }),
-        expect: Box::new(move |_, i| {
-            Some(Expect::Reduced {
-                mask: all_ranks(n),
-                idx: i as u32,
-            })
-        }),
-        identical: true,
-        op,
-        rendezvous,
-        extra: Vec::new(),
-        // A count of 0 moves no data, so it synchronises nothing.
-        causal: count > 0,
-    }
-}
 
 fn check(algo: Algo, n: usize, count: usize, in_place: bool, op: ReduceOp, seeds: u64) {
     let scheds: Vec<_> = (0..n)
@@ -53,7 +23,7 @@ fn check(algo: Algo, n: usize, count: usize, in_place: bool, op: ReduceOp, seeds
         })
         .collect();
     for rendezvous in [false, true] {
-        let setup = allreduce_setup(n, count, in_place, op, rendezvous);
+        let setup = Setup::allreduce(n, count, in_place, op, rendezvous);
         for seed in 0..seeds {
             simulate(&scheds, &setup, seed * 7919 + 1).unwrap_or_else(|e| {
                 panic!("{algo} n={n} count={count} in_place={in_place} {op} rendezvous={rendezvous} seed={seed}: {e}")
@@ -102,7 +72,7 @@ fn two_rank(build: impl Fn(usize) -> Schedule) -> Vec<Schedule> {
 /// The checker itself must catch broken schedules, or the tests above prove nothing.
 #[test]
 fn checker_catches_broken_schedules() {
-    let setup = |in_place, rendezvous| allreduce_setup(2, 4, in_place, ReduceOp::Sum, rendezvous);
+    let setup = |in_place, rendezvous| Setup::allreduce(2, 4, in_place, ReduceOp::Sum, rendezvous);
     // Both ranks send their buffer and reduce the incoming data into it in place, without waiting
     // for their own send: a write-after-read hazard.
     let bad = two_rank(|r| {

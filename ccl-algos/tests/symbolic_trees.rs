@@ -37,30 +37,6 @@ fn schedules(coll: Collective, algo: Algo, shape: Shape, topo: &Topology) -> Vec
         .collect()
 }
 
-fn allreduce_setup(n: usize, count: usize, in_place: bool, op: ReduceOp, rdv: bool) -> Setup {
-    Setup {
-        init: Box::new(move |r| {
-            if in_place {
-                (Vec::new(), inputs(r, count))
-            } else {
-                (inputs(r, count), vec![None; count])
-            }
-        }),
-        expect: Box::new(move |_, i| {
-            Some(Expect::Reduced {
-                mask: all_ranks(n),
-                idx: i as u32,
-            })
-        }),
-        identical: true,
-        op,
-        rendezvous: rdv,
-        extra: Vec::new(),
-        // Every rank's result depends on every input (a count of 0 moves nothing).
-        causal: count > 0,
-    }
-}
-
 fn check_allreduce(algo: Algo, topo: &Topology, count: usize, in_place: bool, op: ReduceOp) {
     let n = topo.size();
     let scheds = schedules(
@@ -70,7 +46,7 @@ fn check_allreduce(algo: Algo, topo: &Topology, count: usize, in_place: bool, op
         topo,
     );
     for rdv in [false, true] {
-        let setup = allreduce_setup(n, count, in_place, op, rdv);
+        let setup = Setup::allreduce(n, count, in_place, op, rdv);
         for seed in 0..seeds(n) {
             simulate(&scheds, &setup, seed * 7919 + 1).unwrap_or_else(|e| {
                 panic!(
