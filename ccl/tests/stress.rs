@@ -147,14 +147,18 @@ fn ten_thousand_random_operations() {
                 Collective::ReduceScatter,
                 Collective::AllToAll,
             ];
-            let mut rss = (0, 0);
+            let mut rss = (0, 0, 0);
             let t0 = Instant::now();
             let mut wrong = 0;
             let mut moved = 0u64;
             for k in 0..ops {
                 if k == 200 {
-                    // After warm-up: plan caches, scratch and socket buffers are in place.
+                    // After warm-up: scratch and socket buffers are in place.
                     rss.0 = rss_kib();
+                }
+                if k == ops / 2 {
+                    // By now the plan cache has been full (and emptied) more than once.
+                    rss.1 = rss_kib();
                 }
                 let coll = colls[rng.below(colls.len() as u64) as usize];
                 let algos = coll.algos();
@@ -183,28 +187,36 @@ fn ten_thousand_random_operations() {
                 }
             }
             comm.barrier().unwrap();
-            rss.1 = rss_kib();
+            rss.2 = rss_kib();
             (comm.rank(), wrong, rss, t0.elapsed(), moved)
         },
     );
-    let mut rss_seen = (0, 0);
+    let mut rss_seen = (0, 0, 0);
     for (rank, wrong, rss, took, moved) in &res {
         assert_eq!(*wrong, 0, "rank {rank} had wrong elements");
         rss_seen = *rss;
         if *rank == 0 {
             eprintln!(
-                "{ops} random operations on {n} ranks in {took:?} ({} MB moved per rank); process RSS {} KiB after warm-up, {} KiB at the end",
+                "{ops} random operations on {n} ranks in {took:?} ({} MB moved per rank); process RSS {} KiB after warm-up, {} KiB halfway, {} KiB at the end",
                 moved / 1_000_000,
                 rss.0,
-                rss.1
+                rss.1,
+                rss.2
             );
         }
     }
     // The ranks are threads of this process: one RSS. Buffers come and go each operation;
-    // what stays must not grow with the number of operations.
-    let growth = rss_seen.1.saturating_sub(rss_seen.0);
+    // what stays must not grow with the number of operations: the second half of the run may
+    // not add more than allocator noise.
+    let growth = rss_seen.2.saturating_sub(rss_seen.0);
     assert!(
         growth < 64 * 1024,
         "RSS grew by {growth} KiB over {ops} operations"
+    );
+    let late = rss_seen.2.saturating_sub(rss_seen.1);
+    assert!(
+        late < 8 * 1024,
+        "RSS grew by {late} KiB over the second half ({} operations)",
+        ops - ops / 2
     );
 }
