@@ -93,7 +93,15 @@ pub fn wc_error(status: u32, vendor_err: u32, peer: usize, what: &str) -> Error 
                 "the connection to peer {peer} is in error (an earlier operation failed or it was closed)"
             ),
         ),
-        LOC_LEN_ERR | LOC_PROT_ERR | LOC_ACCESS_ERR | LOC_QP_OP_ERR | MW_BIND_ERR => (
+        // rxe reports this when it cannot send at all: seen with the network device set down.
+        LOC_QP_OP_ERR => (
+            ErrorKind::System,
+            format!(
+                "local QP operation error on the connection to peer {peer}: the local port or \
+                 its network device failed (is the link down?)"
+            ),
+        ),
+        LOC_LEN_ERR | LOC_PROT_ERR | LOC_ACCESS_ERR | MW_BIND_ERR => (
             ErrorKind::Internal,
             format!("local error on the connection to peer {peer} (a bug in ccl)"),
         ),
@@ -141,6 +149,9 @@ mod tests {
         assert_eq!(wc_error(10, 0, 0, "x").kind(), ErrorKind::Remote);
         assert_eq!(wc_error(5, 0, 0, "x").kind(), ErrorKind::Remote);
         assert_eq!(wc_error(4, 0, 0, "x").kind(), ErrorKind::Internal);
+        let down = wc_error(2, 0, 3, "x");
+        assert_eq!(down.kind(), ErrorKind::System);
+        assert!(down.to_string().contains("link down"), "{down}");
         assert_eq!(wc_error(1, 0, 0, "x").kind(), ErrorKind::Internal);
         assert_eq!(wc_error(19, 0, 0, "x").kind(), ErrorKind::System);
         assert_eq!(wc_error(99, 0, 0, "x").kind(), ErrorKind::System);
