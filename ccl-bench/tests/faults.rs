@@ -15,41 +15,44 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One rank process of a 4-rank job meeting at `port` (rank 0 hosts the rendezvous).
-fn rank(r: usize, n: usize, port: u16, timeout_s: u32) -> Child {
+/// One rank process of an `n`-rank job meeting at `port` (rank 0 hosts the rendezvous),
+/// running `iters` allreduces of `size` over TCP with `CCL_TIMEOUT=timeout_s` and `env` on top.
+fn rank_with(
+    r: usize,
+    n: usize,
+    port: u16,
+    timeout_s: u32,
+    size: &str,
+    iters: &str,
+    env: &[(&str, &std::path::Path)],
+) -> Child {
     let mut c = Command::new(BIN);
     for (k, _) in std::env::vars() {
         if k.starts_with("CCL_") {
             c.env_remove(k);
         }
     }
-    c.args([
-        "allreduce",
-        "-b",
-        "32M",
-        "-e",
-        "32M",
-        "-n",
-        "1000",
-        "-w",
-        "0",
-        "-c",
-        "0",
-        "--transport",
-        "tcp",
-    ])
-    .env("CCL_RANK", r.to_string())
-    .env("CCL_WORLD_SIZE", n.to_string())
-    .env("CCL_COMM_ID", format!("127.0.0.1:{port}"))
-    .env("CCL_SOCKET_IFNAME", "=lo")
-    .env("CCL_TIMEOUT", timeout_s.to_string())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap()
+    c.args(["allreduce", "-b", size, "-e", size, "-n", iters])
+        .args(["-w", "0", "-c", "0", "--transport", "tcp"])
+        .env("CCL_RANK", r.to_string())
+        .env("CCL_WORLD_SIZE", n.to_string())
+        .env("CCL_COMM_ID", format!("127.0.0.1:{port}"))
+        .env("CCL_SOCKET_IFNAME", "=lo")
+        .env("CCL_TIMEOUT", timeout_s.to_string());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
-/// A small deterministic generator (no extra dependency): which rank, and when.
+/// One rank of the kill test: large allreduces.
+fn rank(r: usize, n: usize, port: u16, timeout_s: u32) -> Child {
+    rank_with(r, n, port, timeout_s, "32M", "1000", &[])
+}
+
 fn xorshift(x: &mut u64) -> u64 {
     *x ^= *x << 13;
     *x ^= *x >> 7;
@@ -134,39 +137,7 @@ fn a_stopped_rank_is_named_by_the_trace_analysis() {
     let _ = std::fs::remove_dir_all(&dir);
     let port = free_port();
     let mut kids: Vec<Child> = (0..n)
-        .map(|r| {
-            let mut c = Command::new(BIN);
-            for (k, _) in std::env::vars() {
-                if k.starts_with("CCL_") {
-                    c.env_remove(k);
-                }
-            }
-            c.args([
-                "allreduce",
-                "-b",
-                "4M",
-                "-e",
-                "4M",
-                "-n",
-                "100000",
-                "-w",
-                "0",
-                "-c",
-                "0",
-                "--transport",
-                "tcp",
-            ])
-            .env("CCL_RANK", r.to_string())
-            .env("CCL_WORLD_SIZE", n.to_string())
-            .env("CCL_COMM_ID", format!("127.0.0.1:{port}"))
-            .env("CCL_SOCKET_IFNAME", "=lo")
-            .env("CCL_TIMEOUT", "3")
-            .env("CCL_TRACE_DIR", &dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-        })
+        .map(|r| rank_with(r, n, port, 3, "4M", "100000", &[("CCL_TRACE_DIR", &dir)]))
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
     let pid = nix::unistd::Pid::from_raw(kids[victim].id() as i32);

@@ -94,6 +94,28 @@ impl std::fmt::Debug for Communicator {
 
 /// Elements of `coll`'s count for buffers of these lengths (in place when `send` is `None`),
 /// following NCCL: allgather's count is the input block, reduce-scatter's the output block.
+/// A collective on typed buffers: NCCL's count from their lengths, then the untyped run.
+fn run_typed<T: Element>(
+    s: &Shared,
+    coll: Collective,
+    send: Option<&[T]>,
+    recv: &mut [T],
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let count = count_for(s, coll, send.map(|b| b.len()), recv.len())?;
+    let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
+    s.run(
+        coll,
+        send,
+        bytemuck::cast_slice_mut(recv),
+        count,
+        T::DTYPE,
+        op,
+        root,
+    )
+}
+
 fn count_for(s: &Shared, coll: Collective, send: Option<usize>, recv: usize) -> Result<usize> {
     let what = coll.name();
     Ok(match (coll, send) {
@@ -258,19 +280,8 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.sub().blocking(|s| {
-            let count = count_for(s, coll, send.map(|b| b.len()), recv.len())?;
-            let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
-            s.run(
-                coll,
-                send,
-                bytemuck::cast_slice_mut(recv),
-                count,
-                T::DTYPE,
-                op,
-                root,
-            )
-        })
+        self.sub()
+            .blocking(|s| run_typed(s, coll, send, recv, op, root))
     }
 
     /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count, `send` is `None`
@@ -307,16 +318,11 @@ impl Communicator {
         R: AsMut<[T]> + Send + 'static,
     {
         self.sub().submit((send, recv), move |s, (send, recv)| {
-            let send = send.as_ref().map(|b| b.as_ref());
-            let recv = recv.as_mut();
-            let count = count_for(s, coll, send.map(|b| b.len()), recv.len())?;
-            let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
-            s.run(
+            run_typed(
+                s,
                 coll,
-                send,
-                bytemuck::cast_slice_mut(recv),
-                count,
-                T::DTYPE,
+                send.as_ref().map(|b| b.as_ref()),
+                recv.as_mut(),
                 op,
                 root,
             )
