@@ -54,17 +54,39 @@ impl fmt::Display for ErrorKind {
 }
 
 /// A ccl error: a kind, the rank and peer involved, a message and an optional OS-level cause.
-#[derive(Clone)]
+#[derive(Clone, thiserror::Error)]
+#[error(transparent)]
 pub struct Error {
     inner: Arc<Inner>,
 }
 
+/// Shown as `kind (rank R, peer P): message: OS error`.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}{}: {message}{}", whose(*.rank, *.peer), cause(.source))]
 struct Inner {
     kind: ErrorKind,
     rank: Option<usize>,
     peer: Option<usize>,
     message: String,
     source: Option<io::Error>,
+}
+
+/// The ` (rank R, peer P)` part of a message, with what is known of the two.
+fn whose(rank: Option<usize>, peer: Option<usize>) -> String {
+    match (rank, peer) {
+        (Some(r), Some(p)) => format!(" (rank {r}, peer {p})"),
+        (Some(r), None) => format!(" (rank {r})"),
+        (None, Some(p)) => format!(" (peer {p})"),
+        (None, None) => String::new(),
+    }
+}
+
+/// The `: OS error` tail of a message, when there is one.
+fn cause(source: &Option<io::Error>) -> String {
+    source
+        .as_ref()
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default()
 }
 
 /// The result type of every fallible call in ccl.
@@ -193,37 +215,10 @@ impl Error {
     }
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let i = &*self.inner;
-        write!(f, "{}", i.kind)?;
-        match (i.rank, i.peer) {
-            (Some(r), Some(p)) => write!(f, " (rank {r}, peer {p})")?,
-            (Some(r), None) => write!(f, " (rank {r})")?,
-            (None, Some(p)) => write!(f, " (peer {p})")?,
-            (None, None) => {}
-        }
-        write!(f, ": {}", i.message)?;
-        if let Some(s) = &i.source {
-            write!(f, ": {s}")?;
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Debug output shows up in `unwrap()` panics; the readable form helps more there.
         write!(f, "Error({self})")
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.inner
-            .source
-            .as_ref()
-            .map(|s| s as &(dyn std::error::Error + 'static))
     }
 }
 
@@ -272,6 +267,20 @@ mod tests {
         assert!(c.to_string().contains("(rank 2)"));
         assert!(c.os_error().is_some());
         assert_eq!(e.rank_id(), None);
+    }
+
+    #[test]
+    fn display_with_every_part_known_or_not() {
+        let e = || Error::timeout("no progress");
+        assert_eq!(e().to_string(), "timeout: no progress");
+        assert_eq!(e().rank(2).to_string(), "timeout (rank 2): no progress");
+        assert_eq!(e().peer(5).to_string(), "timeout (peer 5): no progress");
+        let os = Error::io(ErrorKind::System, "poll", io::Error::other("boom"));
+        assert_eq!(
+            os.rank(0).peer(1).to_string(),
+            "system error (rank 0, peer 1): poll: boom"
+        );
+        assert_eq!(format!("{:?}", e()), "Error(timeout: no progress)");
     }
 
     #[test]

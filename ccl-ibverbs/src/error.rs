@@ -4,57 +4,72 @@
 //! source, so callers see for instance
 //! `system error (rank 0): ibv_reg_mr of 4194304 bytes failed (...raise the locked-memory limit...): Cannot allocate memory`.
 
-use std::fmt;
 use std::io;
 
 use ccl_core::{Error, ErrorKind};
 
 /// A failed verbs call.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerbsError {
     /// `ibv_fork_init`.
-    ForkInit(io::Error),
+    #[error("ibv_fork_init failed (set RDMAV_FORK_SAFE=1 in the environment instead?)")]
+    ForkInit(#[source] io::Error),
     /// `ibv_get_device_list`.
-    GetDeviceList(io::Error),
+    #[error("ibv_get_device_list failed (is the ib_uverbs kernel module loaded?)")]
+    GetDeviceList(#[source] io::Error),
     /// `ibv_open_device`.
+    #[error("ibv_open_device({device}) failed (permissions on /dev/infiniband?)")]
     OpenDevice { device: String, source: io::Error },
     /// `ibv_query_port`.
+    #[error("ibv_query_port({device}, port {port}) failed")]
     QueryPort {
         device: String,
         port: u8,
         source: io::Error,
     },
     /// `ibv_alloc_pd`.
+    #[error("ibv_alloc_pd({device}) failed")]
     AllocPd { device: String, source: io::Error },
     /// `ibv_create_comp_channel`.
+    #[error("ibv_create_comp_channel({device}) failed")]
     CreateCompChannel { device: String, source: io::Error },
     /// `ibv_create_cq`.
+    #[error("ibv_create_cq with {entries} entries failed")]
     CreateCq { entries: u32, source: io::Error },
     /// `ibv_req_notify_cq`.
-    ReqNotifyCq(io::Error),
+    #[error("ibv_req_notify_cq failed")]
+    ReqNotifyCq(#[source] io::Error),
     /// `ibv_get_cq_event`.
-    GetCqEvent(io::Error),
+    #[error("ibv_get_cq_event failed")]
+    GetCqEvent(#[source] io::Error),
     /// `ibv_poll_cq`.
-    PollCq(io::Error),
+    #[error("ibv_poll_cq failed (the CQ is in error)")]
+    PollCq(#[source] io::Error),
     /// `ibv_create_qp`.
+    #[error("ibv_create_qp (RC, {send_wr} send / {recv_wr} receive WRs) failed")]
     CreateQp {
         send_wr: u32,
         recv_wr: u32,
         source: io::Error,
     },
     /// `ibv_modify_qp` to `state`.
+    #[error("ibv_modify_qp to {state} failed")]
     ModifyQp {
         state: &'static str,
         source: io::Error,
     },
     /// `ibv_reg_mr`.
+    #[error("ibv_reg_mr of {len} bytes failed{}", memlock_hint(source))]
     RegMr { len: usize, source: io::Error },
     /// `ibv_post_send`.
-    PostSend(io::Error),
+    #[error("ibv_post_send failed")]
+    PostSend(#[source] io::Error),
     /// `ibv_post_recv`.
-    PostRecv(io::Error),
+    #[error("ibv_post_recv failed")]
+    PostRecv(#[source] io::Error),
     /// Allocating the memory to register (`mmap`).
+    #[error("allocating {len} bytes for registration failed")]
     Alloc { len: usize, source: io::Error },
 }
 
@@ -87,66 +102,13 @@ pub fn is_memlock_error(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOMEM) | Some(libc::EPERM))
 }
 
-impl fmt::Display for VerbsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VerbsError::ForkInit(_) => write!(
-                f,
-                "ibv_fork_init failed (set RDMAV_FORK_SAFE=1 in the environment instead?)"
-            ),
-            VerbsError::GetDeviceList(_) => write!(
-                f,
-                "ibv_get_device_list failed (is the ib_uverbs kernel module loaded?)"
-            ),
-            VerbsError::OpenDevice { device, .. } => {
-                write!(
-                    f,
-                    "ibv_open_device({device}) failed (permissions on /dev/infiniband?)"
-                )
-            }
-            VerbsError::QueryPort { device, port, .. } => {
-                write!(f, "ibv_query_port({device}, port {port}) failed")
-            }
-            VerbsError::AllocPd { device, .. } => write!(f, "ibv_alloc_pd({device}) failed"),
-            VerbsError::CreateCompChannel { device, .. } => {
-                write!(f, "ibv_create_comp_channel({device}) failed")
-            }
-            VerbsError::CreateCq { entries, .. } => {
-                write!(f, "ibv_create_cq with {entries} entries failed")
-            }
-            VerbsError::ReqNotifyCq(_) => write!(f, "ibv_req_notify_cq failed"),
-            VerbsError::GetCqEvent(_) => write!(f, "ibv_get_cq_event failed"),
-            VerbsError::PollCq(_) => write!(f, "ibv_poll_cq failed (the CQ is in error)"),
-            VerbsError::CreateQp {
-                send_wr, recv_wr, ..
-            } => write!(
-                f,
-                "ibv_create_qp (RC, {send_wr} send / {recv_wr} receive WRs) failed"
-            ),
-            VerbsError::ModifyQp { state, .. } => write!(f, "ibv_modify_qp to {state} failed"),
-            VerbsError::RegMr { len, source } => {
-                write!(f, "ibv_reg_mr of {len} bytes failed")?;
-                if is_memlock_error(source) {
-                    write!(
-                        f,
-                        " (the locked-memory limit is probably too low: raise it with `ulimit -l unlimited`, \
-                         LimitMEMLOCK=infinity for systemd, or --ulimit memlock=-1 for containers)"
-                    )?;
-                }
-                Ok(())
-            }
-            VerbsError::PostSend(_) => write!(f, "ibv_post_send failed"),
-            VerbsError::PostRecv(_) => write!(f, "ibv_post_recv failed"),
-            VerbsError::Alloc { len, .. } => {
-                write!(f, "allocating {len} bytes for registration failed")
-            }
-        }
-    }
-}
-
-impl std::error::Error for VerbsError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(self.os_error())
+/// What to do about a failed registration, when the cause looks like `ulimit -l`.
+fn memlock_hint(e: &io::Error) -> &'static str {
+    if is_memlock_error(e) {
+        " (the locked-memory limit is probably too low: raise it with `ulimit -l unlimited`, \
+         LimitMEMLOCK=infinity for systemd, or --ulimit memlock=-1 for containers)"
+    } else {
+        ""
     }
 }
 
@@ -205,6 +167,100 @@ mod tests {
             source: io::Error::from_raw_os_error(libc::EINVAL),
         };
         assert!(!e.to_string().contains("ulimit"));
+    }
+
+    #[test]
+    fn every_message() {
+        let os = || io::Error::from_raw_os_error(libc::EINVAL);
+        let dev = || "rxe0".to_string();
+        for (e, want) in [
+            (
+                VerbsError::ForkInit(os()),
+                "ibv_fork_init failed (set RDMAV_FORK_SAFE=1 in the environment instead?)",
+            ),
+            (
+                VerbsError::GetDeviceList(os()),
+                "ibv_get_device_list failed (is the ib_uverbs kernel module loaded?)",
+            ),
+            (
+                VerbsError::OpenDevice {
+                    device: dev(),
+                    source: os(),
+                },
+                "ibv_open_device(rxe0) failed (permissions on /dev/infiniband?)",
+            ),
+            (
+                VerbsError::QueryPort {
+                    device: dev(),
+                    port: 1,
+                    source: os(),
+                },
+                "ibv_query_port(rxe0, port 1) failed",
+            ),
+            (
+                VerbsError::AllocPd {
+                    device: dev(),
+                    source: os(),
+                },
+                "ibv_alloc_pd(rxe0) failed",
+            ),
+            (
+                VerbsError::CreateCompChannel {
+                    device: dev(),
+                    source: os(),
+                },
+                "ibv_create_comp_channel(rxe0) failed",
+            ),
+            (
+                VerbsError::CreateCq {
+                    entries: 70,
+                    source: os(),
+                },
+                "ibv_create_cq with 70 entries failed",
+            ),
+            (VerbsError::ReqNotifyCq(os()), "ibv_req_notify_cq failed"),
+            (VerbsError::GetCqEvent(os()), "ibv_get_cq_event failed"),
+            (
+                VerbsError::PollCq(os()),
+                "ibv_poll_cq failed (the CQ is in error)",
+            ),
+            (
+                VerbsError::CreateQp {
+                    send_wr: 16,
+                    recv_wr: 18,
+                    source: os(),
+                },
+                "ibv_create_qp (RC, 16 send / 18 receive WRs) failed",
+            ),
+            (
+                VerbsError::ModifyQp {
+                    state: "RTR",
+                    source: os(),
+                },
+                "ibv_modify_qp to RTR failed",
+            ),
+            (
+                VerbsError::RegMr {
+                    len: 4096,
+                    source: os(),
+                },
+                "ibv_reg_mr of 4096 bytes failed",
+            ),
+            (VerbsError::PostSend(os()), "ibv_post_send failed"),
+            (VerbsError::PostRecv(os()), "ibv_post_recv failed"),
+            (
+                VerbsError::Alloc {
+                    len: 8192,
+                    source: os(),
+                },
+                "allocating 8192 bytes for registration failed",
+            ),
+        ] {
+            assert_eq!(e.to_string(), want);
+            let src = std::error::Error::source(&e).expect("every variant has its OS error");
+            assert_eq!(src.to_string(), os().to_string());
+            assert_eq!(e.os_error().raw_os_error(), Some(libc::EINVAL));
+        }
     }
 
     #[test]
