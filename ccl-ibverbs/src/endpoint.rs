@@ -25,79 +25,25 @@
 //! when the connection is made.
 
 use std::os::fd::BorrowedFd;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccl_core::transport::{Endpoint, Interest};
+use ccl_core::transport::{ConnectContext, Endpoint, Interest};
 use ccl_core::{Error, Result};
 use nix::poll::PollFlags;
 
-use crate::cq::{CompChannel, Completion, Cq, POLL_BATCH};
-use crate::mr::RegisteredBuf;
-use crate::qp::{POST_BATCH, Qp, WriteImm};
-use crate::transport::IbDevice;
+use crate::cq::{Completion, POLL_BATCH};
+use crate::qp::{POST_BATCH, WriteImm};
+use crate::resources::{
+    CTRL_RECV, CTRL_SEND, DATA_RECV, DATA_SEND, KIND_SHIFT, Layout, Resources, wr_id,
+};
 use crate::wc::wc_error;
 use crate::wire::{decode_imm, encode_imm};
-
-/// Work request id: kind in the top byte, an index below.
-const KIND_SHIFT: u32 = 56;
-const DATA_SEND: u64 = 1;
-pub(crate) const DATA_RECV: u64 = 2;
-const CTRL_SEND: u64 = 3;
-pub(crate) const CTRL_RECV: u64 = 4;
-
-pub(crate) fn wr_id(kind: u64, index: usize) -> u64 {
-    (kind << KIND_SHIFT) | index as u64
-}
 
 /// Bytes a carry buffer holds: more than two of the largest element.
 const CARRY_CAP: usize = 64;
 /// How long a dropped endpoint waits for its writes to be acknowledged, so bytes `send` took
 /// reach the peer even when the program exits right after a collective.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
-
-/// Sizes fixed when the connection is made.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Layout {
-    pub slots: usize,
-    pub slot_size: usize,
-    pub nqp: usize,
-}
-
-impl Layout {
-    /// Send queue depth of each data QP: every slot may be in flight on one QP.
-    pub fn data_send_depth(&self) -> u32 {
-        self.slots as u32
-    }
-    /// Receives kept posted on each data QP.
-    pub fn data_recv_depth(&self) -> u32 {
-        self.slots as u32
-    }
-    /// Credit messages in flight are at most one per slot (see `on_credit`), plus margin.
-    pub fn ctrl_depth(&self) -> u32 {
-        self.slots as u32 + 2
-    }
-    /// CQ entries: every work request that can be posted at once, so even the flush of all of
-    /// them after a move to ERR cannot overrun the CQ.
-    pub fn cq_entries(&self) -> u32 {
-        (self.data_send_depth() + self.data_recv_depth()) * self.nqp as u32
-            + 2 * self.ctrl_depth()
-            + 4
-    }
-}
-
-/// The verbs objects of one connection. Field order is drop order: QPs before the CQ and the
-/// buffers; every object also holds `Arc`s of its parents.
-pub(crate) struct Resources {
-    /// `qps[0]` is the control QP, `qps[1..]` the data QPs.
-    pub qps: Vec<Qp>,
-    pub cq: Arc<Cq>,
-    pub channel: Arc<CompChannel>,
-    /// Local send staging (local access only).
-    pub send_buf: Option<RegisteredBuf>,
-    /// Receive ring the peer writes into (remote write).
-    pub recv_buf: Option<RegisteredBuf>,
-}
 
 /// Where the peer's receive ring is.
 #[derive(Clone, Copy, Debug)]
@@ -109,7 +55,6 @@ pub(crate) struct Remote {
 pub(crate) struct IbEndpoint {
     peer: usize,
     rank: usize,
-    dev: Arc<IbDevice>,
     layout: Layout,
     res: Resources,
     remote: Remote,
@@ -155,28 +100,25 @@ pub(crate) struct IbEndpoint {
 const NONE: u32 = u32::MAX;
 
 impl IbEndpoint {
-    #[allow(clippy::too_many_arguments)]
+    /// The endpoint of a connection to `peer` whose QPs are ready to send (RTS) and whose side
+    /// channel is `side`.
     pub(crate) fn new(
+        ctx: &ConnectContext,
         peer: usize,
-        rank: usize,
-        dev: Arc<IbDevice>,
+        side: Box<dyn Endpoint>,
         layout: Layout,
         res: Resources,
         remote: Remote,
-        side: Box<dyn Endpoint>,
-        timeout: Duration,
-        spin: Duration,
     ) -> IbEndpoint {
         IbEndpoint {
             peer,
-            rank,
-            dev,
+            rank: ctx.rank,
             layout,
             res,
             remote,
             side,
-            timeout,
-            spin,
+            timeout: ctx.config.timeout,
+            spin: ctx.config.ib.spin,
             send_seq: 0,
             granted: 0,
             last_credit_imm: 0,
@@ -314,11 +256,7 @@ impl IbEndpoint {
         if len == NONE {
             return None;
         }
-        let buf = self
-            .res
-            .recv_buf
-            .as_ref()
-            .expect("live endpoint has buffers");
+        let buf = &self.res.recv_buf;
         // SAFETY: `slot < slots` and `head_off <= len <= slot_size`, so the pointer stays in the
         // ring, which is `slots x slot_size` bytes.
         let p = unsafe {
@@ -429,11 +367,7 @@ impl Endpoint for IbEndpoint {
     fn send(&mut self, src: &[u8]) -> Result<usize> {
         self.progress()?;
         let (s, b, nqp) = (self.layout.slots, self.layout.slot_size, self.layout.nqp);
-        let buf = self
-            .res
-            .send_buf
-            .as_ref()
-            .expect("live endpoint has buffers");
+        let buf = &self.res.send_buf;
         let (base, lkey) = (buf.as_ptr(), buf.lkey());
         // Stage as many pieces as credits and free local slots allow, then post them with one
         // chained call per QP.
@@ -620,33 +554,6 @@ impl Drop for IbEndpoint {
             }
             std::thread::sleep(Duration::from_micros(100));
         }
-        // Stop the QPs and drain what they flush before destroying anything.
-        for qp in &self.res.qps {
-            if let Err(e) = qp.to_error() {
-                ccl_core::ccl_warn!(Some(self.rank), "peer {}: {e}", self.peer);
-            }
-        }
-        let t0 = Instant::now();
-        let mut quiet = 0;
-        let mut wcs = [Completion::default(); POLL_BATCH];
-        while quiet < 3 && t0.elapsed() < Duration::from_millis(500) {
-            match self.res.cq.poll(&mut wcs) {
-                Ok(0) => {
-                    quiet += 1;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Ok(_) => quiet = 0,
-                Err(_) => break,
-            }
-        }
-        while let Ok(true) = self.res.cq.take_event() {}
-        self.res.qps.clear();
-        // The QPs are gone: nothing can read or write the staging memory any more.
-        if let Some(b) = self.res.send_buf.take() {
-            self.dev.cache.put(b, false);
-        }
-        if let Some(b) = self.res.recv_buf.take() {
-            self.dev.cache.put(b, true);
-        }
+        // Dropping `res` then tears the connection down.
     }
 }

@@ -17,8 +17,8 @@
 //! CCL_TRANSPORT=ib CCL_DEBUG=info target/release/ccl-bench allreduce --np 2 -b 1M -e 64M
 //! ```
 //!
-//! Used directly, the transport is opened once per process and handed to the communicator set-up
-//! like any other transport:
+//! Used directly, the transport is opened and handed to the communicator set-up like any other
+//! transport (`ccl` opens one for each communicator):
 //!
 //! ```no_run
 //! use ccl_core::Config;
@@ -41,8 +41,13 @@
 //!
 //! - **Objects.** [`device::Context`], [`pd::Pd`], [`cq::CompChannel`], [`cq::Cq`], [`qp::Qp`] and
 //!   [`mr::RegisteredBuf`] each wrap one verbs object and own their parents through `Arc`, so they
-//!   are destroyed children first. Endpoints move their QPs to ERR and drain the CQ before
-//!   destroying anything. Each failing verb has its own [`VerbsError`] variant with the OS error.
+//!   are destroyed children first. A connection's objects are torn down in one place (dropping
+//!   them moves the QPs to ERR and drains the CQ before destroying anything), whether the
+//!   connection closes or fails half-way through its set-up. Each failing verb has its own
+//!   [`VerbsError`] variant with the OS error.
+//! - **Modules depend one way**: `transport` (listen, connect) uses `connect` (the set-up
+//!   handshake), which builds an `endpoint` (the data path) over `resources` (the verbs objects
+//!   of one connection), all on the opened `port` ([`IbDevice`]: device choice and context).
 //! - **GID choice** ([`sysfs`]): from `/sys/class/infiniband/<dev>/ports/<p>/gids` and
 //!   `gid_attrs/types`, preferring RoCE v2 with an IPv4-mapped address, skipping link-local and
 //!   zero GIDs, scanning a short prefix of the table; `CCL_IB_GID_INDEX` overrides.
@@ -65,21 +70,26 @@
 //! user pointers is unsound without memory hooks: a buffer that is freed and whose address is
 //! mapped again keeps the old pinned pages in the cached registration, and the device silently
 //! sends stale data (rxe on the 6.1 kernel has no on-demand paging to fall back on). Zero copy is
-//! only safe for memory the library allocates and registers itself; [`mr::MrCache`] is keyed by
-//! address range for exactly that use, and today holds the transport's own staging memory
-//! (reused across communicators). On SoftRoCE the copies cost far less than the wire.
+//! only safe for memory the library allocates and registers itself, or for a registration that
+//! borrows the user's buffer and so cannot outlive it. Today the only registered memory is each
+//! connection's staging rings, registered when the connection is made and deregistered when it
+//! closes. On SoftRoCE the copies cost far less than the wire.
 
+mod connect;
 pub mod cq;
 pub mod device;
 mod endpoint;
 pub mod error;
 pub mod mr;
 pub mod pd;
+mod port;
 pub mod qp;
+mod resources;
 pub mod sysfs;
 mod transport;
 pub mod wc;
 pub mod wire;
 
 pub use error::VerbsError;
-pub use transport::{IbDevice, IbTransport, probe, probe_at};
+pub use port::{IbDevice, probe, probe_at};
+pub use transport::IbTransport;
