@@ -327,6 +327,12 @@ pub struct Config {
 }
 
 /// Settings of the verbs (RoCE) transport, `CCL_IB_*`.
+///
+/// They live here rather than in ccl-ibverbs so that every value is checked when the
+/// configuration is read, on every rank and whatever the transport (a bad value is an error on
+/// a TCP run or a build without verbs too, and `auto` cannot turn it into a silent fallback),
+/// and so a communicator's verbs settings can be set in code like any other. They are plain
+/// numbers and a device filter: ccl-core knows no verbs type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IbConfig {
     /// `CCL_IB_HCA`: device/port filter in NCCL syntax.
@@ -351,6 +357,38 @@ pub struct IbConfig {
     pub slot_size: usize,
     /// `CCL_IB_SPIN_US`: busy-poll time before sleeping on the completion channel.
     pub spin: Duration,
+}
+
+impl IbConfig {
+    /// Parses the `CCL_IB_*` settings; `get` gives a setting's value, or its default if it has
+    /// one.
+    fn from_settings(get: &impl Fn(&str) -> Option<String>) -> Result<IbConfig> {
+        let req = |name: &str| get(name).expect("setting has a default");
+        let int = |name: &str, lo: u64, hi: u64| parse_in(name, &req(name), lo, hi);
+        let ib = IbConfig {
+            hca: get("CCL_IB_HCA"),
+            gid_index: get("CCL_IB_GID_INDEX")
+                .map(|v| parse_in("CCL_IB_GID_INDEX", &v, 0, 65535))
+                .transpose()?
+                .map(|v| v as u32),
+            timeout: int("CCL_IB_TIMEOUT", 1, 31)? as u8,
+            retry_cnt: int("CCL_IB_RETRY_CNT", 0, 7)? as u8,
+            rnr_retry: int("CCL_IB_RNR_RETRY", 0, 7)? as u8,
+            tc: int("CCL_IB_TC", 0, 255)? as u8,
+            ctrl_tc: int("CCL_IB_CTRL_TC", 0, 255)? as u8,
+            qps_per_conn: int("CCL_IB_QPS_PER_CONN", 1, 64)? as usize,
+            spin: Duration::from_micros(int("CCL_IB_SPIN_US", 0, 10_000_000)?),
+            slots: int("CCL_IB_SLOTS", 2, 256)? as usize,
+            slot_size: parse_size("CCL_IB_SLOT_SIZE", &req("CCL_IB_SLOT_SIZE"), 4096)?,
+        };
+        if ib.slot_size > 8 << 20 {
+            return Err(Error::invalid_argument(format!(
+                "CCL_IB_SLOT_SIZE='{}' must be at most 8M",
+                req("CCL_IB_SLOT_SIZE")
+            )));
+        }
+        Ok(ib)
+    }
 }
 
 impl Default for IbConfig {
@@ -428,37 +466,7 @@ impl Config {
                 .transpose()?,
             secret: get("CCL_SECRET"),
             bootstrap_dir: get("CCL_BOOTSTRAP_DIR"),
-            ib: IbConfig {
-                hca: get("CCL_IB_HCA"),
-                gid_index: get("CCL_IB_GID_INDEX")
-                    .map(|v| parse_in("CCL_IB_GID_INDEX", &v, 0, 65535))
-                    .transpose()?
-                    .map(|v| v as u32),
-                timeout: parse_in("CCL_IB_TIMEOUT", &req("CCL_IB_TIMEOUT"), 1, 31)? as u8,
-                retry_cnt: parse_in("CCL_IB_RETRY_CNT", &req("CCL_IB_RETRY_CNT"), 0, 7)? as u8,
-                rnr_retry: parse_in("CCL_IB_RNR_RETRY", &req("CCL_IB_RNR_RETRY"), 0, 7)? as u8,
-                tc: parse_in("CCL_IB_TC", &req("CCL_IB_TC"), 0, 255)? as u8,
-                ctrl_tc: parse_in("CCL_IB_CTRL_TC", &req("CCL_IB_CTRL_TC"), 0, 255)? as u8,
-                qps_per_conn: parse_in("CCL_IB_QPS_PER_CONN", &req("CCL_IB_QPS_PER_CONN"), 1, 64)?
-                    as usize,
-                spin: Duration::from_micros(parse_in(
-                    "CCL_IB_SPIN_US",
-                    &req("CCL_IB_SPIN_US"),
-                    0,
-                    10_000_000,
-                )?),
-                slots: parse_in("CCL_IB_SLOTS", &req("CCL_IB_SLOTS"), 2, 256)? as usize,
-                slot_size: {
-                    let v = req("CCL_IB_SLOT_SIZE");
-                    let b = parse_size("CCL_IB_SLOT_SIZE", &v, 4096)?;
-                    if b > 8 << 20 {
-                        return Err(Error::invalid_argument(format!(
-                            "CCL_IB_SLOT_SIZE='{v}' must be at most 8M"
-                        )));
-                    }
-                    b
-                },
-            },
+            ib: IbConfig::from_settings(&get)?,
             unknown: Vec::new(),
         })
     }
