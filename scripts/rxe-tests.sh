@@ -16,7 +16,10 @@
 #     mid-run, which must fail both ranks naming the other within the timeout.
 # On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
 # CCL_RXE_TESTS_DIRECT=1 to run step 1 without a VM.
-# Ends with "rxe-tests: N passed, M failed"; exit status 0 when everything passed.
+# The verbs tests are #[ignore]d on a host without a device; step 1 runs them with
+# --include-ignored, and fails if a test binary is missing or runs no test.
+# Ends with "rxe-tests: N passed, M failed", counting the tests of step 1 and the runs of step 2;
+# exit status 0 when everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -52,37 +55,71 @@ fi
 cargo build --release -q -p ccl-bench || exit 1
 
 # The guest part: run the ib tests of each binary, one test at a time (the VM has 2 vCPUs).
+# They are #[ignore]d (they need a device), hence --include-ignored. A binary that runs no test
+# fails, and so does a missing one: a run that executed nothing must not pass. The guest leaves
+# its test counts in target/rxe-tests/guest-counts for the closing line.
 cat > target/rxe-tests/guest.sh <<'GUEST'
 #!/usr/bin/env bash
 set -u
-pass=0 fail=0
+out=${TMPDIR:-/tmp}/rxe-test.out
+tests_ok=0 tests_bad=0 bad=0 ran=""
 run() {
   local name=$1; shift
   echo "== $name"
   local t0=$(date +%s)
-  if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAILED: $name"; fi
-  echo "== $name: $(( $(date +%s) - t0 )) s"
+  "$@" 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
+  # libtest's summary: "test result: ok. 3 passed; 0 failed; 0 ignored; ..."
+  local sum=$(grep -E '^test result: ' "$out" | tail -n 1)
+  local p=$(sed -nE 's/.* ([0-9]+) passed; ([0-9]+) failed.*/\1/p' <<<"$sum")
+  local f=$(sed -nE 's/.* ([0-9]+) passed; ([0-9]+) failed.*/\2/p' <<<"$sum")
+  p=${p:-0} f=${f:-0}
+  if [ -z "$sum" ]; then
+    echo "FAILED: $name: exit $rc without a test summary"; f=$((f + 1))
+  elif [ $((p + f)) = 0 ]; then
+    echo "FAILED: $name ran no test"; bad=1
+  elif [ "$rc" != 0 ]; then
+    echo "FAILED: $name"; [ "$f" = 0 ] && bad=1
+  fi
+  tests_ok=$((tests_ok + p)) tests_bad=$((tests_bad + f))
+  echo "== $name: $p ran and passed, $f failed ($(( $(date +%s) - t0 )) s)"
 }
 while read -r name kind exe; do
   case "$name/$kind" in
-    ib/test) run "$name ($exe)" "$exe" --test-threads=1 ;;
-    collectives/test|algos/test) run "$name (ib_*)" "$exe" --test-threads=1 ib_ ;;
-    endpoint/test) run "$name" "$exe" --test-threads=1 ;;
+    ib/test) run "$name ($exe)" "$exe" --include-ignored --test-threads=1 ;;
+    collectives/test|algos/test) run "$name (ib_*)" "$exe" --include-ignored --test-threads=1 ib_ ;;
+    endpoint/test) run "$name" "$exe" --include-ignored --test-threads=1 ;;
+    *) continue ;;
   esac
+  ran="$ran $name"
 done < target/rxe-tests/bins
-echo "guest: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+# ccl's and ccl-bench's ib suites, the collectives and algos sweeps, the endpoint tests.
+if [ "$(tr ' ' '\n' <<<"$ran" | sort | xargs)" != "algos collectives endpoint ib ib" ]; then
+  echo "FAILED: expected the test binaries algos collectives endpoint ib ib, ran:$ran"; bad=1
+fi
+echo "$tests_ok $tests_bad" > target/rxe-tests/guest-counts
+echo "guest tests: $tests_ok passed, $tests_bad failed"
+[ "$tests_bad" = 0 ] && [ "$bad" = 0 ]
 GUEST
 chmod +x target/rxe-tests/guest.sh
 
+# Counted in the closing line: every test the guest ran, then each two-VM run.
 pass=0 fail=0
+rm -f target/rxe-tests/guest-counts
 t0=$(date +%s)
 if [ "${CCL_RXE_TESTS_DIRECT:-0}" = 1 ]; then
   target/rxe-tests/guest.sh
 else
   CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm.sh target/rxe-tests/guest.sh
 fi
-if [ $? = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+guest_rc=$?
+if read -r gp gf < target/rxe-tests/guest-counts 2>/dev/null; then
+  pass=$((pass + gp)) fail=$((fail + gf))
+  # A failure the test counts do not show: a binary that ran no test or is missing.
+  [ "$guest_rc" != 0 ] && [ "$gf" = 0 ] && fail=$((fail + 1))
+else
+  log "the single-VM run left no test counts (exit $guest_rc)"; fail=$((fail + 1))
+fi
 log "single-VM tests: $(( $(date +%s) - t0 )) s"
 
 if [ "$PAIR" = 1 ]; then
