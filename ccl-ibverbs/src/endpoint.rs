@@ -529,8 +529,10 @@ impl Endpoint for IbEndpoint {
         Ok(!self.ready(interest))
     }
 
-    fn wait_fds<'a>(&'a self, interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
-        out.push((self.res.channel.fd(), PollFlags::POLLIN));
+    /// Whatever the interest: progress either way arrives as completions on the one channel, and
+    /// the side socket is watched only for the peer closing it.
+    fn wait_fds<'a>(&'a self, _interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
+        out.push((self.res.cq.channel().fd(), PollFlags::POLLIN));
         self.side.wait_fds(
             Interest {
                 send: false,
@@ -538,7 +540,6 @@ impl Endpoint for IbEndpoint {
             },
             out,
         );
-        let _ = interest;
     }
 }
 

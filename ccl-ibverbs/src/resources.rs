@@ -65,8 +65,8 @@ impl Layout {
 pub(crate) struct Resources {
     /// `qps[0]` is the control QP, `qps[1..]` the data QPs.
     pub qps: Vec<Qp>,
+    /// Holds the completion channel (destroyed after the CQ).
     pub cq: Arc<Cq>,
-    pub channel: Arc<CompChannel>,
     /// Local send staging (local access only).
     pub send_buf: RegisteredBuf,
     /// Receive ring the peer writes into (remote write).
@@ -99,7 +99,6 @@ impl Resources {
         Ok(Resources {
             qps,
             cq,
-            channel,
             send_buf: RegisteredBuf::new(&dev.pd, layout.ring_bytes(), false)?,
             recv_buf: RegisteredBuf::new(&dev.pd, layout.ring_bytes(), true)?,
             rank,
