@@ -13,50 +13,74 @@ use ccl_core::transport::TransportProperties;
 use crate::schedule::{Schedule, Shape};
 use crate::{allgather, allreduce, alltoall, barrier, broadcast, reduce, reduce_scatter};
 
-/// A collective operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Collective {
-    AllReduce,
-    Broadcast,
-    Reduce,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    Barrier,
+/// Declares an enum that travels on the wire as a number. One list gives every variant its fixed
+/// id and its name, and from it come `ALL` (in id order), `id`, `from_id` and `name`, so no
+/// variant can be missing from any of them. Ids are compared between ranks in operation headers:
+/// never reuse or change one.
+macro_rules! wire_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident = $id:literal => $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant = $id, )+
+        }
+
+        impl $name {
+            /// Every variant, in id order.
+            pub const ALL: [$name; [$($id),+].len()] = [$($name::$variant),+];
+
+            /// Its number in operation headers.
+            pub const fn id(self) -> u8 {
+                self as u8
+            }
+
+            /// The variant whose number is `id`, if any.
+            pub const fn from_id(id: u8) -> Option<$name> {
+                match id {
+                    $( $id => Some($name::$variant), )+
+                    _ => None,
+                }
+            }
+
+            /// The name used by `CCL_ALGO`, logs and the benchmark.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $text, )+
+                }
+            }
+        }
+
+        // Ids count 0, 1, 2, ... in the order listed, so `ALL[id]` is the variant of `id`.
+        const _: () = {
+            let mut i = 0;
+            while i < $name::ALL.len() {
+                assert!($name::ALL[i] as usize == i, "ids must be 0, 1, 2, ... in order");
+                i += 1;
+            }
+        };
+    };
+}
+
+wire_enum! {
+    /// A collective operation.
+    pub enum Collective {
+        AllReduce = 0 => "allreduce",
+        Broadcast = 1 => "broadcast",
+        Reduce = 2 => "reduce",
+        AllGather = 3 => "allgather",
+        ReduceScatter = 4 => "reducescatter",
+        AllToAll = 5 => "alltoall",
+        Barrier = 6 => "barrier",
+    }
 }
 
 impl Collective {
-    pub const ALL: [Collective; 7] = [
-        Collective::AllReduce,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::AllToAll,
-        Collective::Barrier,
-    ];
-
-    /// Its number in operation headers.
-    pub fn id(self) -> u8 {
-        Collective::ALL
-            .iter()
-            .position(|c| *c == self)
-            .expect("listed") as u8
-    }
-
-    /// The name used by `CCL_ALGO`, logs and the benchmark (`allreduce`, `reducescatter`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "allreduce",
-            Collective::Broadcast => "broadcast",
-            Collective::Reduce => "reduce",
-            Collective::AllGather => "allgather",
-            Collective::ReduceScatter => "reducescatter",
-            Collective::AllToAll => "alltoall",
-            Collective::Barrier => "barrier",
-        }
-    }
-
     /// Send and receive buffer lengths in elements for NCCL's `count` (per-rank count for
     /// allgather's input, reduce-scatter's output and alltoall's per-peer block).
     pub const fn buffer_lens(self, count: usize, n: usize) -> (usize, usize) {
@@ -110,49 +134,37 @@ impl FromStr for Collective {
     }
 }
 
-/// An algorithm; which collectives it implements is [`Collective::algos`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Algo {
-    /// Around a ring (a chain for rooted collectives): bandwidth-optimal, pipelined.
-    Ring,
-    /// `log2(n)` exchanges with partner `r ^ 2^k` (dissemination for the barrier):
-    /// latency-optimal.
-    RecursiveDoubling,
-    /// Every rank sends straight to every other at once: one step.
-    Pairwise,
-    /// Binary trees: NCCL's double binary tree for allreduce, one tree from or to the root for
-    /// broadcast and reduce. `log2(n)` latency, pipelined.
-    Tree,
-    /// Recursive halving, then recursive doubling (Rabenseifner): the ring's bytes in `2 log2(n)`
-    /// steps.
-    HalvingDoubling,
-    /// Inside each host, then across hosts among one leader per host, then inside each host.
-    Hierarchical,
+wire_enum! {
+    /// An algorithm; which collectives it implements is [`Collective::algos`].
+    pub enum Algo {
+        /// Around a ring (a chain for rooted collectives): bandwidth-optimal, pipelined.
+        Ring = 0 => "ring",
+        /// `log2(n)` exchanges with partner `r ^ 2^k` (dissemination for the barrier):
+        /// latency-optimal.
+        RecursiveDoubling = 1 => "rd",
+        /// Every rank sends straight to every other at once: one step.
+        Pairwise = 2 => "pairwise",
+        /// Binary trees: NCCL's double binary tree for allreduce, one tree from or to the root for
+        /// broadcast and reduce. `log2(n)` latency, pipelined.
+        Tree = 3 => "tree",
+        /// Recursive halving, then recursive doubling (Rabenseifner): the ring's bytes in
+        /// `2 log2(n)` steps.
+        HalvingDoubling = 4 => "hd",
+        /// Inside each host, then across hosts among one leader per host, then inside each host.
+        Hierarchical = 5 => "hier",
+    }
 }
 
 impl Algo {
-    /// Its number in operation headers.
-    pub fn id(self) -> u8 {
-        Algo::ALL.iter().position(|a| *a == self).expect("listed") as u8
-    }
-
-    pub const ALL: [Algo; 6] = [
-        Algo::Ring,
-        Algo::RecursiveDoubling,
-        Algo::Pairwise,
-        Algo::Tree,
-        Algo::HalvingDoubling,
-        Algo::Hierarchical,
-    ];
-
-    pub const fn name(self) -> &'static str {
+    /// Other names `CCL_ALGO` accepts for it.
+    const fn aliases(self) -> &'static [&'static str] {
         match self {
-            Algo::Ring => "ring",
-            Algo::RecursiveDoubling => "rd",
-            Algo::Pairwise => "pairwise",
-            Algo::Tree => "tree",
-            Algo::HalvingDoubling => "hd",
-            Algo::Hierarchical => "hier",
+            Algo::Ring => &["chain"],
+            Algo::RecursiveDoubling => &["recursive_doubling", "dissemination"],
+            Algo::Pairwise => &["direct"],
+            Algo::Tree => &["dbtree"],
+            Algo::HalvingDoubling => &["halving_doubling", "rabenseifner"],
+            Algo::Hierarchical => &["hierarchical"],
         }
     }
 }
@@ -167,21 +179,16 @@ impl FromStr for Algo {
     type Err = String;
     fn from_str(s: &str) -> Result<Algo, String> {
         let t = s.trim().to_ascii_lowercase().replace('-', "_");
-        match t.as_str() {
-            "ring" | "chain" => Ok(Algo::Ring),
-            "rd" | "recursive_doubling" | "dissemination" => Ok(Algo::RecursiveDoubling),
-            "pairwise" | "direct" => Ok(Algo::Pairwise),
-            "tree" | "dbtree" => Ok(Algo::Tree),
-            "hd" | "halving_doubling" | "rabenseifner" => Ok(Algo::HalvingDoubling),
-            "hier" | "hierarchical" => Ok(Algo::Hierarchical),
-            _ => {
+        Algo::ALL
+            .into_iter()
+            .find(|a| a.name() == t || a.aliases().contains(&t.as_str()))
+            .ok_or_else(|| {
                 let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
-                Err(format!(
+                format!(
                     "unknown algorithm '{s}' (expected one of {})",
                     names.join(", ")
-                ))
-            }
-        }
+                )
+            })
     }
 }
 

@@ -1,12 +1,13 @@
-//! The operation header: 40 bytes a rank sends before its first data to a peer in every
+//! The operation header: 48 bytes a rank sends before its first data to a peer in every
 //! operation, so that ranks calling different operations (another collective, count, type,
 //! operator, root or algorithm, or a send of the wrong size) get an error describing both calls
 //! instead of corrupt data or a hang.
 //!
-//! Layout (little endian): magic `CH`, version, kind (collective, or 7 for send/recv), data type,
-//! operator, algorithm, reserved, root (u32), reserved (u32), channel sequence (u64), count
-//! (u64), bytes for this peer (u64), and the time the sender entered the operation (u64
-//! microseconds since the epoch; the slow-rank report compares it with the receiver's).
+//! Layout (little endian): magic `CH`, version, kind ([`Collective::id`], or [`KIND_P2P`] for
+//! send/recv), data type, operator, algorithm ([`Algo::id`]), reserved, root (u32), reserved
+//! (u32), channel sequence (u64), count (u64), bytes for this peer (u64), and the time the sender
+//! entered the operation (u64 microseconds since the epoch; the slow-rank report compares it with
+//! the receiver's).
 //!
 //! The channel sequence counts headers on one direction of one pair of ranks. It is per pair
 //! because point-to-point traffic legitimately differs from rank to rank; any correct program
@@ -19,8 +20,9 @@ use crate::algo::{Algo, Collective};
 pub const HEADER_LEN: usize = 48;
 const MAGIC: [u8; 2] = *b"CH";
 const VERSION: u8 = 1;
-/// Kind of a group of sends and receives.
+/// Kind of a group of sends and receives (after every [`Collective::id`]).
 pub const KIND_P2P: u8 = 7;
+const _: () = assert!(Collective::from_id(KIND_P2P).is_none());
 
 /// What one operation looks like to one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,19 +93,19 @@ impl Header {
         if self.kind == KIND_P2P {
             return format!("send/recv of {} bytes", self.bytes);
         }
-        let coll = Collective::ALL.get(self.kind as usize).map_or_else(
+        let coll = Collective::from_id(self.kind).map_or_else(
             || format!("collective #{}", self.kind),
             |c| c.name().to_string(),
         );
         let dtype = DataType::from_u8(self.dtype)
             .map_or_else(|| format!("type #{}", self.dtype), |d| d.name().to_string());
-        let algo = Algo::ALL.get(self.algo as usize).map_or_else(
+        let algo = Algo::from_id(self.algo).map_or_else(
             || format!("algorithm #{}", self.algo),
             |a| a.name().to_string(),
         );
         let mut s = format!("{coll} of {} x {dtype} ({algo}", self.count);
         if matches!(
-            Collective::ALL.get(self.kind as usize),
+            Collective::from_id(self.kind),
             Some(Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter)
         ) {
             let op = ReduceOp::from_u8(self.op)
@@ -111,7 +113,7 @@ impl Header {
             s.push_str(&format!(", {op}"));
         }
         if matches!(
-            Collective::ALL.get(self.kind as usize),
+            Collective::from_id(self.kind),
             Some(Collective::Broadcast | Collective::Reduce)
         ) {
             s.push_str(&format!(", root {}", self.root));
@@ -203,6 +205,25 @@ mod tests {
                 .unwrap_err()
                 .contains("78 bytes")
         );
+    }
+
+    /// Ids travel in headers between ranks, so they may never change.
+    #[test]
+    fn wire_ids_are_fixed() {
+        let colls: Vec<u8> = Collective::ALL.iter().map(|c| c.id()).collect();
+        assert_eq!(colls, [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(Collective::AllReduce.id(), 0);
+        assert_eq!(Collective::Barrier.id(), 6);
+        assert_eq!(Algo::Ring.id(), 0);
+        assert_eq!(Algo::RecursiveDoubling.id(), 1);
+        assert_eq!(Algo::Pairwise.id(), 2);
+        assert_eq!(Algo::Tree.id(), 3);
+        assert_eq!(Algo::HalvingDoubling.id(), 4);
+        assert_eq!(Algo::Hierarchical.id(), 5);
+        for a in Algo::ALL {
+            assert_eq!(Algo::from_id(a.id()), Some(a));
+        }
+        assert_eq!(Algo::from_id(6), None);
     }
 
     #[test]
