@@ -1,6 +1,8 @@
-//! Which algorithms implement which collective, what each costs, and the choice between them.
+//! The collectives and algorithms, which collective has which algorithm, how each is built and
+//! what each costs, and the choice between them.
 //!
-//! The cost model is alpha-beta-gamma: `steps x latency + bytes on the wire per rank / link
+//! [`implementation`] is the one table of (collective, algorithm) pairs. The cost model
+//! ([`crate::cost`]) is alpha-beta-gamma: `steps x latency + bytes on the wire per rank / link
 //! bandwidth + bytes reduced per rank / reduction rate`, evaluated per algorithm; the cheapest
 //! wins unless `CCL_ALGO` says otherwise.
 
@@ -10,6 +12,7 @@ use std::str::FromStr;
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 
+use crate::cost::{self, LinkCosts, Load};
 use crate::schedule::{Schedule, Shape};
 use crate::{allgather, allreduce, alltoall, barrier, broadcast, reduce, reduce_scatter};
 
@@ -93,21 +96,11 @@ impl Collective {
         }
     }
 
-    /// The algorithms that implement this collective.
+    /// The algorithms that implement this collective, in [`Algo::ALL`] order (from
+    /// [`implementation`]).
     pub fn algos(self) -> &'static [Algo] {
-        match self {
-            Collective::AllReduce => &[
-                Algo::Ring,
-                Algo::RecursiveDoubling,
-                Algo::Tree,
-                Algo::HalvingDoubling,
-                Algo::Hierarchical,
-            ],
-            Collective::Broadcast | Collective::Reduce => &[Algo::Ring, Algo::Tree],
-            Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring, Algo::Pairwise],
-            Collective::AllToAll => &[Algo::Pairwise],
-            Collective::Barrier => &[Algo::RecursiveDoubling],
-        }
+        let (list, len) = &ALGOS[self.id() as usize];
+        &list[..*len]
     }
 }
 
@@ -192,6 +185,107 @@ impl FromStr for Algo {
     }
 }
 
+/// Builds one rank's schedule of an algorithm.
+type Build = fn(&Shape, &Topology) -> Schedule;
+/// The load an algorithm puts on the links, for `n` ranks placed as the topology says.
+type LoadOf = fn(usize, &Topology) -> Load;
+
+/// How one collective runs one algorithm: how its schedule is built and what the cost model
+/// charges for it.
+#[derive(Clone, Copy)]
+pub struct Implementation {
+    build: Build,
+    load: LoadOf,
+}
+
+impl fmt::Debug for Implementation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Implementation")
+    }
+}
+
+/// Which collective has which algorithm, how it is built and what it costs: the one table.
+///
+/// The match is exhaustive, without a catch-all arm: a new collective or algorithm does not
+/// compile until every pair says whether it exists. [`Collective::algos`], [`build`], [`cost`],
+/// [`choose`] and `CCL_ALGO` all read this table.
+pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementation> {
+    use Algo::*;
+    use Collective::*;
+    let (build, load): (Build, LoadOf) = match (coll, algo) {
+        (AllReduce, Ring) => (allreduce::ring::build, cost::ring_allreduce),
+        (AllReduce, RecursiveDoubling) => {
+            (|s, _| allreduce::rd::build(s), cost::recursive_doubling)
+        }
+        (AllReduce, Tree) => (allreduce::double_tree::build, cost::double_tree),
+        (AllReduce, HalvingDoubling) => (allreduce::hd::build, cost::halving_doubling),
+        (AllReduce, Hierarchical) => (allreduce::hier::build, cost::hierarchical),
+        (Broadcast, Ring) => (
+            |s, _| broadcast::ring::build(s),
+            |n, _| cost::chain(n, false),
+        ),
+        (Broadcast, Tree) => (broadcast::rooted_tree::build, |n, _| {
+            cost::rooted_tree(n, false)
+        }),
+        (Reduce, Ring) => (|s, _| reduce::ring::build(s), |n, _| cost::chain(n, true)),
+        (Reduce, Tree) => (reduce::rooted_tree::build, |n, _| {
+            cost::rooted_tree(n, true)
+        }),
+        (AllGather, Ring) => (
+            |s, _| allgather::ring(s),
+            |n, _| cost::ring_blocks(n, false),
+        ),
+        (AllGather, Pairwise) => (
+            |s, _| allgather::pairwise(s),
+            |n, t| cost::pairwise(n, t, false),
+        ),
+        (ReduceScatter, Ring) => (
+            |s, _| reduce_scatter::ring(s),
+            |n, _| cost::ring_blocks(n, true),
+        ),
+        (ReduceScatter, Pairwise) => (
+            |s, _| reduce_scatter::pairwise(s),
+            |n, t| cost::pairwise(n, t, true),
+        ),
+        (AllToAll, Pairwise) => (
+            |s, _| alltoall::pairwise(s),
+            |n, t| cost::pairwise(n, t, false),
+        ),
+        (Barrier, RecursiveDoubling) => (
+            |s, _| barrier::dissemination(s),
+            |n, _| cost::dissemination(n),
+        ),
+        // The pairs that do not exist.
+        (AllReduce, Pairwise)
+        | (Broadcast | Reduce, RecursiveDoubling | Pairwise | HalvingDoubling | Hierarchical)
+        | (AllGather | ReduceScatter, RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
+        | (AllToAll, Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
+        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical) => return None,
+    };
+    Some(Implementation { build, load })
+}
+
+/// Each collective's algorithms (in `Algo::ALL` order) and how many there are, worked out from
+/// [`implementation`] when the library is compiled.
+static ALGOS: [([Algo; Algo::ALL.len()], usize); Collective::ALL.len()] = {
+    let mut table = [([Algo::Ring; Algo::ALL.len()], 0); Collective::ALL.len()];
+    let mut c = 0;
+    while c < Collective::ALL.len() {
+        let mut a = 0;
+        while a < Algo::ALL.len() {
+            if implementation(Collective::ALL[c], Algo::ALL[a]).is_some() {
+                let (list, len) = &mut table[c];
+                list[*len] = Algo::ALL[a];
+                *len += 1;
+            }
+            a += 1;
+        }
+        assert!(table[c].1 > 0, "every collective needs an algorithm");
+        c += 1;
+    }
+    table
+};
+
 /// Builds this rank's schedule of `algo` for `coll`, or says the pair does not exist.
 pub fn build(
     coll: Collective,
@@ -199,222 +293,14 @@ pub fn build(
     shape: &Shape,
     topo: &Topology,
 ) -> Result<Schedule, String> {
-    match (coll, algo) {
-        (Collective::AllReduce, Algo::Ring) => Ok(allreduce::ring::build(shape, topo)),
-        (Collective::AllReduce, Algo::RecursiveDoubling) => Ok(allreduce::rd::build(shape)),
-        (Collective::Broadcast, Algo::Ring) => Ok(broadcast::ring::build(shape)),
-        (Collective::Reduce, Algo::Ring) => Ok(reduce::ring::build(shape)),
-        (Collective::AllGather, Algo::Ring) => Ok(allgather::ring(shape)),
-        (Collective::AllGather, Algo::Pairwise) => Ok(allgather::pairwise(shape)),
-        (Collective::ReduceScatter, Algo::Ring) => Ok(reduce_scatter::ring(shape)),
-        (Collective::ReduceScatter, Algo::Pairwise) => Ok(reduce_scatter::pairwise(shape)),
-        (Collective::AllToAll, Algo::Pairwise) => Ok(alltoall::pairwise(shape)),
-        (Collective::Barrier, Algo::RecursiveDoubling) => Ok(barrier::dissemination(shape)),
-        (Collective::AllReduce, Algo::Tree) => Ok(allreduce::tree::build(shape, topo)),
-        (Collective::AllReduce, Algo::HalvingDoubling) => Ok(allreduce::hd::build(shape, topo)),
-        (Collective::AllReduce, Algo::Hierarchical) => Ok(allreduce::hier::build(shape, topo)),
-        (Collective::Broadcast, Algo::Tree) => Ok(broadcast::tree::build(shape, topo)),
-        (Collective::Reduce, Algo::Tree) => Ok(reduce::tree::build(shape, topo)),
-        _ => Err(format!("{coll} has no {algo} algorithm")),
-    }
-}
-
-/// Bytes per second one core reduces (two operands in, one out) at sizes that leave the cache.
-pub const REDUCE_RATE: f64 = 10.0e9;
-
-fn log2_floor(n: usize) -> usize {
-    (usize::BITS - 1 - n.leading_zeros()) as usize
-}
-
-/// Largest power of two `<= n` (`n >= 1`).
-fn pow2_floor(n: usize) -> usize {
-    1 << log2_floor(n.max(1))
-}
-
-/// What one algorithm puts on each kind of link, per byte of the buffer, and how many
-/// latency-bound steps it takes.
-#[derive(Clone, Copy, Debug, Default)]
-struct Load {
-    steps: f64,
-    /// Sent by the busiest rank (over its own connections).
-    link: f64,
-    /// Leaving the busiest host (over its network link).
-    host: f64,
-    /// Leaving the busiest rack (over its uplink).
-    rack: f64,
-    /// Leaving the busiest zone.
-    zone: f64,
-    /// Reduced by the busiest rank.
-    reduce: f64,
-}
-
-/// Seconds per byte of each kind of link (`None`: not a bottleneck).
-struct Links {
-    alpha: f64,
-    rank: f64,
-    host: Option<f64>,
-    rack: Option<f64>,
-    zone: Option<f64>,
-    gamma: f64,
-}
-
-impl Links {
-    /// Ranks of one host talk over the transport; traffic leaving a host also crosses the host's
-    /// network link (the slowest one the topology names, else as fast as one transport
-    /// connection, shared by the host's ranks); traffic leaving a rack or zone crosses its
-    /// uplink when the topology gives one.
-    fn new(t: &TransportProperties, topo: &Topology) -> Links {
-        let sm = topo.summary();
-        let host_bw = topo
-            .min_link_bandwidth()
-            .map_or(t.bandwidth, |b| b.min(t.bandwidth));
-        Links {
-            alpha: t.latency.as_secs_f64(),
-            rank: 1.0 / t.bandwidth,
-            host: (sm.hosts > 1).then_some(1.0 / host_bw),
-            rack: (sm.racks > 1)
-                .then(|| topo.rack_uplink().map(|b| 1.0 / b))
-                .flatten(),
-            zone: (sm.zones > 1)
-                .then(|| topo.zone_uplink().map(|b| 1.0 / b))
-                .flatten(),
-            gamma: 1.0 / REDUCE_RATE,
-        }
-    }
-
-    fn time(&self, l: &Load, bytes: f64) -> f64 {
-        let wire = [
-            Some(l.link * self.rank),
-            self.host.map(|b| l.host * b),
-            self.rack.map(|b| l.rack * b),
-            self.zone.map(|b| l.zone * b),
-        ]
-        .into_iter()
-        .flatten()
-        .fold(0.0, f64::max);
-        l.steps * self.alpha + bytes * (wire + l.reduce * self.gamma)
-    }
-}
-
-/// Depth of the deeper tree of [`crate::tree::double_tree`] over `n` ranks.
-fn double_tree_depth(n: usize) -> usize {
-    match n {
-        0 | 1 => 0,
-        _ if n % 2 == 0 => 1 + log2_floor(n - 1),
-        _ => log2_floor(n),
-    }
-}
-
-/// Depth of [`crate::tree::Tree::rooted`] over `k` ranks.
-fn rooted_depth(k: usize) -> usize {
-    if k <= 1 { 0 } else { 1 + log2_floor(k - 1) }
-}
-
-/// The load of allreduce by `algo` over `n` ranks placed as `topo` says.
-fn allreduce_load(algo: Algo, n: usize, topo: &Topology) -> Option<Load> {
-    let sm = topo.summary();
-    let nf = n as f64;
-    Some(match algo {
-        Algo::Pairwise => return None,
-        Algo::Ring => {
-            // Every rank sends 2(n-1)/n of the buffer to its successor; in topology order one
-            // edge leaves each host, rack and zone.
-            let f = 2.0 * (nf - 1.0) / nf;
-            Load {
-                steps: 2.0 * (nf - 1.0),
-                link: f,
-                host: f,
-                rack: f,
-                zone: f,
-                reduce: f / 2.0,
-            }
-        }
-        Algo::RecursiveDoubling => {
-            let p = pow2_floor(n);
-            let e = log2_floor(p) as f64;
-            // Non-powers of two fold in and hand back: two more whole-buffer transfers.
-            let x = if p == n { 0.0 } else { 2.0 };
-            Load {
-                steps: e + x,
-                link: e + x,
-                host: e + x,
-                rack: e + x,
-                zone: e + x,
-                reduce: e + x / 2.0,
-            }
-        }
-        Algo::Tree => {
-            // A rank with two children in one tree sends half the buffer up and two halves
-            // down there, and half up as a leaf of the other tree.
-            let (link, reduce) = match n {
-                2 => (1.0, 0.5),
-                3 => (1.5, 1.0),
-                _ => (2.0, 1.0),
-            };
-            Load {
-                steps: 2.0 * double_tree_depth(n) as f64,
-                link,
-                host: link,
-                rack: link,
-                zone: link,
-                reduce,
-            }
-        }
-        Algo::HalvingDoubling => {
-            let p = pow2_floor(n);
-            let pf = p as f64;
-            let folded = n - p;
-            let x = if folded > 0 { 1.0 } else { 0.0 };
-            // Exchanges at distance m carry 1/(2m) of the buffer each way, so a group of g
-            // ranks (a power of two, aligned) sends 2(1 - g/p) of it out in both phases; the
-            // fold moves whole buffers between its pairs.
-            let out = |min: usize, max: usize| {
-                let g = pow2_floor(min).min(p) as f64;
-                2.0 * (1.0 - g / pf) * (max as f64 / g) + x * max.min(folded) as f64
-            };
-            Load {
-                steps: 2.0 * log2_floor(p) as f64 + 2.0 * x,
-                link: 2.0 * (pf - 1.0) / pf + x,
-                host: out(sm.min_per_host, sm.max_per_host),
-                rack: out(sm.min_per_rack, sm.max_per_rack),
-                zone: out(sm.min_per_zone, sm.max_per_zone),
-                reduce: (pf - 1.0) / pf + x,
-            }
-        }
-        Algo::Hierarchical => {
-            let h = sm.hosts as f64;
-            let k = sm.max_per_host;
-            let ring = if sm.hosts > 1 {
-                2.0 * (h - 1.0) / h
-            } else {
-                0.0
-            };
-            // Inside a host: the leader has one child; members below have up to two, each
-            // sending the buffer up once and down to every child.
-            let (member_link, member_reduce) = match k {
-                0..=2 => (1.0, 0.0),
-                3 => (2.0, 1.0),
-                _ => (3.0, 2.0),
-            };
-            let leader = if k > 1 { 1.0 } else { 0.0 };
-            Load {
-                steps: 2.0 * rooted_depth(k) as f64 + 2.0 * (h - 1.0),
-                link: (leader + ring).max(if k > 1 { member_link } else { 0.0 }),
-                host: ring,
-                rack: ring,
-                zone: ring,
-                reduce: (leader + ring / 2.0).max(if k > 1 { member_reduce } else { 0.0 }),
-            }
-        }
-    })
+    let imp =
+        implementation(coll, algo).ok_or_else(|| format!("{coll} has no {algo} algorithm"))?;
+    Ok((imp.build)(shape, topo))
 }
 
 /// Estimated seconds of one `coll` by `algo` over `n` ranks of `bytes` (the nccl-tests size:
-/// the buffer of allreduce/broadcast/reduce, the total of allgather/reduce-scatter/alltoall).
-///
-/// Alpha-beta-gamma with the topology: `steps x latency + bytes x (the busiest link's load /
-/// its bandwidth) + bytes reduced / reduction rate`, where the links are each rank's transport
-/// connections, each host's network link, and each rack's and zone's uplink (see `Links`).
+/// the buffer of allreduce/broadcast/reduce, the total of allgather/reduce-scatter/alltoall),
+/// by the model of [`crate::cost`]; `None` when `coll` has no `algo`.
 pub fn cost(
     coll: Collective,
     algo: Algo,
@@ -423,83 +309,11 @@ pub fn cost(
     t: &TransportProperties,
     topo: &Topology,
 ) -> Option<f64> {
-    if !coll.algos().contains(&algo) {
-        return None;
-    }
+    let imp = implementation(coll, algo)?;
     if n <= 1 {
         return Some(0.0);
     }
-    let links = Links::new(t, topo);
-    let b = bytes as f64;
-    let nf = n as f64;
-    // Share of the nccl-tests size each rank sends in allgather and reduce-scatter.
-    let share = (nf - 1.0) / nf;
-    let load = match (coll, algo) {
-        (Collective::AllReduce, a) => allreduce_load(a, n, topo)?,
-        (Collective::Broadcast | Collective::Reduce, Algo::Tree) => {
-            // The buffer flows once down (or up) a tree of depth log2(n) + 1; ranks with two
-            // children send (or reduce) it twice.
-            let two = if n >= 4 { 2.0 } else { 1.0 };
-            Load {
-                steps: rooted_depth(n) as f64,
-                link: two,
-                host: two,
-                rack: two,
-                zone: two,
-                reduce: if coll == Collective::Reduce { two } else { 0.0 },
-            }
-        }
-        (Collective::Broadcast | Collective::Reduce, Algo::Ring) => {
-            // A chain: the buffer passes every rank once, pipelined.
-            Load {
-                steps: nf - 1.0,
-                link: 1.0,
-                host: 1.0,
-                rack: 1.0,
-                zone: 1.0,
-                reduce: if coll == Collective::Reduce { 1.0 } else { 0.0 },
-            }
-        }
-        (Collective::AllGather | Collective::ReduceScatter, Algo::Ring) => Load {
-            steps: nf - 1.0,
-            link: share,
-            host: share,
-            rack: share,
-            zone: share,
-            reduce: if coll == Collective::ReduceScatter {
-                share
-            } else {
-                0.0
-            },
-        },
-        // All messages leave at once: one latency plus a per-message cost, and the same bytes.
-        // What leaves a group of k ranks is what its ranks send to the other n - k.
-        (
-            Collective::AllGather | Collective::AllToAll | Collective::ReduceScatter,
-            Algo::Pairwise,
-        ) => {
-            let sm = topo.summary();
-            let out = |k: usize| (k * (n - k.min(n))) as f64 / nf;
-            Load {
-                steps: 1.0 + 0.25 * (nf - 1.0),
-                link: share,
-                host: out(sm.max_per_host),
-                rack: out(sm.max_per_rack),
-                zone: out(sm.max_per_zone),
-                reduce: if coll == Collective::ReduceScatter {
-                    share
-                } else {
-                    0.0
-                },
-            }
-        }
-        (Collective::Barrier, Algo::RecursiveDoubling) => Load {
-            steps: n.next_power_of_two().trailing_zeros() as f64,
-            ..Load::default()
-        },
-        _ => return None,
-    };
-    Some(links.time(&load, b))
+    Some(LinkCosts::new(t, topo).time(&(imp.load)(n, topo), bytes as f64))
 }
 
 /// The cheapest algorithm for `coll` by [`cost`].
@@ -625,18 +439,32 @@ mod tests {
         }
     }
 
-    /// The depths the model charges are those of the trees the schedules use.
+    /// Which collective has which algorithm, as the table says; every listed pair builds and
+    /// is priced, and no other pair is.
     #[test]
-    fn model_depths_match_the_trees() {
-        for n in 1..=200 {
-            let order: Vec<usize> = (0..n).collect();
-            let [a, b] = crate::tree::double_tree(&order, n);
-            assert_eq!(double_tree_depth(n), a.depth().max(b.depth()), "n={n}");
-            assert_eq!(
-                rooted_depth(n),
-                crate::tree::Tree::rooted(&order, n).depth(),
-                "n={n}"
-            );
+    fn the_table_lists_each_collectives_algorithms() {
+        use Algo::*;
+        let want: [(Collective, &[Algo]); 7] = [
+            (
+                Collective::AllReduce,
+                &[Ring, RecursiveDoubling, Tree, HalvingDoubling, Hierarchical],
+            ),
+            (Collective::Broadcast, &[Ring, Tree]),
+            (Collective::Reduce, &[Ring, Tree]),
+            (Collective::AllGather, &[Ring, Pairwise]),
+            (Collective::ReduceScatter, &[Ring, Pairwise]),
+            (Collective::AllToAll, &[Pairwise]),
+            (Collective::Barrier, &[RecursiveDoubling]),
+        ];
+        let topo = Topology::flat(4);
+        for (coll, algos) in want {
+            assert_eq!(coll.algos(), algos, "{coll}");
+            for a in Algo::ALL {
+                let listed = algos.contains(&a);
+                let shape = Shape::new(1, 4, 8, false, ccl_core::ReduceOp::Sum);
+                assert_eq!(build(coll, a, &shape, &topo).is_ok(), listed, "{coll} {a}");
+                assert_eq!(cost(coll, a, 4, 1 << 20, &tcp(), &topo).is_some(), listed);
+            }
         }
     }
 

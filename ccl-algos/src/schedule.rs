@@ -359,6 +359,24 @@ impl Schedule {
     }
 }
 
+/// Where some data is: a region, and the op that produces it (`None`: there from the start).
+/// An op that reads it may stream from the producer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Data {
+    pub region: Region,
+    pub producer: Option<OpId>,
+}
+
+impl Data {
+    /// Data present from the start.
+    pub const fn ready(region: Region) -> Data {
+        Data {
+            region,
+            producer: None,
+        }
+    }
+}
+
 /// What a schedule computes, for building and caching it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Shape {

@@ -63,6 +63,8 @@ pub struct Comm {
     config: Config,
     transport_name: &'static str,
     transport_props: crate::transport::TransportProperties,
+    /// CPUs of this machine (0: unknown).
+    cpus: usize,
     hosts: Vec<String>,
     topology: Topology,
     local_ip: std::net::IpAddr,
@@ -274,11 +276,8 @@ impl Comm {
             size,
             config,
             transport_name: transport.name(),
-            transport_props: on_shared_cpus(
-                transport.properties(),
-                hosts.iter().filter(|h| **h == hosts[rank]).count(),
-                online_cpus(),
-            ),
+            transport_props: transport.properties(),
+            cpus: online_cpus(),
             topology,
             local_ip,
             hosts,
@@ -314,8 +313,23 @@ impl Comm {
         self.transport_name
     }
 
+    /// What the transport says of itself (the cost model adjusts it for shared CPUs).
     pub fn transport_properties(&self) -> crate::transport::TransportProperties {
         self.transport_props
+    }
+
+    /// How many ranks of this communicator run on this rank's host (this one included).
+    pub fn ranks_on_host(&self) -> usize {
+        self.hosts
+            .iter()
+            .filter(|h| **h == self.hosts[self.rank])
+            .count()
+    }
+
+    /// CPUs of this machine, not of this process: a launcher may have bound each rank to one
+    /// (0: unknown).
+    pub fn machine_cpus(&self) -> usize {
+        self.cpus
     }
 
     /// Host name of every rank, in rank order.
@@ -649,58 +663,10 @@ fn watch_sigusr1(comm: &Arc<Comm>) {
     });
 }
 
-/// A rank that waits on a machine with more ranks than CPUs cannot spin: each step of an
-/// algorithm waits until the scheduler runs the peer that sends. What that costs per step was
-/// fitted to measurements of 4 ranks on 2 CPUs over loopback TCP (docs/algorithms.md): recursive
-/// doubling and halving-doubling cross between 128 and 256 KiB, which puts the extra cost of a
-/// step at 33-71 us; an idle vCPU takes about 50 us to wake. (An 8-byte allreduce alone shows
-/// 27-37 us per step, against 4-5 us with a CPU each: there the peer is often already running.)
-const HAND_OFF: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// The transport's properties as the cost model should see them when `ranks_here` ranks share
-/// `cpus` CPUs: oversubscribed, every step also pays a scheduler hand-off, and the ranks split
-/// the CPUs that copy and reduce, so each gets that share of the bandwidth.
-pub fn on_shared_cpus(
-    p: crate::transport::TransportProperties,
-    ranks_here: usize,
-    cpus: usize,
-) -> crate::transport::TransportProperties {
-    if cpus == 0 || ranks_here <= cpus {
-        return p;
-    }
-    crate::transport::TransportProperties {
-        latency: p.latency + HAND_OFF,
-        bandwidth: p.bandwidth * cpus as f64 / ranks_here as f64,
-    }
-}
-
 /// CPUs of this machine (not of this process: a launcher may have bound each rank to one).
 fn online_cpus() -> usize {
     nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
         .ok()
         .flatten()
         .map_or(0, |n| n.max(0) as usize)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transport::TransportProperties;
-    use std::time::Duration;
-
-    #[test]
-    fn oversubscribed_ranks_pay_a_hand_off_per_step_and_share_the_cpus() {
-        let p = TransportProperties {
-            latency: Duration::from_micros(5),
-            bandwidth: 3.0e9,
-        };
-        // A CPU each (or an unknown CPU count): as the transport says.
-        for (ranks, cpus) in [(2, 2), (1, 8), (4, 0)] {
-            let q = on_shared_cpus(p, ranks, cpus);
-            assert_eq!((q.latency, q.bandwidth), (p.latency, p.bandwidth));
-        }
-        let q = on_shared_cpus(p, 4, 2);
-        assert_eq!(q.latency, Duration::from_micros(55));
-        assert_eq!(q.bandwidth, 1.5e9);
-    }
 }

@@ -47,7 +47,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use ccl_algos::select::Overrides;
+use ccl_algos::overrides::Overrides;
 use ccl_core::bootstrap::Bootstrap;
 use ccl_core::bootstrap::env::Launch;
 use ccl_core::ccl_info;

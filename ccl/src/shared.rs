@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ccl_algos::algo::{self, Algo, Collective};
+use ccl_algos::cost;
 use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, OpInfo};
+use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
-use ccl_algos::select::Overrides;
 use ccl_core::comm::{Comm, Links};
 use ccl_core::topology::Topology;
+use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
 
 use crate::order::Turns;
@@ -30,6 +32,8 @@ pub(crate) struct Described {
 
 pub(crate) struct Shared {
     pub comm: Arc<Comm>,
+    /// The transport as the cost model sees it on this machine.
+    model: TransportProperties,
     pub overrides: Mutex<Overrides>,
     pub turns: Turns,
     inner: Mutex<Inner>,
@@ -57,7 +61,7 @@ impl Shared {
                 coll,
                 self.size(),
                 size_bytes,
-                &self.comm.transport_properties(),
+                &self.model,
                 self.comm.topology(),
             )
         })
@@ -65,6 +69,7 @@ impl Shared {
 
     pub fn new(comm: Arc<Comm>, links: Links, overrides: Overrides) -> Shared {
         Shared {
+            model: cost::properties_of(&comm),
             comm,
             overrides: Mutex::new(overrides),
             turns: Turns::default(),
@@ -260,7 +265,6 @@ impl Shared {
         if !ccl_core::log::enabled(ccl_core::config::LogLevel::Info) || self.rank() != 0 {
             return;
         }
-        let props = self.comm.transport_properties();
         for coll in Collective::ALL {
             if coll.algos().is_empty() {
                 continue;
@@ -278,7 +282,7 @@ impl Shared {
             let mut prev = None;
             for p in 0..=34 {
                 let b = 1usize << p;
-                let a = algo::choose(coll, self.size(), b, &props, self.comm.topology());
+                let a = algo::choose(coll, self.size(), b, &self.model, self.comm.topology());
                 if prev != Some(a) {
                     table.push_str(&format!(" {a} from {b} B;"));
                     prev = Some(a);

@@ -19,8 +19,7 @@
 //! order (lower position first), and copied everywhere else: bit-identical on every rank.
 
 use crate::allreduce::ring::chunk;
-use crate::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
-use crate::tree::Data;
+use crate::schedule::{Action, Buf, Combine, Data, Region, Schedule, Shape};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 
