@@ -84,15 +84,49 @@ wire_enum! {
 }
 
 impl Collective {
-    /// Send and receive buffer lengths in elements for NCCL's `count` (per-rank count for
-    /// allgather's input, reduce-scatter's output and alltoall's per-peer block).
-    pub const fn buffer_lens(self, count: usize, n: usize) -> (usize, usize) {
-        match self {
+    /// The lengths, in elements, of the send and receive buffers for NCCL's `count`: the whole
+    /// buffer for allreduce, broadcast and reduce; one rank's block for allgather's input,
+    /// reduce-scatter's output and alltoall's block per peer.
+    pub fn buffer_lens(self, count: usize, n: usize) -> Result<BufferLens, LenError> {
+        let blocks = || {
+            count
+                .checked_mul(n)
+                .ok_or(LenError::Overflow { count, ranks: n })
+        };
+        let (send, recv) = match self {
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (count, count),
-            Collective::AllGather => (count, count * n),
-            Collective::ReduceScatter => (count * n, count),
-            Collective::AllToAll => (count * n, count * n),
+            Collective::AllGather => (count, blocks()?),
+            Collective::ReduceScatter => (blocks()?, count),
+            Collective::AllToAll => (blocks()?, blocks()?),
             Collective::Barrier => (0, 0),
+        };
+        Ok(BufferLens { send, recv })
+    }
+
+    /// NCCL's `count` for buffers of these lengths in elements (`send` is `None` in place, where
+    /// `recv` is the one buffer): the inverse of [`buffer_lens`](Collective::buffer_lens). Only
+    /// the lengths that decide the count are checked here; `buffer_lens` then gives what every
+    /// buffer must hold.
+    pub fn count_for(self, send: Option<usize>, recv: usize, n: usize) -> Result<usize, LenError> {
+        let blocks = |len: usize| {
+            if n == 0 || len % n != 0 {
+                return Err(LenError::NotBlocks { len, ranks: n });
+            }
+            Ok(len / n)
+        };
+        match (self, send) {
+            (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, Some(s))
+                if s != recv =>
+            {
+                Err(LenError::Mismatch { send: s, recv })
+            }
+            (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, _) => Ok(recv),
+            (Collective::AllGather, Some(s)) => Ok(s),
+            (Collective::ReduceScatter, Some(_)) => Ok(recv),
+            (Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll, _) => {
+                blocks(recv)
+            }
+            (Collective::Barrier, _) => Ok(0),
         }
     }
 
@@ -125,6 +159,44 @@ impl FromStr for Collective {
                 )
             })
     }
+}
+
+/// The lengths of a collective's send and receive buffers (NCCL's rules), in elements or bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferLens {
+    pub send: usize,
+    pub recv: usize,
+}
+
+impl BufferLens {
+    /// The one buffer of the in-place form: the larger of the two. NCCL puts allgather's input
+    /// at block `rank` of its output and reduce-scatter's output at block `rank` of its input.
+    pub const fn in_place(self) -> usize {
+        if self.send > self.recv {
+            self.send
+        } else {
+            self.recv
+        }
+    }
+
+    /// The same lengths in bytes of `elem` bytes each, unless they overflow.
+    pub fn bytes(self, elem: usize) -> Option<BufferLens> {
+        Some(BufferLens {
+            send: self.send.checked_mul(elem)?,
+            recv: self.recv.checked_mul(elem)?,
+        })
+    }
+}
+
+/// Buffer lengths that do not fit a collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LenError {
+    #[error("count {count} times {ranks} ranks overflows the address space")]
+    Overflow { count: usize, ranks: usize },
+    #[error("send buffer has {send} elements but receive buffer has {recv}")]
+    Mismatch { send: usize, recv: usize },
+    #[error("a buffer of {len} elements does not split into {ranks} equal blocks")]
+    NotBlocks { len: usize, ranks: usize },
 }
 
 wire_enum! {
@@ -466,6 +538,46 @@ mod tests {
                 assert_eq!(cost(coll, a, 4, 1 << 20, &tcp(), &topo).is_some(), listed);
             }
         }
+    }
+
+    #[test]
+    fn buffer_lengths_and_counts_are_inverse() {
+        let n = 3;
+        for coll in Collective::ALL {
+            for count in [0, 1, 5] {
+                let l = coll.buffer_lens(count, n).unwrap();
+                let want = if coll == Collective::Barrier {
+                    0
+                } else {
+                    count
+                };
+                assert_eq!(coll.count_for(Some(l.send), l.recv, n), Ok(want), "{coll}");
+                assert_eq!(coll.count_for(None, l.in_place(), n), Ok(want), "{coll}");
+            }
+        }
+        let ag = Collective::AllGather.buffer_lens(4, n).unwrap();
+        assert_eq!((ag.send, ag.recv, ag.in_place()), (4, 12, 12));
+        let rs = Collective::ReduceScatter.buffer_lens(4, n).unwrap();
+        assert_eq!((rs.send, rs.recv, rs.in_place()), (12, 4, 12));
+        assert_eq!(rs.bytes(4), Some(BufferLens { send: 48, recv: 16 }));
+        assert_eq!(rs.bytes(usize::MAX), None);
+        assert_eq!(
+            Collective::AllToAll.buffer_lens(usize::MAX / 2 + 1, 2),
+            Err(LenError::Overflow {
+                count: usize::MAX / 2 + 1,
+                ranks: 2
+            })
+        );
+        let e = Collective::AllGather.count_for(None, 10, n).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a buffer of 10 elements does not split into 3 equal blocks"
+        );
+        let e = Collective::Reduce.count_for(Some(3), 10, n).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "send buffer has 3 elements but receive buffer has 10"
+        );
     }
 
     #[test]

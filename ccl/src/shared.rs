@@ -90,29 +90,6 @@ impl Shared {
         self.comm.size()
     }
 
-    /// `len / size`, when `len` splits into one block per rank.
-    pub fn block_len(&self, what: &str, len: usize) -> Result<usize> {
-        let n = self.size();
-        if len % n != 0 {
-            return Err(Error::invalid_argument(format!(
-                "{what}: a buffer of {len} elements does not split into {n} equal blocks"
-            ))
-            .rank(self.rank()));
-        }
-        Ok(len / n)
-    }
-
-    /// Checks that two buffers that must match in length do.
-    pub fn same_len(&self, what: &str, send: usize, recv: usize) -> Result<()> {
-        if send != recv {
-            return Err(Error::invalid_argument(format!(
-                "{what}: send buffer has {send} elements but receive buffer has {recv}"
-            ))
-            .rank(self.rank()));
-        }
-        Ok(())
-    }
-
     /// Runs `coll` on untyped buffers after checking every argument: lengths against the
     /// collective's rules, the root against the world size. Not ordered: callers hold the turn.
     #[allow(clippy::too_many_arguments)]
@@ -131,25 +108,19 @@ impl Shared {
         if root >= n {
             return Err(bad(format!("root {root} is out of range for {n} ranks")));
         }
-        let overflow = || {
-            bad(format!(
-                "{count} elements of {dtype} over {n} ranks overflow the address space"
-            ))
-        };
-        // buffer_lens multiplies unchecked; count * n must not wrap.
-        let blocks = count.checked_mul(n).ok_or_else(overflow)?;
-        let (send_len, recv_len) = match coll {
-            Collective::AllGather => (count, blocks),
-            Collective::ReduceScatter => (blocks, count),
-            Collective::AllToAll => (blocks, blocks),
-            _ => coll.buffer_lens(count, n),
-        };
-        let send_bytes = send_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
-        let recv_bytes = recv_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
-        // In place, one buffer serves as both: NCCL's rules put allgather's input at block
-        // `rank` of the output and reduce-scatter's output at block `rank` of the input.
+        let lens = coll
+            .buffer_lens(count, n)
+            .ok()
+            .and_then(|l| l.bytes(dtype.size()))
+            .ok_or_else(|| {
+                bad(format!(
+                    "{count} elements of {dtype} over {n} ranks overflow the address space"
+                ))
+            })?;
+        let (send_bytes, recv_bytes) = (lens.send, lens.recv);
+        // In place, one buffer serves as both.
         let buf_bytes = if send.is_none() {
-            send_bytes.max(recv_bytes)
+            lens.in_place()
         } else {
             recv_bytes
         };
@@ -173,12 +144,9 @@ impl Shared {
             )));
         }
         self.comm.check()?;
-        // The nccl-tests size, for the cost model.
-        let size_bytes = match coll {
-            Collective::AllGather => recv_bytes,
-            Collective::ReduceScatter | Collective::AllToAll => send_bytes,
-            _ => recv_bytes,
-        };
+        // The nccl-tests size, for the cost model: the larger buffer (allgather's output,
+        // reduce-scatter's and alltoall's input, the buffer of the others).
+        let size_bytes = lens.in_place();
         let algo = self.algorithm(coll, size_bytes);
         let shape = Shape {
             rank,
