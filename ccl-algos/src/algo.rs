@@ -419,6 +419,7 @@ mod tests {
         TransportProperties {
             latency: Duration::from_micros(5),
             bandwidth: 3.0e9,
+            spin: Duration::ZERO,
         }
     }
 

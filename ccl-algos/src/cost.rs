@@ -38,6 +38,7 @@ pub fn on_shared_cpus(
     TransportProperties {
         latency: p.latency + HAND_OFF,
         bandwidth: p.bandwidth * cpus as f64 / ranks_here as f64,
+        ..p
     }
 }
 
@@ -293,6 +294,7 @@ mod tests {
         let p = TransportProperties {
             latency: Duration::from_micros(5),
             bandwidth: 3.0e9,
+            spin: Duration::ZERO,
         };
         // A CPU each (or an unknown CPU count): as the transport says.
         for (ranks, cpus) in [(2, 2), (1, 8), (4, 0)] {

@@ -4,7 +4,8 @@
 //! [`Comm`] is the shared, thread-safe half (rank, size, settings, host names, abort signal, first
 //! error); [`Links`] holds the endpoints, which the collective executor drives with exclusive
 //! access. Keeping them apart lets `abort()` run from any thread while a collective holds the
-//! links.
+//! links. How a rank waits for its peers (spin, then sleep on the endpoints, the abort signal and
+//! the job monitor) is in [`wait`].
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +21,8 @@ use crate::topology::{TopoFile, Topology};
 use crate::trace::{Meta, Recorder};
 use crate::transport::{ConnectContext, Endpoint, Handle, MAX_HANDLE_LEN, Transport};
 use crate::{ccl_info, ccl_warn, net};
+
+pub mod wait;
 
 /// Ends every wait of a communicator: a flag checked by busy loops and an eventfd that wakes
 /// `poll(2)`.
@@ -347,20 +350,11 @@ impl Comm {
         &self.topology
     }
 
-    pub fn abort_signal(&self) -> &AbortSignal {
-        &self.abort
-    }
-
     /// Fails the communicator and ends every wait at once. Safe to call more than once and from
     /// any thread. The other ranks hear of it and fail too, instead of waiting for this one.
     pub fn abort(&self) {
         self.fail(Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(self.rank));
         self.abort.raise();
-    }
-
-    /// Readable when a failure notice arrives.
-    pub fn monitor_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.monitor.as_ref().map(|m| m.fd())
     }
 
     fn notice_error(&self, n: &Notice) -> Error {
@@ -371,7 +365,7 @@ impl Comm {
     }
 
     /// Fails with the first failure notice that has arrived, if any.
-    pub fn check_notices(&self) -> Result<()> {
+    fn check_notices(&self) -> Result<()> {
         if let Some(n) = self.monitor.as_ref().and_then(|m| m.poll()) {
             return Err(self.record(self.notice_error(&n)));
         }

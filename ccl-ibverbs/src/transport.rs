@@ -67,6 +67,8 @@ impl IbDevice {
 pub struct IbTransport {
     dev: Arc<IbDevice>,
     tcp: TcpTransport,
+    /// `CCL_IB_SPIN_US`: how much longer than `CCL_SPIN_US` a waiting rank polls its peers.
+    spin: Duration,
 }
 
 fn filter_of(cfg: &IbConfig) -> Result<Option<HcaFilter>> {
@@ -152,6 +154,7 @@ impl IbTransport {
                     return Ok(IbTransport {
                         dev: Arc::new(dev),
                         tcp: TcpTransport::new(),
+                        spin: config.ib.spin,
                     });
                 }
                 Err(e) => reasons.push(format!("{}:{}: {}", p.device, p.port, e.message())),
@@ -205,6 +208,9 @@ impl Transport for IbTransport {
         TransportProperties {
             latency: Duration::from_micros(10),
             bandwidth: 3.0e9,
+            // Waking a sleeping rank through the completion channel costs far more than a poll,
+            // most of all on software RDMA: waits spin this much longer, over every peer.
+            spin: self.spin,
         }
     }
 
@@ -531,7 +537,6 @@ fn establish(
                 },
                 side,
                 ctx.config.timeout,
-                ib.spin,
             )))
         }
         Err(e) => {

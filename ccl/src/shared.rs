@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ccl_algos::algo::{self, Algo, Collective};
 use ccl_algos::cost;
-use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, OpInfo};
+use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind};
 use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
 use ccl_core::comm::{Comm, Links};
@@ -19,16 +19,6 @@ use crate::{DataType, Error, ReduceOp, Result};
 
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
-
-/// An operation as the executor describes it to peers and in errors.
-pub(crate) struct Described {
-    pub name: &'static str,
-    pub bytes: usize,
-    pub kind: u8,
-    pub algo: u8,
-    pub root: usize,
-    pub count: usize,
-}
 
 pub(crate) struct Shared {
     pub comm: Arc<Comm>,
@@ -157,11 +147,9 @@ impl Shared {
             root,
         };
         let sched = self.lock().plan(coll, algo, &shape, self.comm.topology())?;
-        let info = Described {
-            name: coll.name(),
+        let info = OpInfo {
+            kind: OpKind::Collective { coll, algo },
             bytes: size_bytes,
-            kind: coll.id(),
-            algo: algo.id(),
             root,
             count,
         };
@@ -178,7 +166,7 @@ impl Shared {
         extra: Vec<ExtraBuf<'_>>,
         dtype: DataType,
         op: ReduceOp,
-        d: Described,
+        info: OpInfo,
     ) -> Result<()> {
         let mut g = self.lock();
         self.comm.check()?;
@@ -190,32 +178,20 @@ impl Shared {
             inner.scratch.resize(need, 0);
         }
         let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])[..scratch_bytes];
-        let mut bufs = Buffers {
-            send,
-            recv,
-            scratch,
-            extra,
-        };
-        let info = OpInfo {
-            name: d.name,
-            seq,
-            bytes: d.bytes,
-            kind: d.kind,
-            algo: d.algo,
-            root: d.root,
-            count: d.count,
-        };
-        exec::run(
-            &self.comm,
-            &mut inner.links,
-            &mut inner.exec,
-            sched,
-            &mut bufs,
+        let job = Job {
+            schedule: sched,
+            buffers: Buffers {
+                send,
+                recv,
+                scratch,
+                extra,
+            },
             dtype,
             op,
-            &info,
-        )
-        .map_err(|e| self.comm.fail(e))
+            info,
+            seq,
+        };
+        exec::run(&self.comm, &mut inner.links, &mut inner.exec, job).map_err(|e| self.comm.fail(e))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
