@@ -145,20 +145,36 @@ impl fmt::Display for Collective {
 }
 
 impl FromStr for Collective {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Collective, String> {
+    type Err = AlgoError;
+    fn from_str(s: &str) -> Result<Collective, AlgoError> {
         let t = s.trim().to_ascii_lowercase().replace(['_', '-'], "");
         Collective::ALL
             .into_iter()
             .find(|c| c.name() == t)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
-                format!(
-                    "unknown collective '{s}' (expected one of {})",
-                    names.join(", ")
-                )
-            })
+            .ok_or_else(|| AlgoError::UnknownCollective(s.to_string()))
     }
+}
+
+/// A collective or algorithm that does not exist, or a pair that is not offered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AlgoError {
+    #[error("unknown collective '{0}' (expected one of {list})", list = names(Collective::ALL.iter().map(|c| c.name())))]
+    UnknownCollective(String),
+    #[error("unknown algorithm '{0}' (expected one of {list})", list = names(Algo::ALL.iter().map(|a| a.name())))]
+    UnknownAlgorithm(String),
+    #[error("{coll} has no {algo} algorithm (it has {list})", list = names(coll.algos().iter().map(|a| a.name())))]
+    NotOffered { coll: Collective, algo: Algo },
+    #[error("no collective has a {0} algorithm")]
+    NoCollectiveHas(Algo),
+    #[error("'{0}' is not collective:algorithm")]
+    NotAPair(String),
+    /// Any of the above, in the `CCL_ALGO` setting `spec`.
+    #[error("CCL_ALGO='{spec}': {error}")]
+    Setting { spec: String, error: Box<AlgoError> },
+}
+
+fn names<'n>(it: impl Iterator<Item = &'n str>) -> String {
+    it.collect::<Vec<_>>().join(", ")
 }
 
 /// The lengths of a collective's send and receive buffers (NCCL's rules), in elements or bytes.
@@ -241,19 +257,13 @@ impl fmt::Display for Algo {
 }
 
 impl FromStr for Algo {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Algo, String> {
+    type Err = AlgoError;
+    fn from_str(s: &str) -> Result<Algo, AlgoError> {
         let t = s.trim().to_ascii_lowercase().replace('-', "_");
         Algo::ALL
             .into_iter()
             .find(|a| a.name() == t || a.aliases().contains(&t.as_str()))
-            .ok_or_else(|| {
-                let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
-                format!(
-                    "unknown algorithm '{s}' (expected one of {})",
-                    names.join(", ")
-                )
-            })
+            .ok_or_else(|| AlgoError::UnknownAlgorithm(s.to_string()))
     }
 }
 
@@ -364,9 +374,8 @@ pub fn build(
     algo: Algo,
     shape: &Shape,
     topo: &Topology,
-) -> Result<Schedule, String> {
-    let imp =
-        implementation(coll, algo).ok_or_else(|| format!("{coll} has no {algo} algorithm"))?;
+) -> Result<Schedule, AlgoError> {
+    let imp = implementation(coll, algo).ok_or(AlgoError::NotOffered { coll, algo })?;
     Ok((imp.build)(shape, topo))
 }
 

@@ -12,7 +12,7 @@
 //! When a pass makes no progress the executor says what it waits for from each peer, and the
 //! communicator waits (spin over all peers, then sleep: `ccl_core::comm::wait`). The rules "how
 //! much of this send may go now" and "may this receive take bytes now" are written once
-//! ([`Run::send_now`], [`Run::receive_now`]) and used both to move and to say what to wait for,
+//! (`Run::send_now`, `Run::receive_now`) and used both to move and to say what to wait for,
 //! so the executor never sleeps when it could move. A wait that sees no progress for
 //! `CCL_TIMEOUT` fails with an error that names the peers it was waiting on and how far each
 //! transfer got.
@@ -30,7 +30,7 @@ use ccl_core::transport::Interest;
 use ccl_core::{DataType, Error, ReduceOp, Result};
 
 use crate::algo::{Algo, Collective};
-use crate::header::{HEADER_LEN, Header, KIND_P2P};
+use crate::header::{HEADER_LEN, Header, HeaderError, KIND_P2P};
 use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
 
 /// The buffers a schedule works on, as bytes.
@@ -493,17 +493,15 @@ impl Run<'_, '_> {
 
     /// What this rank waits for from peer queue `pi`: by the same rules as the pass that moves.
     fn interest(&self, pi: usize) -> Interest {
-        let p = &self.sched.peers[pi];
         let q = &self.st.peers[pi];
-        let recv = q.header_in_pending()
-            || p.recvs
-                .get(q.next_recv)
-                .is_some_and(|&id| self.receive_now(id).is_some());
-        let send = q.header_out_pending()
-            || p.sends
-                .get(q.next_send)
-                .is_some_and(|&id| self.send_now(id).is_some());
-        Interest { send, recv }
+        let ready = |dir| {
+            self.head(pi, dir)
+                .is_some_and(|id| self.may_move(id, dir).is_some())
+        };
+        Interest {
+            send: q.header_out_pending() || ready(Dir::Send),
+            recv: q.header_in_pending() || ready(Dir::Recv),
+        }
     }
 
     /// Marks `k` more bytes of op `id` done; returns whether that completed it.
@@ -570,9 +568,9 @@ impl Run<'_, '_> {
         let mut moved = self.run_locals()?;
         for pi in 0..self.sched.peers.len() {
             moved |= self.send_header(pi)?;
-            moved |= self.send_data(pi)?;
+            moved |= self.move_data(pi, Dir::Send)?;
             moved |= self.receive_header(pi)?;
-            moved |= self.receive_data(pi)?;
+            moved |= self.move_data(pi, Dir::Recv)?;
         }
         Ok(moved)
     }
@@ -680,38 +678,71 @@ impl Run<'_, '_> {
         Ok(k > 0)
     }
 
-    /// Hands the transport as much of the sends to peer queue `pi` as may go now, in order.
-    fn send_data(&mut self, pi: usize) -> Result<bool> {
-        let peer = self.sched.peers[pi].peer;
+    /// Moves as much of peer queue `pi`'s sends (or receives) as may go now, in wire order.
+    fn move_data(&mut self, pi: usize, dir: Dir) -> Result<bool> {
         let mut moved = false;
-        while !self.st.peers[pi].header_out_pending()
-            && let Some(&id) = self.sched.peers[pi].sends.get(self.st.peers[pi].next_send)
-        {
-            if self.complete(id) {
-                self.st.peers[pi].next_send += 1;
-                continue;
+        while let Some(id) = self.head(pi, dir) {
+            if !self.complete(id) {
+                let Some(end) = self.may_move(id, dir) else {
+                    break;
+                };
+                let k = self.transfer(id, pi, dir, end)?;
+                if k == 0 {
+                    break;
+                }
+                moved = true;
+                if !self.advance(id, k) {
+                    break;
+                }
             }
-            let Some(end) = self.send_now(id) else { break };
-            let Action::Send { src, .. } = self.sched.ops[id].action else {
-                unreachable!("send queue holds sends")
-            };
-            let data = &self.bufs.get(&src, self.elem)?[self.st.done[id]..end];
-            let k = self.links.get(peer)?.send(data).map_err(|e| {
-                e.context(format!(
-                    "sending step {} to peer {peer}",
-                    self.sched.ops[id].step
-                ))
-            })?;
-            if k == 0 {
-                break;
+            let q = &mut self.st.peers[pi];
+            match dir {
+                Dir::Send => q.next_send += 1,
+                Dir::Recv => q.next_recv += 1,
             }
-            moved = true;
-            if !self.advance(id, k) {
-                break;
-            }
-            self.st.peers[pi].next_send += 1;
         }
         Ok(moved)
+    }
+
+    /// The op at the head of peer queue `pi`'s sends (or receives); `None` when the queue is
+    /// empty, or while the operation header in that direction has not gone (or arrived).
+    fn head(&self, pi: usize, dir: Dir) -> Option<OpId> {
+        let (p, q) = (&self.sched.peers[pi], &self.st.peers[pi]);
+        match dir {
+            Dir::Send if !q.header_out_pending() => p.sends.get(q.next_send).copied(),
+            Dir::Recv if !q.header_in_pending() => p.recvs.get(q.next_recv).copied(),
+            _ => None,
+        }
+    }
+
+    /// The rule for `dir`: `send_now` or `receive_now`.
+    fn may_move(&self, id: OpId, dir: Dir) -> Option<usize> {
+        match dir {
+            Dir::Send => self.send_now(id),
+            Dir::Recv => self.receive_now(id),
+        }
+    }
+
+    /// Sends (or receives) bytes `done..end` of op `id` to (or from) the peer of queue `pi`;
+    /// returns how many the transport took (or had).
+    fn transfer(&mut self, id: OpId, pi: usize, dir: Dir, end: usize) -> Result<usize> {
+        let peer = self.sched.peers[pi].peer;
+        let step = self.sched.ops[id].step;
+        match dir {
+            Dir::Send => {
+                let Action::Send { src, .. } = self.sched.ops[id].action else {
+                    unreachable!("send queue holds sends")
+                };
+                let data = &self.bufs.get(&src, self.elem)?[self.st.done[id]..end];
+                self.links
+                    .get(peer)?
+                    .send(data)
+                    .map_err(|e| e.context(format!("sending step {step} to peer {peer}")))
+            }
+            Dir::Recv => self
+                .receive_into(id, peer, end)
+                .map_err(|e| e.context(format!("receiving step {step} from peer {peer}"))),
+        }
     }
 
     /// Takes what has arrived of the header from peer queue `pi`, and checks it once whole:
@@ -753,46 +784,15 @@ impl Run<'_, '_> {
     /// Compares the header that arrived from peer queue `pi` with what this rank expects.
     fn check_header(&mut self, pi: usize) -> Result<()> {
         let p = &self.sched.peers[pi];
-        let mismatch =
-            |m: String| Error::invalid_usage(format!("with peer {}: {m}", p.peer)).peer(p.peer);
+        let mismatch = |m: HeaderError| {
+            Error::invalid_usage(format!("with peer {}: {m}", p.peer)).peer(p.peer)
+        };
         let theirs = Header::decode(&self.st.peers[pi].header_in).map_err(mismatch)?;
         let mine = self.header(self.st.headers_from[p.peer], p.recv_elems * self.elem);
         self.st.headers_from[p.peer] += 1;
         Header::check(&mine, &theirs).map_err(mismatch)?;
         self.st.peers[pi].late_us = Some(theirs.entry_us as i64 - self.st.entry_us as i64);
         Ok(())
-    }
-
-    /// Takes as much of the receives from peer queue `pi` as may go now, in order.
-    fn receive_data(&mut self, pi: usize) -> Result<bool> {
-        let peer = self.sched.peers[pi].peer;
-        let mut moved = false;
-        while !self.st.peers[pi].header_in_pending()
-            && let Some(&id) = self.sched.peers[pi].recvs.get(self.st.peers[pi].next_recv)
-        {
-            if self.complete(id) {
-                self.st.peers[pi].next_recv += 1;
-                continue;
-            }
-            let Some(end) = self.receive_now(id) else {
-                break;
-            };
-            let k = self.receive_into(id, peer, end).map_err(|e| {
-                e.context(format!(
-                    "receiving step {} from peer {peer}",
-                    self.sched.ops[id].step
-                ))
-            })?;
-            if k == 0 {
-                break;
-            }
-            moved = true;
-            if !self.advance(id, k) {
-                break;
-            }
-            self.st.peers[pi].next_recv += 1;
-        }
-        Ok(moved)
     }
 
     /// Receives bytes `done..end` of receive `id` from `peer`, copying them into place or
@@ -934,6 +934,13 @@ impl Run<'_, '_> {
         }
         out.trim_end_matches("; ").to_string()
     }
+}
+
+/// The direction of a peer queue: this rank's sends to the peer, or its receives from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    Send,
+    Recv,
 }
 
 /// The operand order of a reduction: the other operand first, or the accumulator first.

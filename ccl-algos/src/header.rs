@@ -24,6 +24,28 @@ const VERSION: u8 = 1;
 pub const KIND_P2P: u8 = 7;
 const _: () = assert!(Collective::from_id(KIND_P2P).is_none());
 
+/// A peer's header that does not match this rank's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error(
+        "not an operation header: the streams are out of step (an earlier operation moved a different number of bytes on one side)"
+    )]
+    NotAHeader,
+    #[error(
+        "operation header version {0} but this build speaks {VERSION} (mixed library versions?)"
+    )]
+    Version(u8),
+    #[error("operation header with reserved bytes set")]
+    Reserved,
+    #[error(
+        "operations out of step: this is operation {mine} between the two ranks here, {theirs} on the peer (one side called more operations)"
+    )]
+    OutOfStep { mine: u64, theirs: u64 },
+    /// Both calls, described.
+    #[error("mismatched calls: {0}")]
+    Mismatch(String),
+}
+
 /// What one operation looks like to one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
@@ -60,20 +82,17 @@ impl Header {
     }
 
     /// Parses a header; anything else means the two ranks' streams are out of step.
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, HeaderError> {
         if b[..2] != MAGIC {
-            return Err("not an operation header: the streams are out of step (an earlier operation moved a different number of bytes on one side)".into());
+            return Err(HeaderError::NotAHeader);
         }
         if b[2] != VERSION {
-            return Err(format!(
-                "operation header version {} but this build speaks {VERSION} (mixed library versions?)",
-                b[2]
-            ));
+            return Err(HeaderError::Version(b[2]));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         if b[7] != 0 || u32_at(12) != 0 {
-            return Err("operation header with reserved bytes set".into());
+            return Err(HeaderError::Reserved);
         }
         Ok(Header {
             kind: b[3],
@@ -123,12 +142,12 @@ impl Header {
     }
 
     /// Compares the peer's header with what this rank expects from it.
-    pub fn check(mine: &Header, theirs: &Header) -> Result<(), String> {
+    pub fn check(mine: &Header, theirs: &Header) -> Result<(), HeaderError> {
         if mine.seq != theirs.seq {
-            return Err(format!(
-                "operations out of step: this is operation {} between the two ranks here, {} on the peer (one side called more operations)",
-                mine.seq, theirs.seq
-            ));
+            return Err(HeaderError::OutOfStep {
+                mine: mine.seq,
+                theirs: theirs.seq,
+            });
         }
         let same_call = mine.kind == theirs.kind
             && mine.dtype == theirs.dtype
@@ -137,8 +156,8 @@ impl Header {
             && mine.count == theirs.count
             && mine.algo == theirs.algo;
         if !same_call || mine.bytes != theirs.bytes {
-            return Err(format!(
-                "mismatched calls: this rank called {}{}, the peer called {}{}",
+            return Err(HeaderError::Mismatch(format!(
+                "this rank called {}{}, the peer called {}{}",
                 mine.describe(),
                 if mine.kind == KIND_P2P {
                     String::new()
@@ -151,7 +170,7 @@ impl Header {
                 } else {
                     format!(" sending {} bytes", theirs.bytes)
                 },
-            ));
+            )));
         }
         Ok(())
     }
@@ -180,13 +199,17 @@ mod tests {
         let a = h();
         assert_eq!(Header::decode(&a.encode()).unwrap(), a);
         assert!(Header::check(&a, &a).is_ok());
-        let e = Header::check(&a, &Header { count: 512, ..a }).unwrap_err();
+        let e = Header::check(&a, &Header { count: 512, ..a })
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("allreduce of 1024 x float (ring, sum)")
                 && e.contains("allreduce of 512 x float"),
             "{e}"
         );
-        let e = Header::check(&a, &Header { seq: 4, ..a }).unwrap_err();
+        let e = Header::check(&a, &Header { seq: 4, ..a })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("out of step"), "{e}");
         let b = Header {
             kind: Collective::Broadcast.id(),
@@ -203,6 +226,7 @@ mod tests {
         assert!(
             Header::check(&p, &Header { bytes: 78, ..p })
                 .unwrap_err()
+                .to_string()
                 .contains("78 bytes")
         );
     }

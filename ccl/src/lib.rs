@@ -159,7 +159,7 @@ impl Communicator {
     fn from_bootstrap(b: Bootstrap, config: Config) -> Result<Communicator> {
         let rank = b.rank();
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
-            .map_err(|m| Error::invalid_argument(m).rank(rank))?;
+            .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
         let candidates = transports(&config, rank)?;
         let (comm, links) = Comm::connect(b, candidates, config)?;
         let c = Communicator {
@@ -209,7 +209,7 @@ impl Communicator {
         match algo {
             Some(a) => o
                 .set(coll, a)
-                .map_err(|m| Error::invalid_argument(m).rank(self.rank())),
+                .map_err(|m| Error::invalid_argument(m.to_string()).rank(self.rank())),
             None => {
                 o.clear(coll);
                 Ok(())

@@ -254,7 +254,7 @@ impl Inner {
         }
         let s = Arc::new(
             algo::build(coll, algo, shape, topo)
-                .map_err(|m| Error::invalid_usage(m).rank(shape.rank))?,
+                .map_err(|m| Error::invalid_usage(m.to_string()).rank(shape.rank))?,
         );
         ccl_trace!(
             Some(shape.rank),
