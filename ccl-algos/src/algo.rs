@@ -1,6 +1,8 @@
-//! Which algorithms implement which collective, what each costs, and the choice between them.
+//! The collectives and algorithms, which collective has which algorithm, how each is built and
+//! what each costs, and the choice between them.
 //!
-//! The cost model is alpha-beta-gamma: `steps x latency + bytes on the wire per rank / link
+//! [`implementation`] is the one table of (collective, algorithm) pairs. The cost model
+//! ([`crate::cost`]) is alpha-beta-gamma: `steps x latency + bytes on the wire per rank / link
 //! bandwidth + bytes reduced per rank / reduction rate`, evaluated per algorithm; the cheapest
 //! wins unless `CCL_ALGO` says otherwise.
 
@@ -10,80 +12,129 @@ use std::str::FromStr;
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 
+use crate::cost::{self, LinkCosts, Load};
 use crate::schedule::{Schedule, Shape};
 use crate::{allgather, allreduce, alltoall, barrier, broadcast, reduce, reduce_scatter};
 
-/// A collective operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Collective {
-    AllReduce,
-    Broadcast,
-    Reduce,
-    AllGather,
-    ReduceScatter,
-    AllToAll,
-    Barrier,
+/// Declares an enum that travels on the wire as a number. One list gives every variant its fixed
+/// id and its name, and from it come `ALL` (in id order), `id`, `from_id` and `name`, so no
+/// variant can be missing from any of them. Ids are compared between ranks in operation headers:
+/// never reuse or change one.
+macro_rules! wire_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident = $id:literal => $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant = $id, )+
+        }
+
+        impl $name {
+            /// Every variant, in id order.
+            pub const ALL: [$name; [$($id),+].len()] = [$($name::$variant),+];
+
+            /// Its number in operation headers.
+            pub const fn id(self) -> u8 {
+                self as u8
+            }
+
+            /// The variant whose number is `id`, if any.
+            pub const fn from_id(id: u8) -> Option<$name> {
+                match id {
+                    $( $id => Some($name::$variant), )+
+                    _ => None,
+                }
+            }
+
+            /// The name used by `CCL_ALGO`, logs and the benchmark.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $text, )+
+                }
+            }
+        }
+
+        // Ids count 0, 1, 2, ... in the order listed, so `ALL[id]` is the variant of `id`.
+        const _: () = {
+            let mut i = 0;
+            while i < $name::ALL.len() {
+                assert!($name::ALL[i] as usize == i, "ids must be 0, 1, 2, ... in order");
+                i += 1;
+            }
+        };
+    };
+}
+
+wire_enum! {
+    /// A collective operation.
+    pub enum Collective {
+        AllReduce = 0 => "allreduce",
+        Broadcast = 1 => "broadcast",
+        Reduce = 2 => "reduce",
+        AllGather = 3 => "allgather",
+        ReduceScatter = 4 => "reducescatter",
+        AllToAll = 5 => "alltoall",
+        Barrier = 6 => "barrier",
+    }
 }
 
 impl Collective {
-    pub const ALL: [Collective; 7] = [
-        Collective::AllReduce,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::AllToAll,
-        Collective::Barrier,
-    ];
-
-    /// Its number in operation headers.
-    pub fn id(self) -> u8 {
-        Collective::ALL
-            .iter()
-            .position(|c| *c == self)
-            .expect("listed") as u8
-    }
-
-    /// The name used by `CCL_ALGO`, logs and the benchmark (`allreduce`, `reducescatter`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "allreduce",
-            Collective::Broadcast => "broadcast",
-            Collective::Reduce => "reduce",
-            Collective::AllGather => "allgather",
-            Collective::ReduceScatter => "reducescatter",
-            Collective::AllToAll => "alltoall",
-            Collective::Barrier => "barrier",
-        }
-    }
-
-    /// Send and receive buffer lengths in elements for NCCL's `count` (per-rank count for
-    /// allgather's input, reduce-scatter's output and alltoall's per-peer block).
-    pub const fn buffer_lens(self, count: usize, n: usize) -> (usize, usize) {
-        match self {
+    /// The lengths, in elements, of the send and receive buffers for NCCL's `count`: the whole
+    /// buffer for allreduce, broadcast and reduce; one rank's block for allgather's input,
+    /// reduce-scatter's output and alltoall's block per peer.
+    pub fn buffer_lens(self, count: usize, n: usize) -> Result<BufferLens, LenError> {
+        let blocks = || {
+            count
+                .checked_mul(n)
+                .ok_or(LenError::Overflow { count, ranks: n })
+        };
+        let (send, recv) = match self {
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce => (count, count),
-            Collective::AllGather => (count, count * n),
-            Collective::ReduceScatter => (count * n, count),
-            Collective::AllToAll => (count * n, count * n),
+            Collective::AllGather => (count, blocks()?),
+            Collective::ReduceScatter => (blocks()?, count),
+            Collective::AllToAll => (blocks()?, blocks()?),
             Collective::Barrier => (0, 0),
+        };
+        Ok(BufferLens { send, recv })
+    }
+
+    /// NCCL's `count` for buffers of these lengths in elements (`send` is `None` in place, where
+    /// `recv` is the one buffer): the inverse of [`buffer_lens`](Collective::buffer_lens). Only
+    /// the lengths that decide the count are checked here; `buffer_lens` then gives what every
+    /// buffer must hold.
+    pub fn count_for(self, send: Option<usize>, recv: usize, n: usize) -> Result<usize, LenError> {
+        let blocks = |len: usize| {
+            if n == 0 || len % n != 0 {
+                return Err(LenError::NotBlocks { len, ranks: n });
+            }
+            Ok(len / n)
+        };
+        match (self, send) {
+            (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, Some(s))
+                if s != recv =>
+            {
+                Err(LenError::Mismatch { send: s, recv })
+            }
+            (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, _) => Ok(recv),
+            (Collective::AllGather, Some(s)) => Ok(s),
+            (Collective::ReduceScatter, Some(_)) => Ok(recv),
+            (Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll, _) => {
+                blocks(recv)
+            }
+            (Collective::Barrier, _) => Ok(0),
         }
     }
 
-    /// The algorithms that implement this collective.
+    /// The algorithms that implement this collective, in [`Algo::ALL`] order (from
+    /// [`implementation`]).
     pub fn algos(self) -> &'static [Algo] {
-        match self {
-            Collective::AllReduce => &[
-                Algo::Ring,
-                Algo::RecursiveDoubling,
-                Algo::Tree,
-                Algo::HalvingDoubling,
-                Algo::Hierarchical,
-            ],
-            Collective::Broadcast | Collective::Reduce => &[Algo::Ring, Algo::Tree],
-            Collective::AllGather | Collective::ReduceScatter => &[Algo::Ring, Algo::Pairwise],
-            Collective::AllToAll => &[Algo::Pairwise],
-            Collective::Barrier => &[Algo::RecursiveDoubling],
-        }
+        let (list, len) = &ALGOS[self.id() as usize];
+        &list[..*len]
     }
 }
 
@@ -94,65 +145,107 @@ impl fmt::Display for Collective {
 }
 
 impl FromStr for Collective {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Collective, String> {
+    type Err = AlgoError;
+    fn from_str(s: &str) -> Result<Collective, AlgoError> {
         let t = s.trim().to_ascii_lowercase().replace(['_', '-'], "");
         Collective::ALL
             .into_iter()
             .find(|c| c.name() == t)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
-                format!(
-                    "unknown collective '{s}' (expected one of {})",
-                    names.join(", ")
-                )
-            })
+            .ok_or_else(|| AlgoError::UnknownCollective(s.to_string()))
     }
 }
 
-/// An algorithm; which collectives it implements is [`Collective::algos`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Algo {
-    /// Around a ring (a chain for rooted collectives): bandwidth-optimal, pipelined.
-    Ring,
-    /// `log2(n)` exchanges with partner `r ^ 2^k` (dissemination for the barrier):
-    /// latency-optimal.
-    RecursiveDoubling,
-    /// Every rank sends straight to every other at once: one step.
-    Pairwise,
-    /// Binary trees: NCCL's double binary tree for allreduce, one tree from or to the root for
-    /// broadcast and reduce. `log2(n)` latency, pipelined.
-    Tree,
-    /// Recursive halving, then recursive doubling (Rabenseifner): the ring's bytes in `2 log2(n)`
-    /// steps.
-    HalvingDoubling,
-    /// Inside each host, then across hosts among one leader per host, then inside each host.
-    Hierarchical,
+/// A collective or algorithm that does not exist, or a pair that is not offered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AlgoError {
+    #[error("unknown collective '{0}' (expected one of {list})", list = names(Collective::ALL.iter().map(|c| c.name())))]
+    UnknownCollective(String),
+    #[error("unknown algorithm '{0}' (expected one of {list})", list = names(Algo::ALL.iter().map(|a| a.name())))]
+    UnknownAlgorithm(String),
+    #[error("{coll} has no {algo} algorithm (it has {list})", list = names(coll.algos().iter().map(|a| a.name())))]
+    NotOffered { coll: Collective, algo: Algo },
+    #[error("no collective has a {0} algorithm")]
+    NoCollectiveHas(Algo),
+    #[error("'{0}' is not collective:algorithm")]
+    NotAPair(String),
+    /// Any of the above, in the `CCL_ALGO` setting `spec`.
+    #[error("CCL_ALGO='{spec}': {error}")]
+    Setting { spec: String, error: Box<AlgoError> },
+}
+
+fn names<'n>(it: impl Iterator<Item = &'n str>) -> String {
+    it.collect::<Vec<_>>().join(", ")
+}
+
+/// The lengths of a collective's send and receive buffers (NCCL's rules), in elements or bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferLens {
+    pub send: usize,
+    pub recv: usize,
+}
+
+impl BufferLens {
+    /// The one buffer of the in-place form: the larger of the two. NCCL puts allgather's input
+    /// at block `rank` of its output and reduce-scatter's output at block `rank` of its input.
+    pub const fn in_place(self) -> usize {
+        if self.send > self.recv {
+            self.send
+        } else {
+            self.recv
+        }
+    }
+
+    /// The same lengths in bytes of `elem` bytes each, unless they overflow.
+    pub fn bytes(self, elem: usize) -> Option<BufferLens> {
+        Some(BufferLens {
+            send: self.send.checked_mul(elem)?,
+            recv: self.recv.checked_mul(elem)?,
+        })
+    }
+}
+
+/// Buffer lengths that do not fit a collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LenError {
+    #[error("count {count} times {ranks} ranks overflows the address space")]
+    Overflow { count: usize, ranks: usize },
+    #[error("send buffer has {send} elements but receive buffer has {recv}")]
+    Mismatch { send: usize, recv: usize },
+    #[error("a buffer of {len} elements does not split into {ranks} equal blocks")]
+    NotBlocks { len: usize, ranks: usize },
+}
+
+wire_enum! {
+    /// An algorithm; which collectives it implements is [`Collective::algos`].
+    pub enum Algo {
+        /// Around a ring (a chain for rooted collectives): bandwidth-optimal, pipelined.
+        Ring = 0 => "ring",
+        /// `log2(n)` exchanges with partner `r ^ 2^k` (dissemination for the barrier):
+        /// latency-optimal.
+        RecursiveDoubling = 1 => "rd",
+        /// Every rank sends straight to every other at once: one step.
+        Pairwise = 2 => "pairwise",
+        /// Binary trees: NCCL's double binary tree for allreduce, one tree from or to the root for
+        /// broadcast and reduce. `log2(n)` latency, pipelined.
+        Tree = 3 => "tree",
+        /// Recursive halving, then recursive doubling (Rabenseifner): the ring's bytes in
+        /// `2 log2(n)` steps.
+        HalvingDoubling = 4 => "hd",
+        /// Inside each host, then across hosts among one leader per host, then inside each host.
+        Hierarchical = 5 => "hier",
+    }
 }
 
 impl Algo {
-    /// Its number in operation headers.
-    pub fn id(self) -> u8 {
-        Algo::ALL.iter().position(|a| *a == self).expect("listed") as u8
-    }
-
-    pub const ALL: [Algo; 6] = [
-        Algo::Ring,
-        Algo::RecursiveDoubling,
-        Algo::Pairwise,
-        Algo::Tree,
-        Algo::HalvingDoubling,
-        Algo::Hierarchical,
-    ];
-
-    pub const fn name(self) -> &'static str {
+    /// Other names `CCL_ALGO` accepts for it.
+    const fn aliases(self) -> &'static [&'static str] {
         match self {
-            Algo::Ring => "ring",
-            Algo::RecursiveDoubling => "rd",
-            Algo::Pairwise => "pairwise",
-            Algo::Tree => "tree",
-            Algo::HalvingDoubling => "hd",
-            Algo::Hierarchical => "hier",
+            Algo::Ring => &["chain"],
+            Algo::RecursiveDoubling => &["recursive_doubling", "dissemination"],
+            Algo::Pairwise => &["direct"],
+            Algo::Tree => &["dbtree"],
+            Algo::HalvingDoubling => &["halving_doubling", "rabenseifner"],
+            Algo::Hierarchical => &["hierarchical"],
         }
     }
 }
@@ -164,26 +257,116 @@ impl fmt::Display for Algo {
 }
 
 impl FromStr for Algo {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Algo, String> {
+    type Err = AlgoError;
+    fn from_str(s: &str) -> Result<Algo, AlgoError> {
         let t = s.trim().to_ascii_lowercase().replace('-', "_");
-        match t.as_str() {
-            "ring" | "chain" => Ok(Algo::Ring),
-            "rd" | "recursive_doubling" | "dissemination" => Ok(Algo::RecursiveDoubling),
-            "pairwise" | "direct" => Ok(Algo::Pairwise),
-            "tree" | "dbtree" => Ok(Algo::Tree),
-            "hd" | "halving_doubling" | "rabenseifner" => Ok(Algo::HalvingDoubling),
-            "hier" | "hierarchical" => Ok(Algo::Hierarchical),
-            _ => {
-                let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
-                Err(format!(
-                    "unknown algorithm '{s}' (expected one of {})",
-                    names.join(", ")
-                ))
-            }
-        }
+        Algo::ALL
+            .into_iter()
+            .find(|a| a.name() == t || a.aliases().contains(&t.as_str()))
+            .ok_or_else(|| AlgoError::UnknownAlgorithm(s.to_string()))
     }
 }
+
+/// Builds one rank's schedule of an algorithm.
+type Build = fn(&Shape, &Topology) -> Schedule;
+/// The load an algorithm puts on the links, for `n` ranks placed as the topology says.
+type LoadOf = fn(usize, &Topology) -> Load;
+
+/// How one collective runs one algorithm: how its schedule is built and what the cost model
+/// charges for it.
+#[derive(Clone, Copy)]
+pub struct Implementation {
+    build: Build,
+    load: LoadOf,
+}
+
+impl fmt::Debug for Implementation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Implementation")
+    }
+}
+
+/// Which collective has which algorithm, how it is built and what it costs: the one table.
+///
+/// The match is exhaustive, without a catch-all arm: a new collective or algorithm does not
+/// compile until every pair says whether it exists. [`Collective::algos`], [`build`], [`cost`],
+/// [`choose`] and `CCL_ALGO` all read this table.
+pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementation> {
+    use Algo::*;
+    use Collective::*;
+    let (build, load): (Build, LoadOf) = match (coll, algo) {
+        (AllReduce, Ring) => (allreduce::ring::build, cost::ring_allreduce),
+        (AllReduce, RecursiveDoubling) => {
+            (|s, _| allreduce::rd::build(s), cost::recursive_doubling)
+        }
+        (AllReduce, Tree) => (allreduce::double_tree::build, cost::double_tree),
+        (AllReduce, HalvingDoubling) => (allreduce::hd::build, cost::halving_doubling),
+        (AllReduce, Hierarchical) => (allreduce::hier::build, cost::hierarchical),
+        (Broadcast, Ring) => (
+            |s, _| broadcast::ring::build(s),
+            |n, _| cost::chain(n, false),
+        ),
+        (Broadcast, Tree) => (broadcast::rooted_tree::build, |n, _| {
+            cost::rooted_tree(n, false)
+        }),
+        (Reduce, Ring) => (|s, _| reduce::ring::build(s), |n, _| cost::chain(n, true)),
+        (Reduce, Tree) => (reduce::rooted_tree::build, |n, _| {
+            cost::rooted_tree(n, true)
+        }),
+        (AllGather, Ring) => (
+            |s, _| allgather::ring(s),
+            |n, _| cost::ring_blocks(n, false),
+        ),
+        (AllGather, Pairwise) => (
+            |s, _| allgather::pairwise(s),
+            |n, t| cost::pairwise(n, t, false),
+        ),
+        (ReduceScatter, Ring) => (
+            |s, _| reduce_scatter::ring(s),
+            |n, _| cost::ring_blocks(n, true),
+        ),
+        (ReduceScatter, Pairwise) => (
+            |s, _| reduce_scatter::pairwise(s),
+            |n, t| cost::pairwise(n, t, true),
+        ),
+        (AllToAll, Pairwise) => (
+            |s, _| alltoall::pairwise(s),
+            |n, t| cost::pairwise(n, t, false),
+        ),
+        (Barrier, RecursiveDoubling) => (
+            |s, _| barrier::dissemination(s),
+            |n, _| cost::dissemination(n),
+        ),
+        // The pairs that do not exist.
+        (AllReduce, Pairwise)
+        | (Broadcast | Reduce, RecursiveDoubling | Pairwise | HalvingDoubling | Hierarchical)
+        | (AllGather | ReduceScatter, RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
+        | (AllToAll, Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
+        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical) => return None,
+    };
+    Some(Implementation { build, load })
+}
+
+/// Each collective's algorithms (in `Algo::ALL` order) and how many there are, worked out from
+/// [`implementation`] when the library is compiled.
+static ALGOS: [([Algo; Algo::ALL.len()], usize); Collective::ALL.len()] = {
+    let mut table = [([Algo::Ring; Algo::ALL.len()], 0); Collective::ALL.len()];
+    let mut c = 0;
+    while c < Collective::ALL.len() {
+        let mut a = 0;
+        while a < Algo::ALL.len() {
+            if implementation(Collective::ALL[c], Algo::ALL[a]).is_some() {
+                let (list, len) = &mut table[c];
+                list[*len] = Algo::ALL[a];
+                *len += 1;
+            }
+            a += 1;
+        }
+        assert!(table[c].1 > 0, "every collective needs an algorithm");
+        c += 1;
+    }
+    table
+};
 
 /// Builds this rank's schedule of `algo` for `coll`, or says the pair does not exist.
 pub fn build(
@@ -191,223 +374,14 @@ pub fn build(
     algo: Algo,
     shape: &Shape,
     topo: &Topology,
-) -> Result<Schedule, String> {
-    match (coll, algo) {
-        (Collective::AllReduce, Algo::Ring) => Ok(allreduce::ring::build(shape, topo)),
-        (Collective::AllReduce, Algo::RecursiveDoubling) => Ok(allreduce::rd::build(shape)),
-        (Collective::Broadcast, Algo::Ring) => Ok(broadcast::ring::build(shape)),
-        (Collective::Reduce, Algo::Ring) => Ok(reduce::ring::build(shape)),
-        (Collective::AllGather, Algo::Ring) => Ok(allgather::ring(shape)),
-        (Collective::AllGather, Algo::Pairwise) => Ok(allgather::pairwise(shape)),
-        (Collective::ReduceScatter, Algo::Ring) => Ok(reduce_scatter::ring(shape)),
-        (Collective::ReduceScatter, Algo::Pairwise) => Ok(reduce_scatter::pairwise(shape)),
-        (Collective::AllToAll, Algo::Pairwise) => Ok(alltoall::pairwise(shape)),
-        (Collective::Barrier, Algo::RecursiveDoubling) => Ok(barrier::dissemination(shape)),
-        (Collective::AllReduce, Algo::Tree) => Ok(allreduce::tree::build(shape, topo)),
-        (Collective::AllReduce, Algo::HalvingDoubling) => Ok(allreduce::hd::build(shape, topo)),
-        (Collective::AllReduce, Algo::Hierarchical) => Ok(allreduce::hier::build(shape, topo)),
-        (Collective::Broadcast, Algo::Tree) => Ok(broadcast::tree::build(shape, topo)),
-        (Collective::Reduce, Algo::Tree) => Ok(reduce::tree::build(shape, topo)),
-        _ => Err(format!("{coll} has no {algo} algorithm")),
-    }
-}
-
-/// Bytes per second one core reduces (two operands in, one out) at sizes that leave the cache.
-pub const REDUCE_RATE: f64 = 10.0e9;
-
-fn log2_floor(n: usize) -> usize {
-    (usize::BITS - 1 - n.leading_zeros()) as usize
-}
-
-/// Largest power of two `<= n` (`n >= 1`).
-fn pow2_floor(n: usize) -> usize {
-    1 << log2_floor(n.max(1))
-}
-
-/// What one algorithm puts on each kind of link, per byte of the buffer, and how many
-/// latency-bound steps it takes.
-#[derive(Clone, Copy, Debug, Default)]
-struct Load {
-    steps: f64,
-    /// Sent by the busiest rank (over its own connections).
-    link: f64,
-    /// Leaving the busiest host (over its network link).
-    host: f64,
-    /// Leaving the busiest rack (over its uplink).
-    rack: f64,
-    /// Leaving the busiest zone.
-    zone: f64,
-    /// Reduced by the busiest rank.
-    reduce: f64,
-}
-
-/// Seconds per byte of each kind of link (`None`: not a bottleneck).
-struct Links {
-    alpha: f64,
-    rank: f64,
-    host: Option<f64>,
-    rack: Option<f64>,
-    zone: Option<f64>,
-    gamma: f64,
-}
-
-impl Links {
-    /// Ranks of one host talk over the transport; traffic leaving a host also crosses the host's
-    /// network link (the slowest one the topology names, else as fast as one transport
-    /// connection, shared by the host's ranks); traffic leaving a rack or zone crosses its
-    /// uplink when the topology gives one.
-    fn new(t: &TransportProperties, topo: &Topology) -> Links {
-        let sm = topo.summary();
-        let host_bw = topo
-            .min_link_bandwidth()
-            .map_or(t.bandwidth, |b| b.min(t.bandwidth));
-        Links {
-            alpha: t.latency.as_secs_f64(),
-            rank: 1.0 / t.bandwidth,
-            host: (sm.hosts > 1).then_some(1.0 / host_bw),
-            rack: (sm.racks > 1)
-                .then(|| topo.rack_uplink().map(|b| 1.0 / b))
-                .flatten(),
-            zone: (sm.zones > 1)
-                .then(|| topo.zone_uplink().map(|b| 1.0 / b))
-                .flatten(),
-            gamma: 1.0 / REDUCE_RATE,
-        }
-    }
-
-    fn time(&self, l: &Load, bytes: f64) -> f64 {
-        let wire = [
-            Some(l.link * self.rank),
-            self.host.map(|b| l.host * b),
-            self.rack.map(|b| l.rack * b),
-            self.zone.map(|b| l.zone * b),
-        ]
-        .into_iter()
-        .flatten()
-        .fold(0.0, f64::max);
-        l.steps * self.alpha + bytes * (wire + l.reduce * self.gamma)
-    }
-}
-
-/// Depth of the deeper tree of [`crate::tree::double_tree`] over `n` ranks.
-fn double_tree_depth(n: usize) -> usize {
-    match n {
-        0 | 1 => 0,
-        _ if n % 2 == 0 => 1 + log2_floor(n - 1),
-        _ => log2_floor(n),
-    }
-}
-
-/// Depth of [`crate::tree::Tree::rooted`] over `k` ranks.
-fn rooted_depth(k: usize) -> usize {
-    if k <= 1 { 0 } else { 1 + log2_floor(k - 1) }
-}
-
-/// The load of allreduce by `algo` over `n` ranks placed as `topo` says.
-fn allreduce_load(algo: Algo, n: usize, topo: &Topology) -> Option<Load> {
-    let sm = topo.summary();
-    let nf = n as f64;
-    Some(match algo {
-        Algo::Pairwise => return None,
-        Algo::Ring => {
-            // Every rank sends 2(n-1)/n of the buffer to its successor; in topology order one
-            // edge leaves each host, rack and zone.
-            let f = 2.0 * (nf - 1.0) / nf;
-            Load {
-                steps: 2.0 * (nf - 1.0),
-                link: f,
-                host: f,
-                rack: f,
-                zone: f,
-                reduce: f / 2.0,
-            }
-        }
-        Algo::RecursiveDoubling => {
-            let p = pow2_floor(n);
-            let e = log2_floor(p) as f64;
-            // Non-powers of two fold in and hand back: two more whole-buffer transfers.
-            let x = if p == n { 0.0 } else { 2.0 };
-            Load {
-                steps: e + x,
-                link: e + x,
-                host: e + x,
-                rack: e + x,
-                zone: e + x,
-                reduce: e + x / 2.0,
-            }
-        }
-        Algo::Tree => {
-            // A rank with two children in one tree sends half the buffer up and two halves
-            // down there, and half up as a leaf of the other tree.
-            let (link, reduce) = match n {
-                2 => (1.0, 0.5),
-                3 => (1.5, 1.0),
-                _ => (2.0, 1.0),
-            };
-            Load {
-                steps: 2.0 * double_tree_depth(n) as f64,
-                link,
-                host: link,
-                rack: link,
-                zone: link,
-                reduce,
-            }
-        }
-        Algo::HalvingDoubling => {
-            let p = pow2_floor(n);
-            let pf = p as f64;
-            let folded = n - p;
-            let x = if folded > 0 { 1.0 } else { 0.0 };
-            // Exchanges at distance m carry 1/(2m) of the buffer each way, so a group of g
-            // ranks (a power of two, aligned) sends 2(1 - g/p) of it out in both phases; the
-            // fold moves whole buffers between its pairs.
-            let out = |min: usize, max: usize| {
-                let g = pow2_floor(min).min(p) as f64;
-                2.0 * (1.0 - g / pf) * (max as f64 / g) + x * max.min(folded) as f64
-            };
-            Load {
-                steps: 2.0 * log2_floor(p) as f64 + 2.0 * x,
-                link: 2.0 * (pf - 1.0) / pf + x,
-                host: out(sm.min_per_host, sm.max_per_host),
-                rack: out(sm.min_per_rack, sm.max_per_rack),
-                zone: out(sm.min_per_zone, sm.max_per_zone),
-                reduce: (pf - 1.0) / pf + x,
-            }
-        }
-        Algo::Hierarchical => {
-            let h = sm.hosts as f64;
-            let k = sm.max_per_host;
-            let ring = if sm.hosts > 1 {
-                2.0 * (h - 1.0) / h
-            } else {
-                0.0
-            };
-            // Inside a host: the leader has one child; members below have up to two, each
-            // sending the buffer up once and down to every child.
-            let (member_link, member_reduce) = match k {
-                0..=2 => (1.0, 0.0),
-                3 => (2.0, 1.0),
-                _ => (3.0, 2.0),
-            };
-            let leader = if k > 1 { 1.0 } else { 0.0 };
-            Load {
-                steps: 2.0 * rooted_depth(k) as f64 + 2.0 * (h - 1.0),
-                link: (leader + ring).max(if k > 1 { member_link } else { 0.0 }),
-                host: ring,
-                rack: ring,
-                zone: ring,
-                reduce: (leader + ring / 2.0).max(if k > 1 { member_reduce } else { 0.0 }),
-            }
-        }
-    })
+) -> Result<Schedule, AlgoError> {
+    let imp = implementation(coll, algo).ok_or(AlgoError::NotOffered { coll, algo })?;
+    Ok((imp.build)(shape, topo))
 }
 
 /// Estimated seconds of one `coll` by `algo` over `n` ranks of `bytes` (the nccl-tests size:
-/// the buffer of allreduce/broadcast/reduce, the total of allgather/reduce-scatter/alltoall).
-///
-/// Alpha-beta-gamma with the topology: `steps x latency + bytes x (the busiest link's load /
-/// its bandwidth) + bytes reduced / reduction rate`, where the links are each rank's transport
-/// connections, each host's network link, and each rack's and zone's uplink (see `Links`).
+/// the buffer of allreduce/broadcast/reduce, the total of allgather/reduce-scatter/alltoall),
+/// by the model of [`crate::cost`]; `None` when `coll` has no `algo`.
 pub fn cost(
     coll: Collective,
     algo: Algo,
@@ -416,83 +390,11 @@ pub fn cost(
     t: &TransportProperties,
     topo: &Topology,
 ) -> Option<f64> {
-    if !coll.algos().contains(&algo) {
-        return None;
-    }
+    let imp = implementation(coll, algo)?;
     if n <= 1 {
         return Some(0.0);
     }
-    let links = Links::new(t, topo);
-    let b = bytes as f64;
-    let nf = n as f64;
-    // Share of the nccl-tests size each rank sends in allgather and reduce-scatter.
-    let share = (nf - 1.0) / nf;
-    let load = match (coll, algo) {
-        (Collective::AllReduce, a) => allreduce_load(a, n, topo)?,
-        (Collective::Broadcast | Collective::Reduce, Algo::Tree) => {
-            // The buffer flows once down (or up) a tree of depth log2(n) + 1; ranks with two
-            // children send (or reduce) it twice.
-            let two = if n >= 4 { 2.0 } else { 1.0 };
-            Load {
-                steps: rooted_depth(n) as f64,
-                link: two,
-                host: two,
-                rack: two,
-                zone: two,
-                reduce: if coll == Collective::Reduce { two } else { 0.0 },
-            }
-        }
-        (Collective::Broadcast | Collective::Reduce, Algo::Ring) => {
-            // A chain: the buffer passes every rank once, pipelined.
-            Load {
-                steps: nf - 1.0,
-                link: 1.0,
-                host: 1.0,
-                rack: 1.0,
-                zone: 1.0,
-                reduce: if coll == Collective::Reduce { 1.0 } else { 0.0 },
-            }
-        }
-        (Collective::AllGather | Collective::ReduceScatter, Algo::Ring) => Load {
-            steps: nf - 1.0,
-            link: share,
-            host: share,
-            rack: share,
-            zone: share,
-            reduce: if coll == Collective::ReduceScatter {
-                share
-            } else {
-                0.0
-            },
-        },
-        // All messages leave at once: one latency plus a per-message cost, and the same bytes.
-        // What leaves a group of k ranks is what its ranks send to the other n - k.
-        (
-            Collective::AllGather | Collective::AllToAll | Collective::ReduceScatter,
-            Algo::Pairwise,
-        ) => {
-            let sm = topo.summary();
-            let out = |k: usize| (k * (n - k.min(n))) as f64 / nf;
-            Load {
-                steps: 1.0 + 0.25 * (nf - 1.0),
-                link: share,
-                host: out(sm.max_per_host),
-                rack: out(sm.max_per_rack),
-                zone: out(sm.max_per_zone),
-                reduce: if coll == Collective::ReduceScatter {
-                    share
-                } else {
-                    0.0
-                },
-            }
-        }
-        (Collective::Barrier, Algo::RecursiveDoubling) => Load {
-            steps: n.next_power_of_two().trailing_zeros() as f64,
-            ..Load::default()
-        },
-        _ => return None,
-    };
-    Some(links.time(&load, b))
+    Some(LinkCosts::new(t, topo).time(&(imp.load)(n, topo), bytes as f64))
 }
 
 /// The cheapest algorithm for `coll` by [`cost`].
@@ -526,6 +428,7 @@ mod tests {
         TransportProperties {
             latency: Duration::from_micros(5),
             bandwidth: 3.0e9,
+            spin: Duration::ZERO,
         }
     }
 
@@ -618,19 +521,73 @@ mod tests {
         }
     }
 
-    /// The depths the model charges are those of the trees the schedules use.
+    /// Which collective has which algorithm, as the table says; every listed pair builds and
+    /// is priced, and no other pair is.
     #[test]
-    fn model_depths_match_the_trees() {
-        for n in 1..=200 {
-            let order: Vec<usize> = (0..n).collect();
-            let [a, b] = crate::tree::double_tree(&order, n);
-            assert_eq!(double_tree_depth(n), a.depth().max(b.depth()), "n={n}");
-            assert_eq!(
-                rooted_depth(n),
-                crate::tree::Tree::rooted(&order, n).depth(),
-                "n={n}"
-            );
+    fn the_table_lists_each_collectives_algorithms() {
+        use Algo::*;
+        let want: [(Collective, &[Algo]); 7] = [
+            (
+                Collective::AllReduce,
+                &[Ring, RecursiveDoubling, Tree, HalvingDoubling, Hierarchical],
+            ),
+            (Collective::Broadcast, &[Ring, Tree]),
+            (Collective::Reduce, &[Ring, Tree]),
+            (Collective::AllGather, &[Ring, Pairwise]),
+            (Collective::ReduceScatter, &[Ring, Pairwise]),
+            (Collective::AllToAll, &[Pairwise]),
+            (Collective::Barrier, &[RecursiveDoubling]),
+        ];
+        let topo = Topology::flat(4);
+        for (coll, algos) in want {
+            assert_eq!(coll.algos(), algos, "{coll}");
+            for a in Algo::ALL {
+                let listed = algos.contains(&a);
+                let shape = Shape::new(1, 4, 8, false, ccl_core::ReduceOp::Sum);
+                assert_eq!(build(coll, a, &shape, &topo).is_ok(), listed, "{coll} {a}");
+                assert_eq!(cost(coll, a, 4, 1 << 20, &tcp(), &topo).is_some(), listed);
+            }
         }
+    }
+
+    #[test]
+    fn buffer_lengths_and_counts_are_inverse() {
+        let n = 3;
+        for coll in Collective::ALL {
+            for count in [0, 1, 5] {
+                let l = coll.buffer_lens(count, n).unwrap();
+                let want = if coll == Collective::Barrier {
+                    0
+                } else {
+                    count
+                };
+                assert_eq!(coll.count_for(Some(l.send), l.recv, n), Ok(want), "{coll}");
+                assert_eq!(coll.count_for(None, l.in_place(), n), Ok(want), "{coll}");
+            }
+        }
+        let ag = Collective::AllGather.buffer_lens(4, n).unwrap();
+        assert_eq!((ag.send, ag.recv, ag.in_place()), (4, 12, 12));
+        let rs = Collective::ReduceScatter.buffer_lens(4, n).unwrap();
+        assert_eq!((rs.send, rs.recv, rs.in_place()), (12, 4, 12));
+        assert_eq!(rs.bytes(4), Some(BufferLens { send: 48, recv: 16 }));
+        assert_eq!(rs.bytes(usize::MAX), None);
+        assert_eq!(
+            Collective::AllToAll.buffer_lens(usize::MAX / 2 + 1, 2),
+            Err(LenError::Overflow {
+                count: usize::MAX / 2 + 1,
+                ranks: 2
+            })
+        );
+        let e = Collective::AllGather.count_for(None, 10, n).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a buffer of 10 elements does not split into 3 equal blocks"
+        );
+        let e = Collective::Reduce.count_for(Some(3), 10, n).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "send buffer has 3 elements but receive buffer has 10"
+        );
     }
 
     #[test]

@@ -6,26 +6,31 @@
 //! reduced (in pieces of at least `CCL_CHUNK_SIZE`, so the pipeline does not degrade into tiny
 //! writes). Reducing receives reduce straight from the transport's buffer into their destination.
 //!
-//! When a pass makes no progress the executor spins for `CCL_SPIN_US`, then blocks in `poll(2)`
-//! on the endpoints' descriptors and the communicator's abort signal. A wait that sees no
-//! progress for `CCL_TIMEOUT` fails with an error that names the peers it was waiting on and how
-//! far each transfer got.
+//! Before any data, each rank sends every peer it sends to an operation [`Header`] and checks the
+//! one it receives, so mismatched calls fail with both calls described.
+//!
+//! When a pass makes no progress the executor says what it waits for from each peer, and the
+//! communicator waits (spin over all peers, then sleep: `ccl_core::comm::wait`). The rules "how
+//! much of this send may go now" and "may this receive take bytes now" are written once
+//! (`Run::send_now`, `Run::receive_now`) and used both to move and to say what to wait for,
+//! so the executor never sleeps when it could move. A wait that sees no progress for
+//! `CCL_TIMEOUT` fails with an error that names the peers it was waiting on and how far each
+//! transfer got.
 //!
 //! The executor allocates nothing on the way through a collective except when it is about to
-//! block (the poll set), and reuses its state between calls.
+//! sleep (the poll set), and reuses its state between calls.
 
 use std::fmt::Write as _;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ccl_core::comm::{Comm, Links};
 use ccl_core::reduce::{self, Order};
 use ccl_core::trace::{self, Begin};
 use ccl_core::transport::Interest;
-use ccl_core::{DataType, Error, ErrorKind, ReduceOp, Result};
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use ccl_core::{DataType, Error, ReduceOp, Result};
 
-use crate::algo::Collective;
-use crate::header::{HEADER_LEN, Header};
+use crate::algo::{Algo, Collective};
+use crate::header::{HEADER_LEN, Header, HeaderError, KIND_P2P};
 use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
 
 /// The buffers a schedule works on, as bytes.
@@ -51,11 +56,11 @@ fn outside(r: &Region) -> Error {
 }
 
 impl Buffers<'_> {
-    fn range(r: &Region, es: usize) -> std::ops::Range<usize> {
-        r.off * es..r.end() * es
+    fn range(r: &Region, elem: usize) -> std::ops::Range<usize> {
+        r.off * elem..r.end() * elem
     }
 
-    fn get(&self, r: &Region, es: usize) -> Result<&[u8]> {
+    fn get(&self, r: &Region, elem: usize) -> Result<&[u8]> {
         let b: &[u8] = match r.buf {
             Buf::Send => self
                 .send
@@ -68,10 +73,10 @@ impl Buffers<'_> {
                 None => return Err(Error::internal(format!("no group buffer {i}"))),
             },
         };
-        b.get(Self::range(r, es)).ok_or_else(|| outside(r))
+        b.get(Self::range(r, elem)).ok_or_else(|| outside(r))
     }
 
-    fn get_mut(&mut self, r: &Region, es: usize) -> Result<&mut [u8]> {
+    fn get_mut(&mut self, r: &Region, elem: usize) -> Result<&mut [u8]> {
         let b: &mut [u8] = match r.buf {
             Buf::Send => return Err(Error::internal("schedule writes the send buffer")),
             Buf::Recv => self.recv,
@@ -86,7 +91,7 @@ impl Buffers<'_> {
                 None => return Err(Error::internal(format!("no group buffer {i}"))),
             },
         };
-        b.get_mut(Self::range(r, es)).ok_or_else(|| outside(r))
+        b.get_mut(Self::range(r, elem)).ok_or_else(|| outside(r))
     }
 
     /// `dst` for writing and `src` for reading; `None` for `src` when it is `dst` itself.
@@ -94,10 +99,10 @@ impl Buffers<'_> {
         &mut self,
         dst: &Region,
         src: &Region,
-        es: usize,
+        elem: usize,
     ) -> Result<(&mut [u8], Option<&[u8]>)> {
         if dst == src {
-            return Ok((self.get_mut(dst, es)?, None));
+            return Ok((self.get_mut(dst, elem)?, None));
         }
         if dst.overlaps(src) {
             return Err(Error::internal(format!(
@@ -123,9 +128,9 @@ impl Buffers<'_> {
                     ));
                 }
             };
-            let sl = sb.get(Self::range(src, es)).ok_or_else(|| outside(src))?;
+            let sl = sb.get(Self::range(src, elem)).ok_or_else(|| outside(src))?;
             let dl = d
-                .get_mut(Self::range(dst, es))
+                .get_mut(Self::range(dst, elem))
                 .ok_or_else(|| outside(dst))?;
             return Ok((dl, Some(sl)));
         }
@@ -139,7 +144,7 @@ impl Buffers<'_> {
                 ));
             }
         };
-        let (dr, sr) = (Self::range(dst, es), Self::range(src, es));
+        let (dr, sr) = (Self::range(dst, elem), Self::range(src, elem));
         if dr.end.max(sr.end) > whole.len() {
             return Err(outside(dst));
         }
@@ -153,19 +158,59 @@ impl Buffers<'_> {
     }
 }
 
-/// Describes the running operation: in error messages, and in the header each peer checks.
+/// What an operation is, as its header tells each peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// A collective run by one algorithm.
+    Collective { coll: Collective, algo: Algo },
+    /// A group of sends and receives.
+    PointToPoint,
+}
+
+/// Describes the running operation: in error messages, the flight recorder, and the header each
+/// peer checks.
 #[derive(Clone, Copy, Debug)]
 pub struct OpInfo {
-    /// `allreduce`, `broadcast`, ...
-    pub name: &'static str,
-    pub seq: u64,
+    pub kind: OpKind,
+    /// The nccl-tests size of the operation (bytes sent, for point-to-point).
     pub bytes: usize,
-    /// `Collective::id`, or `header::KIND_P2P`.
-    pub kind: u8,
-    /// `Algo::id` (0 for send/recv).
-    pub algo: u8,
+    /// Root of broadcast and reduce (0 otherwise).
     pub root: usize,
+    /// NCCL's count (0 for point-to-point).
     pub count: usize,
+}
+
+impl OpInfo {
+    /// `allreduce`, `broadcast`, ..., `send/recv`.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            OpKind::Collective { coll, .. } => coll.name(),
+            OpKind::PointToPoint => "send/recv",
+        }
+    }
+
+    /// Whether the operation has a root.
+    fn rooted(&self) -> bool {
+        matches!(
+            self.kind,
+            OpKind::Collective {
+                coll: Collective::Broadcast | Collective::Reduce,
+                ..
+            }
+        )
+    }
+}
+
+/// A schedule to run, with its buffers and what it is.
+#[derive(Debug)]
+pub struct Job<'s, 'b> {
+    pub schedule: &'s Schedule,
+    pub buffers: Buffers<'b>,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub info: OpInfo,
+    /// The communicator's number for this operation (1, 2, ...).
+    pub seq: u64,
 }
 
 /// A first send this small travels in the same write as the header.
@@ -173,704 +218,736 @@ const COALESCE: usize = 2048;
 /// With the header, a receiver reads ahead this much of the first message in the same call.
 const LOOKAHEAD: usize = 4096;
 
+/// What the executor keeps per peer queue of a schedule.
+#[derive(Debug)]
+struct PeerState {
+    /// Position of the next send and receive in the peer's queues.
+    next_send: usize,
+    next_recv: usize,
+    /// The header (and a small first message) to send, and how much of it went.
+    header_out: Vec<u8>,
+    header_out_sent: usize,
+    /// Bytes of the first send op carried in `header_out`.
+    carried: usize,
+    /// Whether a header is expected from this peer, the header, and how much of it arrived.
+    expects_header: bool,
+    header_in: [u8; HEADER_LEN],
+    header_in_got: usize,
+    /// Time spent waiting for this peer, and how late it entered (from its header).
+    wait_us: u64,
+    late_us: Option<i64>,
+}
+
+impl Default for PeerState {
+    fn default() -> PeerState {
+        PeerState {
+            next_send: 0,
+            next_recv: 0,
+            header_out: Vec::with_capacity(HEADER_LEN + COALESCE),
+            header_out_sent: 0,
+            carried: 0,
+            expects_header: false,
+            header_in: [0; HEADER_LEN],
+            header_in_got: 0,
+            wait_us: 0,
+            late_us: None,
+        }
+    }
+}
+
+impl PeerState {
+    /// Resets for a new operation, keeping the header buffer's memory.
+    fn reset(&mut self) {
+        self.next_send = 0;
+        self.next_recv = 0;
+        self.header_out.clear();
+        self.header_out_sent = 0;
+        self.carried = 0;
+        self.expects_header = false;
+        self.header_in = [0; HEADER_LEN];
+        self.header_in_got = 0;
+        self.wait_us = 0;
+        self.late_us = None;
+    }
+
+    /// Whether this rank's header to the peer still has bytes to go: no data may follow before.
+    fn header_out_pending(&self) -> bool {
+        self.header_out_sent < self.header_out.len()
+    }
+
+    /// Whether the peer's header has yet to arrive: none of its data is taken before.
+    fn header_in_pending(&self) -> bool {
+        self.expects_header && self.header_in_got < HEADER_LEN
+    }
+}
+
 /// Reusable executor state.
 #[derive(Debug, Default)]
 pub struct ExecState {
+    /// Bytes per element of the operation.
+    elem: usize,
     /// Bytes done per op.
     done: Vec<usize>,
-    send_cur: Vec<usize>,
-    recv_cur: Vec<usize>,
-    local_cur: usize,
-    remaining: usize,
+    /// Per peer queue of the schedule (entries beyond the schedule's peers are kept for reuse).
+    peers: Vec<PeerState>,
+    next_local: usize,
+    /// Ops with bytes still to move, and headers still to send or receive.
+    ops_left: usize,
+    headers_left: usize,
     /// Headers sent to / received from each rank so far (the per-channel sequence).
-    hdr_out: Vec<u64>,
-    hdr_in: Vec<u64>,
-    /// Per peer queue: the header (and a small first message) to send, and how much went.
-    out_buf: Vec<Vec<u8>>,
-    out_sent: Vec<usize>,
-    /// Bytes of the first send op carried in `out_buf`.
-    out_carried: Vec<usize>,
-    /// Per peer queue: the header being received, and how much arrived.
-    in_buf: Vec<[u8; HEADER_LEN]>,
-    in_got: Vec<usize>,
-    /// Whether a header is expected from the peer of each queue.
-    in_want: Vec<bool>,
-    /// Headers still to send or receive.
-    hdr_pending: usize,
+    headers_to: Vec<u64>,
+    headers_from: Vec<u64>,
     /// When this rank entered the operation (microseconds since the epoch).
     entry_us: u64,
-    /// Per peer queue: time spent waiting for the peer, and how late it entered.
-    wait_us: Vec<u64>,
-    late_us: Vec<Option<i64>>,
-    /// Since when nothing has moved, and whose data was awaited then.
+    /// Since when nothing has moved, and which peer queue's data was awaited then.
     idle_since: Option<(Instant, Option<usize>)>,
+    /// What this rank waits for from each peer, while it waits.
+    waits: Vec<(usize, Interest)>,
 }
 
 impl ExecState {
-    fn reset(&mut self, s: &Schedule, es: usize) {
+    fn reset(&mut self, s: &Schedule, elem: usize, world: usize) {
+        self.elem = elem;
         self.done.clear();
         self.done.resize(s.ops.len(), 0);
-        self.send_cur.clear();
-        self.send_cur.resize(s.peers.len(), 0);
-        self.recv_cur.clear();
-        self.recv_cur.resize(s.peers.len(), 0);
-        self.local_cur = 0;
-        self.remaining = s.ops.iter().filter(|o| o.action.len() * es > 0).count();
-        let q = s.peers.len();
-        if self.out_buf.len() < q {
-            self.out_buf
-                .resize_with(q, || Vec::with_capacity(HEADER_LEN + COALESCE));
+        if self.peers.len() < s.peers.len() {
+            self.peers.resize_with(s.peers.len(), PeerState::default);
         }
-        self.out_sent.clear();
-        self.out_sent.resize(q, 0);
-        self.out_carried.clear();
-        self.out_carried.resize(q, 0);
-        self.in_buf.clear();
-        self.in_buf.resize(q, [0; HEADER_LEN]);
-        self.in_got.clear();
-        self.in_got.resize(q, 0);
-        self.in_want.clear();
-        self.in_want.resize(q, false);
-        self.hdr_pending = 0;
+        for p in &mut self.peers {
+            p.reset();
+        }
+        self.next_local = 0;
+        self.ops_left = s.ops.iter().filter(|o| o.action.len() * elem > 0).count();
+        self.headers_left = 0;
+        if self.headers_to.len() != world {
+            self.headers_to = vec![0; world];
+            self.headers_from = vec![0; world];
+        }
         self.entry_us = trace::now_us();
-        self.wait_us.clear();
-        self.wait_us.resize(q, 0);
-        self.late_us.clear();
-        self.late_us.resize(q, None);
         self.idle_since = None;
     }
 
     /// Charges the idle time that just ended to the peer that was awaited.
     fn end_idle(&mut self) {
         if let Some((t, Some(pi))) = self.idle_since.take() {
-            self.wait_us[pi] += t.elapsed().as_micros() as u64;
+            self.peers[pi].wait_us += t.elapsed().as_micros() as u64;
         }
+    }
+
+    fn finished(&self) -> bool {
+        self.ops_left == 0 && self.headers_left == 0
+    }
+
+    /// Bytes of op `id` of `s`.
+    fn len(&self, s: &Schedule, id: OpId) -> usize {
+        s.ops[id].action.len() * self.elem
+    }
+
+    fn complete(&self, s: &Schedule, id: OpId) -> bool {
+        self.done[id] == self.len(s, id)
+    }
+
+    fn deps_done(&self, s: &Schedule, id: OpId) -> bool {
+        s.ops[id].deps.iter().all(|&d| self.complete(s, d))
+    }
+
+    /// The first peer with a receive whose dependencies are met but whose data has not arrived.
+    fn first_waited_peer(&self, s: &Schedule) -> Option<usize> {
+        s.peers.iter().zip(&self.peers).find_map(|(p, q)| {
+            if q.header_in_pending() {
+                return Some(p.peer);
+            }
+            let &id = p.recvs.get(q.next_recv)?;
+            self.deps_done(s, id).then_some(p.peer)
+        })
     }
 
     /// Brings the recorder's entry for this operation up to date.
-    fn sync_trace(&self, comm: &Comm, s: &Schedule, es: usize, waiting_on: Option<usize>) {
+    fn sync_trace(&self, comm: &Comm, s: &Schedule, waiting_on: Option<usize>) {
         let mut r = comm.recorder();
         let Some(e) = r.current() else { return };
         e.waiting_on = waiting_on;
-        for (pi, (stat, p)) in e.peers.iter_mut().zip(&s.peers).enumerate() {
+        for ((stat, p), q) in e.peers.iter_mut().zip(&s.peers).zip(&self.peers) {
             stat.sent = p.sends.iter().map(|&id| self.done[id] as u64).sum();
             stat.received = p.recvs.iter().map(|&id| self.done[id] as u64).sum();
-            stat.arrived = !self.in_want[pi] || self.in_got[pi] == HEADER_LEN;
-            stat.waited_us = self.wait_us[pi];
-            stat.late_us = self.late_us[pi].unwrap_or(0);
-        }
-        let _ = es;
-    }
-
-    /// Queues the header for every peer this rank sends to, with a small first message riding
-    /// along, and notes which peers' headers to expect.
-    #[allow(clippy::too_many_arguments)]
-    fn prepare_headers(
-        &mut self,
-        s: &Schedule,
-        n: usize,
-        es: usize,
-        info: &OpInfo,
-        dtype: DataType,
-        op: ReduceOp,
-        bufs: &Buffers<'_>,
-    ) -> Result<()> {
-        if self.hdr_out.len() != n {
-            self.hdr_out = vec![0; n];
-            self.hdr_in = vec![0; n];
-        }
-        for (pi, p) in s.peers.iter().enumerate() {
-            let out = &mut self.out_buf[pi];
-            out.clear();
-            let bytes = p.send_elems * es;
-            if bytes > 0 {
-                let h =
-                    ExecState::header(info, dtype, op, self.hdr_out[p.peer], bytes, self.entry_us);
-                self.hdr_out[p.peer] += 1;
-                out.extend_from_slice(&h.encode());
-                self.hdr_pending += 1;
-                let first = p.sends[0];
-                let o = &s.ops[first];
-                let len = o.action.len() * es;
-                // Data that no earlier op writes is final now and may go with the header.
-                if o.deps.is_empty()
-                    && o.stream_from.is_none()
-                    && len <= COALESCE
-                    && let Action::Send { src, .. } = o.action
-                {
-                    out.extend_from_slice(bufs.get(&src, es)?);
-                    self.out_carried[pi] = len;
-                }
-            }
-            if p.recv_elems * es > 0 {
-                self.in_want[pi] = true;
-                self.hdr_pending += 1;
-            }
-        }
-        Ok(())
-    }
-
-    fn header(
-        info: &OpInfo,
-        dtype: DataType,
-        op: ReduceOp,
-        seq: u64,
-        bytes: usize,
-        entry_us: u64,
-    ) -> Header {
-        Header {
-            kind: info.kind,
-            dtype: dtype as u8,
-            op: op as u8,
-            algo: info.algo,
-            root: info.root as u32,
-            seq,
-            count: info.count as u64,
-            bytes: bytes as u64,
-            entry_us,
-        }
-    }
-
-    #[inline]
-    fn complete(&self, s: &Schedule, id: OpId, es: usize) -> bool {
-        self.done[id] == s.ops[id].action.len() * es
-    }
-
-    #[inline]
-    fn deps_done(&self, s: &Schedule, id: OpId, es: usize) -> bool {
-        s.ops[id].deps.iter().all(|&d| self.complete(s, d, es))
-    }
-
-    /// How many bytes of send `id` may go now.
-    #[inline]
-    fn allowed(&self, s: &Schedule, id: OpId, es: usize) -> usize {
-        if !self.deps_done(s, id, es) {
-            return 0;
-        }
-        let len = s.ops[id].action.len() * es;
-        match s.ops[id].stream_from {
-            Some(p) => self.done[p].min(len),
-            None => len,
+            stat.arrived = !q.header_in_pending();
+            stat.waited_us = q.wait_us;
+            stat.late_us = q.late_us.unwrap_or(0);
         }
     }
 }
 
-/// Runs `s` to completion (or error), recording it in the communicator's flight recorder.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    comm: &Comm,
-    links: &mut Links,
-    st: &mut ExecState,
-    s: &Schedule,
-    bufs: &mut Buffers<'_>,
-    dtype: DataType,
-    op: ReduceOp,
-    info: &OpInfo,
-) -> Result<()> {
-    let es = dtype.size();
-    let rooted = [Collective::Broadcast.id(), Collective::Reduce.id()].contains(&info.kind);
+/// Runs `job` to completion (or error), recording it in the communicator's flight recorder.
+pub fn run(comm: &Comm, links: &mut Links, state: &mut ExecState, job: Job<'_, '_>) -> Result<()> {
+    let elem = job.dtype.size();
+    let sched = job.schedule;
     comm.recorder().begin(
         Begin {
-            seq: info.seq,
-            name: info.name,
-            algo: s.algo,
-            dtype: dtype.name(),
-            op: op.name(),
-            count: info.count as u64,
-            bytes: info.bytes as u64,
-            root: rooted.then_some(info.root),
+            seq: job.seq,
+            name: job.info.name(),
+            algo: sched.algo,
+            dtype: job.dtype.name(),
+            op: job.op.name(),
+            count: job.info.count as u64,
+            bytes: job.info.bytes as u64,
+            root: job.info.rooted().then_some(job.info.root),
         },
-        s.peers.iter().map(|p| {
+        sched.peers.iter().map(|p| {
             (
                 p.peer,
-                (p.send_elems * es) as u64,
-                (p.recv_elems * es) as u64,
+                (p.send_elems * elem) as u64,
+                (p.recv_elems * elem) as u64,
             )
         }),
     );
-    let r = drive(comm, links, st, s, bufs, dtype, op, info);
-    st.end_idle();
-    let waiting = r.as_ref().err().and(first_waited_peer(s, st, es));
-    st.sync_trace(comm, s, es, waiting);
+    let mut run = Run {
+        comm,
+        links,
+        st: state,
+        sched,
+        bufs: job.buffers,
+        dtype: job.dtype,
+        op: job.op,
+        info: job.info,
+        seq: job.seq,
+        elem,
+        chunk: comm.config().chunk_size.max(elem),
+    };
+    let r = run.drive();
+    state.end_idle();
+    let waiting = r.as_ref().err().and(state.first_waited_peer(sched));
+    state.sync_trace(comm, sched, waiting);
     comm.recorder().end(r.as_ref().err().map(|e| e.to_string()));
     if r.is_ok() {
         comm.note_lateness(
-            s.peers
+            sched
+                .peers
                 .iter()
-                .zip(&st.late_us)
-                .filter_map(|(p, l)| l.map(|l| (p.peer, l))),
+                .zip(&state.peers)
+                .filter_map(|(p, q)| q.late_us.map(|l| (p.peer, l))),
         );
     }
     r
 }
 
-/// Runs `s` to completion (or error). `n` is the world size (for `Avg`).
-#[allow(clippy::too_many_arguments)]
-fn drive(
-    comm: &Comm,
-    links: &mut Links,
-    st: &mut ExecState,
-    s: &Schedule,
-    bufs: &mut Buffers<'_>,
+/// One run of a schedule: everything a pass needs.
+struct Run<'r, 'b> {
+    comm: &'r Comm,
+    links: &'r mut Links,
+    st: &'r mut ExecState,
+    sched: &'r Schedule,
+    bufs: Buffers<'b>,
     dtype: DataType,
     op: ReduceOp,
-    info: &OpInfo,
-) -> Result<()> {
-    let es = dtype.size();
-    let n = comm.size();
-    let cfg = comm.config();
-    let chunk = cfg.chunk_size.max(es);
-    let abort = comm.abort_signal();
-    let fail = |e: Error| -> Error {
-        let e = e.rank(comm.rank()).context(format!(
-            "{} #{} ({}, {} bytes)",
-            info.name, info.seq, s.algo, info.bytes
-        ));
-        comm.explain(e)
-    };
-    // Zero-length ops count as complete from the start (0 of 0 bytes done).
-    st.reset(s, es);
-    st.prepare_headers(s, n, es, info, dtype, op, bufs)
-        .map_err(fail)?;
-    let mut last_progress = Instant::now();
-    while st.remaining > 0 || st.hdr_pending > 0 {
-        if abort.is_raised() {
-            return Err(comm.check().err().unwrap_or_else(|| {
-                Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(comm.rank())
-            }));
-        }
-        let mut progressed = false;
+    info: OpInfo,
+    seq: u64,
+    /// Bytes per element.
+    elem: usize,
+    /// The smallest piece a streamed send hands over while more is coming.
+    chunk: usize,
+}
 
-        // Local ops run whole, in order, once their dependencies are done.
-        while let Some(&id) = s.locals.get(st.local_cur) {
-            if !st.deps_done(s, id, es) {
+impl Run<'_, '_> {
+    /// Bytes of op `id`.
+    fn len(&self, id: OpId) -> usize {
+        self.st.len(self.sched, id)
+    }
+
+    fn complete(&self, id: OpId) -> bool {
+        self.st.complete(self.sched, id)
+    }
+
+    fn deps_done(&self, id: OpId) -> bool {
+        self.st.deps_done(self.sched, id)
+    }
+
+    /// How far the data of send or receive `id` is ready: 0 before its dependencies are done,
+    /// then all of it, or as far as the op it streams from has come.
+    fn ready(&self, id: OpId) -> usize {
+        if !self.deps_done(id) {
+            return 0;
+        }
+        let len = self.len(id);
+        match self.sched.ops[id].stream_from {
+            Some(from) => self.st.done[from].min(len),
+            None => len,
+        }
+    }
+
+    /// How much of send `id` may go now: `Some(end)` to hand bytes `done..end` to the transport,
+    /// `None` to wait. A streamed send waits until a whole chunk is ready (or its last piece), so
+    /// the pipeline does not degrade into tiny writes.
+    fn send_now(&self, id: OpId) -> Option<usize> {
+        let ready = self.ready(id);
+        let pending = ready.saturating_sub(self.st.done[id]);
+        (pending > 0 && (ready == self.len(id) || pending >= self.chunk)).then_some(ready)
+    }
+
+    /// Whether receive `id` may take bytes now: `Some(end)` to take bytes up to `end`, `None` to
+    /// wait. A receive that streams from a producer (a second child's data reduced behind the
+    /// first's) may go only as far as the producer has.
+    fn receive_now(&self, id: OpId) -> Option<usize> {
+        let ready = self.ready(id);
+        (ready > self.st.done[id]).then_some(ready)
+    }
+
+    /// What this rank waits for from peer queue `pi`: by the same rules as the pass that moves.
+    fn interest(&self, pi: usize) -> Interest {
+        let q = &self.st.peers[pi];
+        let ready = |dir| {
+            self.head(pi, dir)
+                .is_some_and(|id| self.may_move(id, dir).is_some())
+        };
+        Interest {
+            send: q.header_out_pending() || ready(Dir::Send),
+            recv: q.header_in_pending() || ready(Dir::Recv),
+        }
+    }
+
+    /// Marks `k` more bytes of op `id` done; returns whether that completed it.
+    fn advance(&mut self, id: OpId, k: usize) -> bool {
+        self.st.done[id] += k;
+        let complete = self.complete(id);
+        if complete {
+            self.st.ops_left -= 1;
+        }
+        complete
+    }
+
+    fn header(&self, channel_seq: u64, bytes: usize) -> Header {
+        let (kind, algo) = match self.info.kind {
+            OpKind::Collective { coll, algo } => (coll.id(), algo.id()),
+            OpKind::PointToPoint => (KIND_P2P, 0),
+        };
+        Header {
+            kind,
+            dtype: self.dtype as u8,
+            op: self.op as u8,
+            algo,
+            root: self.info.root as u32,
+            seq: channel_seq,
+            count: self.info.count as u64,
+            bytes: bytes as u64,
+            entry_us: self.st.entry_us,
+        }
+    }
+
+    /// Adds what this run was doing to `e`, and what the job monitor knows of its cause.
+    fn fail(&self, e: Error) -> Error {
+        let e = e.rank(self.comm.rank()).context(format!(
+            "{} #{} ({}, {} bytes)",
+            self.info.name(),
+            self.seq,
+            self.sched.algo,
+            self.info.bytes
+        ));
+        self.comm.explain(e)
+    }
+
+    /// Runs the schedule to completion (or error).
+    fn drive(&mut self) -> Result<()> {
+        // Zero-length ops count as complete from the start (0 of 0 bytes done).
+        self.st.reset(self.sched, self.elem, self.comm.size());
+        self.queue_headers().map_err(|e| self.fail(e))?;
+        let mut last_progress = Instant::now();
+        while !self.st.finished() {
+            self.comm.check_aborted()?;
+            if self.pass().map_err(|e| self.fail(e))? {
+                last_progress = Instant::now();
+                self.st.end_idle();
+            } else {
+                self.idle(last_progress.elapsed())
+                    .map_err(|e| self.fail(e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Offers every queue head what it may do now; returns whether anything moved.
+    fn pass(&mut self) -> Result<bool> {
+        let mut moved = self.run_locals()?;
+        for pi in 0..self.sched.peers.len() {
+            moved |= self.send_header(pi)?;
+            moved |= self.move_data(pi, Dir::Send)?;
+            moved |= self.receive_header(pi)?;
+            moved |= self.move_data(pi, Dir::Recv)?;
+        }
+        Ok(moved)
+    }
+
+    /// Queues the header for every peer this rank sends to, with a small first message riding
+    /// along, and notes which peers' headers to expect.
+    fn queue_headers(&mut self) -> Result<()> {
+        for (pi, p) in self.sched.peers.iter().enumerate() {
+            let bytes = p.send_elems * self.elem;
+            if bytes > 0 {
+                let h = self.header(self.st.headers_to[p.peer], bytes);
+                self.st.headers_to[p.peer] += 1;
+                self.st.headers_left += 1;
+                let first = &self.sched.ops[p.sends[0]];
+                let len = first.action.len() * self.elem;
+                let out = &mut self.st.peers[pi].header_out;
+                out.extend_from_slice(&h.encode());
+                // Data that no earlier op writes is final now and may go with the header.
+                if first.deps.is_empty()
+                    && first.stream_from.is_none()
+                    && len <= COALESCE
+                    && let Action::Send { src, .. } = first.action
+                {
+                    out.extend_from_slice(self.bufs.get(&src, self.elem)?);
+                    self.st.peers[pi].carried = len;
+                }
+            }
+            if p.recv_elems * self.elem > 0 {
+                self.st.peers[pi].expects_header = true;
+                self.st.headers_left += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs local ops whole, in order, once their dependencies are done.
+    fn run_locals(&mut self) -> Result<bool> {
+        let mut moved = false;
+        while let Some(&id) = self.sched.locals.get(self.st.next_local) {
+            if !self.deps_done(id) {
                 break;
             }
-            run_local(s, id, bufs, dtype, op, n, es).map_err(fail)?;
-            st.done[id] = s.ops[id].action.len() * es;
-            if st.done[id] > 0 {
-                st.remaining -= 1;
+            self.run_local(id)?;
+            let len = self.len(id);
+            if len > 0 {
+                self.advance(id, len);
             }
-            st.local_cur += 1;
-            progressed = true;
+            self.st.next_local += 1;
+            moved = true;
         }
+        Ok(moved)
+    }
 
-        for (pi, p) in s.peers.iter().enumerate() {
-            // The header goes before any data to this peer.
-            let out_len = st.out_buf[pi].len();
-            if st.out_sent[pi] < out_len {
-                let ep = links.get(p.peer).map_err(fail)?;
-                let k = ep.send(&st.out_buf[pi][st.out_sent[pi]..]).map_err(|e| {
-                    fail(e.context(format!("sending the operation header to peer {}", p.peer)))
-                })?;
-                st.out_sent[pi] += k;
-                progressed |= k > 0;
-                if st.out_sent[pi] == out_len {
-                    st.hdr_pending -= 1;
-                    let carried = st.out_carried[pi];
-                    if carried > 0 {
-                        let id = p.sends[0];
-                        st.done[id] = carried;
-                        if carried == s.ops[id].action.len() * es {
-                            st.remaining -= 1;
-                        }
-                    }
+    fn run_local(&mut self, id: OpId) -> Result<()> {
+        let (dtype, op, elem) = (self.dtype, self.op, self.elem);
+        match self.sched.ops[id].action {
+            Action::Copy { src, dst } => {
+                let (d, s) = self.bufs.pair(&dst, &src, elem)?;
+                if let Some(s) = s {
+                    d.copy_from_slice(s);
                 }
             }
-            // Sends.
-            while st.out_sent[pi] == out_len
-                && let Some(&id) = p.sends.get(st.send_cur[pi])
-            {
-                let len = s.ops[id].action.len() * es;
-                if st.done[id] == len {
-                    st.send_cur[pi] += 1;
-                    continue;
+            Action::Reduce {
+                dst,
+                src,
+                src_first,
+            } => {
+                let (d, s) = self.bufs.pair(&dst, &src, elem)?;
+                let s = s.ok_or_else(|| Error::internal("local reduce of a region with itself"))?;
+                reduce::reduce_inplace(dtype, op, d, s, order(src_first));
+            }
+            Action::FinishAvg { region } => {
+                if op == ReduceOp::Avg {
+                    let world = self.comm.size();
+                    reduce::finish_avg(dtype, self.bufs.get_mut(&region, elem)?, world);
                 }
-                let allowed = st.allowed(s, id, es);
-                let pending = allowed.saturating_sub(st.done[id]);
-                if pending == 0 || (allowed < len && pending < chunk) {
+            }
+            Action::Send { .. } | Action::Recv { .. } => {
+                unreachable!("local queue holds local ops")
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what is left of the header to peer queue `pi`; once it is all gone, the first
+    /// send's bytes that rode along count as done.
+    fn send_header(&mut self, pi: usize) -> Result<bool> {
+        if !self.st.peers[pi].header_out_pending() {
+            return Ok(false);
+        }
+        let peer = self.sched.peers[pi].peer;
+        let q = &mut self.st.peers[pi];
+        let ep = self.links.get(peer)?;
+        let k = ep
+            .send(&q.header_out[q.header_out_sent..])
+            .map_err(|e| e.context(format!("sending the operation header to peer {peer}")))?;
+        q.header_out_sent += k;
+        if !q.header_out_pending() {
+            self.st.headers_left -= 1;
+            let carried = q.carried;
+            if carried > 0 {
+                self.advance(self.sched.peers[pi].sends[0], carried);
+            }
+        }
+        Ok(k > 0)
+    }
+
+    /// Moves as much of peer queue `pi`'s sends (or receives) as may go now, in wire order.
+    fn move_data(&mut self, pi: usize, dir: Dir) -> Result<bool> {
+        let mut moved = false;
+        while let Some(id) = self.head(pi, dir) {
+            if !self.complete(id) {
+                let Some(end) = self.may_move(id, dir) else {
+                    break;
+                };
+                let k = self.transfer(id, pi, dir, end)?;
+                if k == 0 {
                     break;
                 }
-                let Action::Send { src, .. } = s.ops[id].action else {
+                moved = true;
+                if !self.advance(id, k) {
+                    break;
+                }
+            }
+            let q = &mut self.st.peers[pi];
+            match dir {
+                Dir::Send => q.next_send += 1,
+                Dir::Recv => q.next_recv += 1,
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The op at the head of peer queue `pi`'s sends (or receives); `None` when the queue is
+    /// empty, or while the operation header in that direction has not gone (or arrived).
+    fn head(&self, pi: usize, dir: Dir) -> Option<OpId> {
+        let (p, q) = (&self.sched.peers[pi], &self.st.peers[pi]);
+        match dir {
+            Dir::Send if !q.header_out_pending() => p.sends.get(q.next_send).copied(),
+            Dir::Recv if !q.header_in_pending() => p.recvs.get(q.next_recv).copied(),
+            _ => None,
+        }
+    }
+
+    /// The rule for `dir`: `send_now` or `receive_now`.
+    fn may_move(&self, id: OpId, dir: Dir) -> Option<usize> {
+        match dir {
+            Dir::Send => self.send_now(id),
+            Dir::Recv => self.receive_now(id),
+        }
+    }
+
+    /// Sends (or receives) bytes `done..end` of op `id` to (or from) the peer of queue `pi`;
+    /// returns how many the transport took (or had).
+    fn transfer(&mut self, id: OpId, pi: usize, dir: Dir, end: usize) -> Result<usize> {
+        let peer = self.sched.peers[pi].peer;
+        let step = self.sched.ops[id].step;
+        match dir {
+            Dir::Send => {
+                let Action::Send { src, .. } = self.sched.ops[id].action else {
                     unreachable!("send queue holds sends")
                 };
-                let data = bufs.get(&src, es).map_err(fail)?;
-                let ep = links.get(p.peer).map_err(fail)?;
-                let k = ep.send(&data[st.done[id]..allowed]).map_err(|e| {
-                    fail(e.context(format!(
-                        "sending step {} to peer {}",
-                        s.ops[id].step, p.peer
-                    )))
-                })?;
-                if k == 0 {
-                    break;
-                }
-                st.done[id] += k;
-                progressed = true;
-                if st.done[id] == len {
-                    st.remaining -= 1;
-                    st.send_cur[pi] += 1;
-                } else {
-                    break;
-                }
+                let data = &self.bufs.get(&src, self.elem)?[self.st.done[id]..end];
+                self.links
+                    .get(peer)?
+                    .send(data)
+                    .map_err(|e| e.context(format!("sending step {step} to peer {peer}")))
             }
-            // The peer's header is checked before any of its data is taken.
-            if st.in_want[pi] && st.in_got[pi] < HEADER_LEN {
-                let got = st.in_got[pi];
-                let want = HEADER_LEN - got;
-                // Reading ahead lets a small first message arrive in the same call; the
-                // transport keeps those bytes for the receive that follows.
-                let look = p
-                    .recvs
-                    .first()
-                    .map_or(0, |&id| s.ops[id].action.len() * es)
-                    .min(LOOKAHEAD);
-                let hb = &mut st.in_buf[pi];
-                let ep = links.get(p.peer).map_err(fail)?;
-                // A transport may lend the bytes in several pieces (a message-based one hands
-                // out one slot at a time): take only what the header still lacks.
-                let mut taken = 0;
-                let k = ep
-                    .recv_with(want + look, &mut |b: &[u8]| {
-                        let t = b.len().min(want - taken);
-                        hb[got + taken..got + taken + t].copy_from_slice(&b[..t]);
-                        taken += t;
-                        t
-                    })
-                    .map_err(|e| {
-                        fail(e.context(format!(
-                            "receiving the operation header from peer {}",
-                            p.peer
-                        )))
-                    })?;
-                st.in_got[pi] += k;
-                progressed |= k > 0;
-                if st.in_got[pi] == HEADER_LEN {
-                    st.hdr_pending -= 1;
-                    let mismatch = |m: String| {
-                        fail(
-                            Error::invalid_usage(format!("with peer {}: {m}", p.peer)).peer(p.peer),
-                        )
-                    };
-                    let theirs = Header::decode(&st.in_buf[pi]).map_err(mismatch)?;
-                    let expect = p.recv_elems * es;
-                    let mine =
-                        ExecState::header(info, dtype, op, st.hdr_in[p.peer], expect, st.entry_us);
-                    st.hdr_in[p.peer] += 1;
-                    Header::check(&mine, &theirs).map_err(mismatch)?;
-                    st.late_us[pi] = Some(theirs.entry_us as i64 - st.entry_us as i64);
-                }
-            }
-            // Receives.
-            while (!st.in_want[pi] || st.in_got[pi] == HEADER_LEN)
-                && let Some(&id) = p.recvs.get(st.recv_cur[pi])
-            {
-                let len = s.ops[id].action.len() * es;
-                if st.done[id] == len {
-                    st.recv_cur[pi] += 1;
-                    continue;
-                }
-                if !st.deps_done(s, id, es) {
-                    break;
-                }
-                // A receive that streams from a producer (a second child's data reduced behind
-                // the first's) may go only as far as the producer has.
-                let limit = match s.ops[id].stream_from {
-                    Some(src) => st.done[src].min(len),
-                    None => len,
-                };
-                if limit <= st.done[id] {
-                    break;
-                }
-                let k = recv_some(
-                    s,
-                    id,
-                    st.done[id],
-                    limit,
-                    bufs,
-                    links,
-                    p.peer,
-                    dtype,
-                    op,
-                    n,
-                    es,
-                )
-                .map_err(|e| {
-                    fail(e.context(format!(
-                        "receiving step {} from peer {}",
-                        s.ops[id].step, p.peer
-                    )))
-                })?;
-                if k == 0 {
-                    break;
-                }
-                st.done[id] += k;
-                progressed = true;
-                if st.done[id] == len {
-                    st.remaining -= 1;
-                    st.recv_cur[pi] += 1;
-                } else {
-                    break;
-                }
-            }
+            Dir::Recv => self
+                .receive_into(id, peer, end)
+                .map_err(|e| e.context(format!("receiving step {step} from peer {peer}"))),
         }
+    }
 
-        if progressed {
-            last_progress = Instant::now();
-            st.end_idle();
-            continue;
+    /// Takes what has arrived of the header from peer queue `pi`, and checks it once whole:
+    /// the peer's header is checked before any of its data is taken.
+    fn receive_header(&mut self, pi: usize) -> Result<bool> {
+        if !self.st.peers[pi].header_in_pending() {
+            return Ok(false);
         }
-        if st.idle_since.is_none() {
-            let waited =
-                first_waited_peer(s, st, es).and_then(|p| s.peers.iter().position(|q| q.peer == p));
-            st.idle_since = Some((Instant::now(), waited));
+        let p = &self.sched.peers[pi];
+        let peer = p.peer;
+        // Reading ahead lets a small first message arrive in the same call; the transport keeps
+        // those bytes for the receive that follows.
+        let look = p.recvs.first().map_or(0, |&id| self.len(id)).min(LOOKAHEAD);
+        let q = &mut self.st.peers[pi];
+        let got = q.header_in_got;
+        let want = HEADER_LEN - got;
+        let into = &mut q.header_in;
+        // A transport may lend the bytes in several pieces (a message-based one hands out one
+        // slot at a time): take only what the header still lacks.
+        let mut taken = 0;
+        let k = self
+            .links
+            .get(peer)?
+            .recv_with(want + look, &mut |b: &[u8]| {
+                let t = b.len().min(want - taken);
+                into[got + taken..got + taken + t].copy_from_slice(&b[..t]);
+                taken += t;
+                t
+            })
+            .map_err(|e| e.context(format!("receiving the operation header from peer {peer}")))?;
+        q.header_in_got += k;
+        if !q.header_in_pending() {
+            self.st.headers_left -= 1;
+            self.check_header(pi)?;
         }
-        let idle = last_progress.elapsed();
-        if idle >= cfg.timeout {
+        Ok(k > 0)
+    }
+
+    /// Compares the header that arrived from peer queue `pi` with what this rank expects.
+    fn check_header(&mut self, pi: usize) -> Result<()> {
+        let p = &self.sched.peers[pi];
+        let mismatch = |m: HeaderError| {
+            Error::invalid_usage(format!("with peer {}: {m}", p.peer)).peer(p.peer)
+        };
+        let theirs = Header::decode(&self.st.peers[pi].header_in).map_err(mismatch)?;
+        let mine = self.header(self.st.headers_from[p.peer], p.recv_elems * self.elem);
+        self.st.headers_from[p.peer] += 1;
+        Header::check(&mine, &theirs).map_err(mismatch)?;
+        self.st.peers[pi].late_us = Some(theirs.entry_us as i64 - self.st.entry_us as i64);
+        Ok(())
+    }
+
+    /// Receives bytes `done..end` of receive `id` from `peer`, copying them into place or
+    /// reducing them straight from the transport's buffer; returns how many arrived.
+    fn receive_into(&mut self, id: OpId, peer: usize, end: usize) -> Result<usize> {
+        let Action::Recv { dst, combine, .. } = self.sched.ops[id].action else {
+            unreachable!("receive queue holds receives")
+        };
+        let (dtype, op, elem, world) = (self.dtype, self.op, self.elem, self.comm.size());
+        let done = self.st.done[id];
+        let ep = self.links.get(peer)?;
+        match combine {
+            Combine::Copy => {
+                let d = self.bufs.get_mut(&dst, elem)?;
+                ep.recv(&mut d[done..end])
+            }
+            Combine::Reduce {
+                with,
+                incoming_first,
+                finish_avg,
+            } => {
+                let (d, w) = match with {
+                    Some(w) => self.bufs.pair(&dst, &w, elem)?,
+                    None => (self.bufs.get_mut(&dst, elem)?, None),
+                };
+                let mut off = done;
+                ep.recv_with(end - done, &mut |incoming: &[u8]| {
+                    // Whole elements only; a partial one is offered again once complete.
+                    let k = incoming.len() / elem * elem;
+                    if k == 0 {
+                        return 0;
+                    }
+                    let out = &mut d[off..off + k];
+                    let incoming = &incoming[..k];
+                    match w {
+                        None => {
+                            reduce::reduce_inplace(dtype, op, out, incoming, order(incoming_first))
+                        }
+                        Some(w) if incoming_first => {
+                            reduce::reduce_into(dtype, op, out, incoming, &w[off..off + k])
+                        }
+                        Some(w) => reduce::reduce_into(dtype, op, out, &w[off..off + k], incoming),
+                    }
+                    if finish_avg {
+                        reduce::finish_avg(dtype, out, world);
+                    }
+                    off += k;
+                    k
+                })
+            }
+        }
+    }
+
+    /// Nothing moved in the last pass, `idle` since the last progress: fail past the deadline,
+    /// else spin (retry at once) or let the communicator wait for what this rank waits for.
+    fn idle(&mut self, idle: Duration) -> Result<()> {
+        if self.st.idle_since.is_none() {
+            let waited = self
+                .st
+                .first_waited_peer(self.sched)
+                .and_then(|p| self.sched.peers.iter().position(|q| q.peer == p));
+            self.st.idle_since = Some((Instant::now(), waited));
+        }
+        let timeout = self.comm.config().timeout;
+        if idle >= timeout {
             let mut e = Error::timeout(format!(
                 "no progress for {:.1} s; {}",
                 idle.as_secs_f64(),
-                describe_pending(s, st, es)
+                self.describe_pending()
             ));
             // The peer whose data we wait for is the one to look at first.
-            if let Some(p) = first_waited_peer(s, st, es) {
+            if let Some(p) = self.st.first_waited_peer(self.sched) {
                 e = e.peer(p);
             }
-            return Err(fail(e));
+            return Err(e);
         }
-        if idle < cfg.spin {
-            // Plain busy-polling: yielding here would hand a competing process a whole
-            // timeslice per round (measured: 8 B allreduce 3.4 us -> 1.5 ms beside one busy
-            // loop). Blocking after the spin window is what leaves the core to others.
+        if idle < self.comm.spin_window() {
+            // Plain busy-polling (see `ccl_core::comm::wait` for why it never yields).
             std::hint::spin_loop();
-            continue;
+            return Ok(());
         }
-        block(comm, links, st, s, es, chunk, cfg.timeout - idle).map_err(fail)?;
+        let mut waits = std::mem::take(&mut self.st.waits);
+        waits.clear();
+        waits.extend(
+            (0..self.sched.peers.len())
+                .map(|pi| (self.sched.peers[pi].peer, self.interest(pi)))
+                .filter(|(_, i)| i.send || i.recv),
+        );
+        self.st.waits = waits;
+        let (comm, sched, st) = (self.comm, self.sched, &*self.st);
+        // About to sleep: this is when a dump (or a hang) needs the recorder current.
+        comm.block(self.links, &st.waits, timeout - idle, || {
+            st.sync_trace(comm, sched, st.first_waited_peer(sched))
+        })
     }
-    Ok(())
-}
 
-#[allow(clippy::too_many_arguments)]
-fn recv_some(
-    s: &Schedule,
-    id: OpId,
-    done: usize,
-    limit: usize,
-    bufs: &mut Buffers<'_>,
-    links: &mut Links,
-    peer: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    n: usize,
-    es: usize,
-) -> Result<usize> {
-    let Action::Recv { dst, combine, .. } = s.ops[id].action else {
-        unreachable!("receive queue holds receives")
-    };
-    let ep = links.get(peer)?;
-    match combine {
-        Combine::Copy => {
-            let d = bufs.get_mut(&dst, es)?;
-            ep.recv(&mut d[done..limit])
-        }
-        Combine::Reduce {
-            with,
-            incoming_first,
-            finish_avg,
-        } => {
-            let (d, w) = match with {
-                Some(w) => bufs.pair(&dst, &w, es)?,
-                None => (bufs.get_mut(&dst, es)?, None),
-            };
-            let mut off = done;
-            let order = if incoming_first {
-                Order::SrcFirst
-            } else {
-                Order::AccFirst
-            };
-            ep.recv_with(limit - done, &mut |incoming: &[u8]| {
-                // Whole elements only; a partial one is offered again once complete.
-                let k = incoming.len() / es * es;
-                if k == 0 {
-                    return 0;
-                }
-                let out = &mut d[off..off + k];
-                match w {
-                    None => reduce::reduce_inplace(dtype, op, out, &incoming[..k], order),
-                    Some(w) => {
-                        let mine = &w[off..off + k];
-                        if incoming_first {
-                            reduce::reduce_into(dtype, op, out, &incoming[..k], mine)
-                        } else {
-                            reduce::reduce_into(dtype, op, out, mine, &incoming[..k])
-                        }
-                    }
-                }
-                if finish_avg {
-                    reduce::finish_avg(dtype, out, n);
-                }
-                off += k;
-                k
-            })
-        }
-    }
-}
-
-fn run_local(
-    s: &Schedule,
-    id: OpId,
-    bufs: &mut Buffers<'_>,
-    dtype: DataType,
-    op: ReduceOp,
-    n: usize,
-    es: usize,
-) -> Result<()> {
-    match s.ops[id].action {
-        Action::Copy { src, dst } => {
-            let (d, sr) = bufs.pair(&dst, &src, es)?;
-            if let Some(sr) = sr {
-                d.copy_from_slice(sr);
-            }
-        }
-        Action::Reduce {
-            dst,
-            src,
-            src_first,
-        } => {
-            let (d, sr) = bufs.pair(&dst, &src, es)?;
-            let sr = sr.ok_or_else(|| Error::internal("local reduce of a region with itself"))?;
-            let order = if src_first {
-                Order::SrcFirst
-            } else {
-                Order::AccFirst
-            };
-            reduce::reduce_inplace(dtype, op, d, sr, order);
-        }
-        Action::FinishAvg { region } => {
-            if op == ReduceOp::Avg {
-                reduce::finish_avg(dtype, bufs.get_mut(&region, es)?, n);
-            }
-        }
-        Action::Send { .. } | Action::Recv { .. } => unreachable!("local queue holds local ops"),
-    }
-    Ok(())
-}
-
-/// The first peer with a receive whose dependencies are met but whose data has not arrived.
-fn first_waited_peer(s: &Schedule, st: &ExecState, es: usize) -> Option<usize> {
-    s.peers.iter().enumerate().find_map(|(pi, p)| {
-        if st.in_want[pi] && st.in_got[pi] < HEADER_LEN {
-            return Some(p.peer);
-        }
-        let &id = p.recvs.get(st.recv_cur[pi])?;
-        st.deps_done(s, id, es).then_some(p.peer)
-    })
-}
-
-/// What each peer queue is waiting for, for timeout messages.
-fn describe_pending(s: &Schedule, st: &ExecState, es: usize) -> String {
-    let mut out = String::new();
-    for (pi, p) in s.peers.iter().enumerate() {
-        if st.in_want[pi] && st.in_got[pi] < HEADER_LEN {
-            let _ = write!(
-                out,
-                "waiting to receive from peer {} (its operation header: {} of {HEADER_LEN} bytes arrived; has it made this call?); ",
-                p.peer, st.in_got[pi]
-            );
-            continue;
-        }
-        if st.out_sent[pi] < st.out_buf[pi].len() {
-            let _ = write!(
-                out,
-                "sending to peer {} blocked (the operation header; is peer {} reading?); ",
-                p.peer, p.peer
-            );
-        }
-        if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
-            let len = s.ops[id].action.len() * es;
-            let _ = write!(
-                out,
-                "waiting to receive from peer {} (step {}: {} of {len} bytes arrived); ",
-                p.peer, s.ops[id].step, st.done[id]
-            );
-        }
-        if let Some(&id) = p.sends.get(st.send_cur[pi]) {
-            let len = s.ops[id].action.len() * es;
-            if st.allowed(s, id, es) > st.done[id] {
+    /// What each peer queue is waiting for, for timeout messages.
+    fn describe_pending(&self) -> String {
+        let mut out = String::new();
+        for (p, q) in self.sched.peers.iter().zip(&self.st.peers) {
+            let peer = p.peer;
+            if q.header_in_pending() {
                 let _ = write!(
                     out,
-                    "sending to peer {} blocked (step {}: {} of {len} bytes taken; is peer {} reading?); ",
-                    p.peer, s.ops[id].step, st.done[id], p.peer
+                    "waiting to receive from peer {peer} (its operation header: {} of {HEADER_LEN} bytes arrived; has it made this call?); ",
+                    q.header_in_got
+                );
+                continue;
+            }
+            if q.header_out_pending() {
+                let _ = write!(
+                    out,
+                    "sending to peer {peer} blocked (the operation header; is peer {peer} reading?); "
+                );
+            }
+            if let Some(&id) = p.recvs.get(q.next_recv) {
+                let _ = write!(
+                    out,
+                    "waiting to receive from peer {peer} (step {}: {} of {} bytes arrived); ",
+                    self.sched.ops[id].step,
+                    self.st.done[id],
+                    self.len(id)
+                );
+            }
+            if let Some(&id) = p.sends.get(q.next_send)
+                && self.ready(id) > self.st.done[id]
+            {
+                let _ = write!(
+                    out,
+                    "sending to peer {peer} blocked (step {}: {} of {} bytes taken; is peer {peer} reading?); ",
+                    self.sched.ops[id].step,
+                    self.st.done[id],
+                    self.len(id)
                 );
             }
         }
+        if out.is_empty() {
+            out.push_str("no transfer pending (schedule stalled)");
+        }
+        out.trim_end_matches("; ").to_string()
     }
-    if out.is_empty() {
-        out.push_str("no transfer pending (schedule stalled)");
-    }
-    out.trim_end_matches("; ").to_string()
 }
 
-/// Sleeps in poll(2) until an endpoint we wait on or the abort signal is ready, or `max` passes.
-fn block(
-    comm: &Comm,
-    links: &mut Links,
-    st: &ExecState,
-    s: &Schedule,
-    es: usize,
-    chunk: usize,
-    max: std::time::Duration,
-) -> Result<()> {
-    let mut interests: Vec<(usize, Interest)> = Vec::with_capacity(s.peers.len());
-    for (pi, p) in s.peers.iter().enumerate() {
-        let mut i = Interest::default();
-        let header_out = st.out_sent[pi] == st.out_buf[pi].len();
-        let header_in = !st.in_want[pi] || st.in_got[pi] == HEADER_LEN;
-        if !header_in {
-            i.recv = true;
-        } else if let Some(&id) = p.recvs.get(st.recv_cur[pi]) {
-            let streamed = s.ops[id]
-                .stream_from
-                .is_none_or(|src| st.done[src] > st.done[id]);
-            i.recv = st.deps_done(s, id, es) && streamed;
-        }
-        if !header_out {
-            i.send = true;
-        } else if let Some(&id) = p.sends.get(st.send_cur[pi]) {
-            let len = s.ops[id].action.len() * es;
-            let allowed = st.allowed(s, id, es);
-            let pending = allowed.saturating_sub(st.done[id]);
-            i.send = pending > 0 && (allowed == len || pending >= chunk);
-        }
-        if i.recv || i.send {
-            interests.push((p.peer, i));
-        }
+/// The direction of a peer queue: this rank's sends to the peer, or its receives from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    Send,
+    Recv,
+}
+
+/// The operand order of a reduction: the other operand first, or the accumulator first.
+fn order(other_first: bool) -> Order {
+    if other_first {
+        Order::SrcFirst
+    } else {
+        Order::AccFirst
     }
-    for &(peer, i) in &interests {
-        if !links.get(peer)?.prepare_wait(i)? {
-            return Ok(());
-        }
-    }
-    // About to sleep: this is when a dump (or a hang) needs the recorder current.
-    st.sync_trace(comm, s, es, first_waited_peer(s, st, es));
-    let mut fds: Vec<(std::os::fd::BorrowedFd<'_>, PollFlags)> =
-        Vec::with_capacity(interests.len() + 2);
-    fds.push((comm.abort_signal().fd(), PollFlags::POLLIN));
-    if let Some(fd) = comm.monitor_fd() {
-        fds.push((fd, PollFlags::POLLIN));
-    }
-    for &(peer, i) in &interests {
-        if let Some(Some(ep)) = links.endpoints.get(peer) {
-            ep.wait_fds(i, &mut fds);
-        }
-    }
-    let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(fd, f)| PollFd::new(*fd, *f)).collect();
-    // Wake at least every 100 ms to re-check the deadline.
-    let ms = max.as_millis().clamp(1, 100) as u16;
-    match nix::poll::poll(&mut pfds, PollTimeout::from(ms)) {
-        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-        Err(e) => return Err(Error::io(ErrorKind::System, "poll", e.into())),
-    }
-    // Another rank's failure ends this wait too.
-    comm.check_notices()
 }

@@ -1,12 +1,13 @@
-//! The operation header: 40 bytes a rank sends before its first data to a peer in every
+//! The operation header: 48 bytes a rank sends before its first data to a peer in every
 //! operation, so that ranks calling different operations (another collective, count, type,
 //! operator, root or algorithm, or a send of the wrong size) get an error describing both calls
 //! instead of corrupt data or a hang.
 //!
-//! Layout (little endian): magic `CH`, version, kind (collective, or 7 for send/recv), data type,
-//! operator, algorithm, reserved, root (u32), reserved (u32), channel sequence (u64), count
-//! (u64), bytes for this peer (u64), and the time the sender entered the operation (u64
-//! microseconds since the epoch; the slow-rank report compares it with the receiver's).
+//! Layout (little endian): magic `CH`, version, kind ([`Collective::id`], or [`KIND_P2P`] for
+//! send/recv), data type, operator, algorithm ([`Algo::id`]), reserved, root (u32), reserved
+//! (u32), channel sequence (u64), count (u64), bytes for this peer (u64), and the time the sender
+//! entered the operation (u64 microseconds since the epoch; the slow-rank report compares it with
+//! the receiver's).
 //!
 //! The channel sequence counts headers on one direction of one pair of ranks. It is per pair
 //! because point-to-point traffic legitimately differs from rank to rank; any correct program
@@ -19,8 +20,31 @@ use crate::algo::{Algo, Collective};
 pub const HEADER_LEN: usize = 48;
 const MAGIC: [u8; 2] = *b"CH";
 const VERSION: u8 = 1;
-/// Kind of a group of sends and receives.
+/// Kind of a group of sends and receives (after every [`Collective::id`]).
 pub const KIND_P2P: u8 = 7;
+const _: () = assert!(Collective::from_id(KIND_P2P).is_none());
+
+/// A peer's header that does not match this rank's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error(
+        "not an operation header: the streams are out of step (an earlier operation moved a different number of bytes on one side)"
+    )]
+    NotAHeader,
+    #[error(
+        "operation header version {0} but this build speaks {VERSION} (mixed library versions?)"
+    )]
+    Version(u8),
+    #[error("operation header with reserved bytes set")]
+    Reserved,
+    #[error(
+        "operations out of step: this is operation {mine} between the two ranks here, {theirs} on the peer (one side called more operations)"
+    )]
+    OutOfStep { mine: u64, theirs: u64 },
+    /// Both calls, described.
+    #[error("mismatched calls: {0}")]
+    Mismatch(String),
+}
 
 /// What one operation looks like to one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,20 +82,17 @@ impl Header {
     }
 
     /// Parses a header; anything else means the two ranks' streams are out of step.
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, HeaderError> {
         if b[..2] != MAGIC {
-            return Err("not an operation header: the streams are out of step (an earlier operation moved a different number of bytes on one side)".into());
+            return Err(HeaderError::NotAHeader);
         }
         if b[2] != VERSION {
-            return Err(format!(
-                "operation header version {} but this build speaks {VERSION} (mixed library versions?)",
-                b[2]
-            ));
+            return Err(HeaderError::Version(b[2]));
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         if b[7] != 0 || u32_at(12) != 0 {
-            return Err("operation header with reserved bytes set".into());
+            return Err(HeaderError::Reserved);
         }
         Ok(Header {
             kind: b[3],
@@ -91,19 +112,19 @@ impl Header {
         if self.kind == KIND_P2P {
             return format!("send/recv of {} bytes", self.bytes);
         }
-        let coll = Collective::ALL.get(self.kind as usize).map_or_else(
+        let coll = Collective::from_id(self.kind).map_or_else(
             || format!("collective #{}", self.kind),
             |c| c.name().to_string(),
         );
         let dtype = DataType::from_u8(self.dtype)
             .map_or_else(|| format!("type #{}", self.dtype), |d| d.name().to_string());
-        let algo = Algo::ALL.get(self.algo as usize).map_or_else(
+        let algo = Algo::from_id(self.algo).map_or_else(
             || format!("algorithm #{}", self.algo),
             |a| a.name().to_string(),
         );
         let mut s = format!("{coll} of {} x {dtype} ({algo}", self.count);
         if matches!(
-            Collective::ALL.get(self.kind as usize),
+            Collective::from_id(self.kind),
             Some(Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter)
         ) {
             let op = ReduceOp::from_u8(self.op)
@@ -111,7 +132,7 @@ impl Header {
             s.push_str(&format!(", {op}"));
         }
         if matches!(
-            Collective::ALL.get(self.kind as usize),
+            Collective::from_id(self.kind),
             Some(Collective::Broadcast | Collective::Reduce)
         ) {
             s.push_str(&format!(", root {}", self.root));
@@ -121,12 +142,12 @@ impl Header {
     }
 
     /// Compares the peer's header with what this rank expects from it.
-    pub fn check(mine: &Header, theirs: &Header) -> Result<(), String> {
+    pub fn check(mine: &Header, theirs: &Header) -> Result<(), HeaderError> {
         if mine.seq != theirs.seq {
-            return Err(format!(
-                "operations out of step: this is operation {} between the two ranks here, {} on the peer (one side called more operations)",
-                mine.seq, theirs.seq
-            ));
+            return Err(HeaderError::OutOfStep {
+                mine: mine.seq,
+                theirs: theirs.seq,
+            });
         }
         let same_call = mine.kind == theirs.kind
             && mine.dtype == theirs.dtype
@@ -135,8 +156,8 @@ impl Header {
             && mine.count == theirs.count
             && mine.algo == theirs.algo;
         if !same_call || mine.bytes != theirs.bytes {
-            return Err(format!(
-                "mismatched calls: this rank called {}{}, the peer called {}{}",
+            return Err(HeaderError::Mismatch(format!(
+                "this rank called {}{}, the peer called {}{}",
                 mine.describe(),
                 if mine.kind == KIND_P2P {
                     String::new()
@@ -149,7 +170,7 @@ impl Header {
                 } else {
                     format!(" sending {} bytes", theirs.bytes)
                 },
-            ));
+            )));
         }
         Ok(())
     }
@@ -178,13 +199,17 @@ mod tests {
         let a = h();
         assert_eq!(Header::decode(&a.encode()).unwrap(), a);
         assert!(Header::check(&a, &a).is_ok());
-        let e = Header::check(&a, &Header { count: 512, ..a }).unwrap_err();
+        let e = Header::check(&a, &Header { count: 512, ..a })
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("allreduce of 1024 x float (ring, sum)")
                 && e.contains("allreduce of 512 x float"),
             "{e}"
         );
-        let e = Header::check(&a, &Header { seq: 4, ..a }).unwrap_err();
+        let e = Header::check(&a, &Header { seq: 4, ..a })
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("out of step"), "{e}");
         let b = Header {
             kind: Collective::Broadcast.id(),
@@ -201,8 +226,28 @@ mod tests {
         assert!(
             Header::check(&p, &Header { bytes: 78, ..p })
                 .unwrap_err()
+                .to_string()
                 .contains("78 bytes")
         );
+    }
+
+    /// Ids travel in headers between ranks, so they may never change.
+    #[test]
+    fn wire_ids_are_fixed() {
+        let colls: Vec<u8> = Collective::ALL.iter().map(|c| c.id()).collect();
+        assert_eq!(colls, [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(Collective::AllReduce.id(), 0);
+        assert_eq!(Collective::Barrier.id(), 6);
+        assert_eq!(Algo::Ring.id(), 0);
+        assert_eq!(Algo::RecursiveDoubling.id(), 1);
+        assert_eq!(Algo::Pairwise.id(), 2);
+        assert_eq!(Algo::Tree.id(), 3);
+        assert_eq!(Algo::HalvingDoubling.id(), 4);
+        assert_eq!(Algo::Hierarchical.id(), 5);
+        for a in Algo::ALL {
+            assert_eq!(Algo::from_id(a.id()), Some(a));
+        }
+        assert_eq!(Algo::from_id(6), None);
     }
 
     #[test]

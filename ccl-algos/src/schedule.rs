@@ -142,6 +142,27 @@ fn conflicts(a: &Action, b: &Action) -> bool {
     hit(&aw, &br) || hit(&ar, &bw) || hit(&aw, &bw)
 }
 
+/// A schedule that breaks a structural rule ([`Schedule::validate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("{0:?} uses the send buffer in place")]
+    SendInPlace(Region),
+    #[error("{region:?} exceeds its buffer of {cap} elements")]
+    Outside { region: Region, cap: usize },
+    #[error("op {0} depends on a later op")]
+    LaterDependency(OpId),
+    #[error("op {0} writes the send buffer")]
+    WritesSend(OpId),
+    #[error("op {op}: operand {with:?} does not match {dst:?}")]
+    Operand { op: OpId, with: Region, dst: Region },
+    #[error("op {op}: bad local operands {src:?} -> {dst:?}")]
+    LocalOperands { op: OpId, src: Region, dst: Region },
+    #[error("op {op} streams from op {from} of a different length")]
+    StreamLength { op: OpId, from: OpId },
+    #[error("op {0}: only sends and receives stream")]
+    StreamKind(OpId),
+}
+
 /// One step of a schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Op {
@@ -291,12 +312,15 @@ impl Schedule {
     /// Checks structural rules: regions inside their buffers, dependencies pointing backwards,
     /// streams pairing equal lengths, no op reading the send buffer in place, and no receive
     /// writing a region that an unfinished earlier op still reads or writes.
-    pub fn validate(&self, send_len: usize, recv_len: usize, in_place: bool) -> Result<(), String> {
-        let inside = |r: &Region| -> Result<(), String> {
+    pub fn validate(
+        &self,
+        send_len: usize,
+        recv_len: usize,
+        in_place: bool,
+    ) -> Result<(), ScheduleError> {
+        let inside = |r: &Region| -> Result<(), ScheduleError> {
             let cap = match r.buf {
-                Buf::Send if in_place => {
-                    return Err(format!("{r:?} uses the send buffer in place"));
-                }
+                Buf::Send if in_place => return Err(ScheduleError::SendInPlace(*r)),
                 Buf::Send => send_len,
                 Buf::Recv => recv_len,
                 Buf::Scratch => self.scratch,
@@ -304,25 +328,29 @@ impl Schedule {
                 Buf::Extra(_) => usize::MAX,
             };
             if r.end() > cap {
-                return Err(format!("{r:?} exceeds its buffer of {cap} elements"));
+                return Err(ScheduleError::Outside { region: *r, cap });
             }
             Ok(())
         };
         for (id, op) in self.ops.iter().enumerate() {
             if op.deps.iter().any(|&d| d >= id) || op.stream_from.is_some_and(|s| s >= id) {
-                return Err(format!("op {id} depends on a later op"));
+                return Err(ScheduleError::LaterDependency(id));
             }
             match op.action {
                 Action::Send { src, .. } => inside(&src)?,
                 Action::Recv { dst, combine, .. } => {
                     inside(&dst)?;
                     if dst.buf == Buf::Send {
-                        return Err(format!("op {id} writes the send buffer"));
+                        return Err(ScheduleError::WritesSend(id));
                     }
                     if let Combine::Reduce { with: Some(w), .. } = combine {
                         inside(&w)?;
                         if w.len != dst.len || (w.overlaps(&dst) && w != dst) {
-                            return Err(format!("op {id}: operand {w:?} does not match {dst:?}"));
+                            return Err(ScheduleError::Operand {
+                                op: id,
+                                with: w,
+                                dst,
+                            });
                         }
                     }
                 }
@@ -330,17 +358,17 @@ impl Schedule {
                     inside(&src)?;
                     inside(&dst)?;
                     if src.len != dst.len || src.overlaps(&dst) || dst.buf == Buf::Send {
-                        return Err(format!("op {id}: bad local operands {src:?} -> {dst:?}"));
+                        return Err(ScheduleError::LocalOperands { op: id, src, dst });
                     }
                 }
                 Action::FinishAvg { region } => inside(&region)?,
             }
             if let Some(s) = op.stream_from {
                 if self.ops[s].action.len() != op.action.len() {
-                    return Err(format!("op {id} streams from op {s} of a different length"));
+                    return Err(ScheduleError::StreamLength { op: id, from: s });
                 }
                 if !matches!(op.action, Action::Send { .. } | Action::Recv { .. }) {
-                    return Err(format!("op {id}: only sends and receives stream"));
+                    return Err(ScheduleError::StreamKind(id));
                 }
             }
         }
@@ -356,6 +384,24 @@ impl Schedule {
                 _ => None,
             })
             .sum()
+    }
+}
+
+/// Where some data is: a region, and the op that produces it (`None`: there from the start).
+/// An op that reads it may stream from the producer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Data {
+    pub region: Region,
+    pub producer: Option<OpId>,
+}
+
+impl Data {
+    /// Data present from the start.
+    pub const fn ready(region: Region) -> Data {
+        Data {
+            region,
+            producer: None,
+        }
     }
 }
 

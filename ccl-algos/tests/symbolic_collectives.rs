@@ -18,12 +18,9 @@ fn setup(
     rendezvous: bool,
 ) -> Setup {
     let all = all_ranks(n);
-    let (send_len, recv_len) = coll.buffer_lens(c, n);
-    let buf_len = if in_place {
-        send_len.max(recv_len)
-    } else {
-        recv_len
-    };
+    let lens = coll.buffer_lens(c, n).unwrap();
+    let send_len = lens.send;
+    let buf_len = if in_place { lens.in_place() } else { lens.recv };
     let init: InitFn = match coll {
         Collective::AllGather => Box::new(move |r| {
             if in_place {
@@ -118,12 +115,9 @@ fn check(
     seeds: u64,
 ) {
     let topo = Topology::flat(n);
-    let (send_len, recv_len) = coll.buffer_lens(c, n);
-    let buf_len = if in_place {
-        send_len.max(recv_len)
-    } else {
-        recv_len
-    };
+    let lens = coll.buffer_lens(c, n).unwrap();
+    let send_len = lens.send;
+    let buf_len = if in_place { lens.in_place() } else { lens.recv };
     let scheds: Vec<Schedule> = (0..n)
         .map(|rank| {
             let shape = Shape {

@@ -25,7 +25,8 @@ fn seeds(n: usize) -> u64 {
 }
 
 fn schedules(coll: Collective, algo: Algo, shape: Shape, topo: &Topology) -> Vec<Schedule> {
-    let (send_len, recv_len) = coll.buffer_lens(shape.count, shape.size);
+    let lens = coll.buffer_lens(shape.count, shape.size).unwrap();
+    let (send_len, recv_len) = (lens.send, lens.recv);
     (0..shape.size)
         .map(|rank| {
             let sh = Shape { rank, ..shape };

@@ -162,13 +162,21 @@ impl Bench for Coll {
     }
 
     fn buffer_lens(&self, count: usize, n: usize, in_place: bool) -> (usize, usize) {
-        let (s, r) = match self.op {
-            Op::Coll(Collective::AllGather) => (count, count * n),
-            Op::Coll(Collective::ReduceScatter) => (count * n, count),
-            Op::Coll(Collective::AllToAll) => (count * n, count * n),
-            _ => (count, count),
+        let lens = match self.op {
+            // Counts come from the benchmark's buffer sizes, so their lengths fit.
+            Op::Coll(c) => c
+                .buffer_lens(count, n)
+                .expect("a benchmark row's buffers fit"),
+            Op::SendRecv => ccl::BufferLens {
+                send: count,
+                recv: count,
+            },
         };
-        if in_place { (0, s.max(r)) } else { (s, r) }
+        if in_place {
+            (0, lens.in_place())
+        } else {
+            (lens.send, lens.recv)
+        }
     }
 
     fn run(

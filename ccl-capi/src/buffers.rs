@@ -229,19 +229,11 @@ pub(crate) fn prepare(
         },
         _ => 0,
     };
-    let blocks = || {
-        count
-            .checked_mul(n)
-            .ok_or_else(|| Fail::arg(format!("count {count} times {n} ranks overflows a size_t")))
-    };
-    let (send_elems, recv_elems) = match coll {
-        Collective::AllGather => (count, blocks()?),
-        Collective::ReduceScatter => (blocks()?, count),
-        Collective::AllToAll => (blocks()?, blocks()?),
-        _ => (count, count),
-    };
-    let sb = bytes_of(send_elems, dtype, "sendbuff")?;
-    let rb = bytes_of(recv_elems, dtype, "recvbuff")?;
+    let elems = coll
+        .buffer_lens(count, n)
+        .map_err(|e| Fail::arg(e.to_string()))?;
+    let sb = bytes_of(elems.send, dtype, "sendbuff")?;
+    let rb = bytes_of(elems.recv, dtype, "recvbuff")?;
     let (s, r) = (sendbuff as usize, recvbuff as usize);
     let is_root = rank == root;
 

@@ -4,7 +4,8 @@
 //! [`Comm`] is the shared, thread-safe half (rank, size, settings, host names, abort signal, first
 //! error); [`Links`] holds the endpoints, which the collective executor drives with exclusive
 //! access. Keeping them apart lets `abort()` run from any thread while a collective holds the
-//! links.
+//! links. How a rank waits for its peers (spin, then sleep on the endpoints, the abort signal and
+//! the job monitor) is in [`wait`].
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +21,8 @@ use crate::topology::{TopoFile, Topology};
 use crate::trace::{Meta, Recorder};
 use crate::transport::{ConnectContext, Endpoint, Handle, MAX_HANDLE_LEN, Transport};
 use crate::{ccl_info, ccl_warn, net};
+
+pub mod wait;
 
 /// Ends every wait of a communicator: a flag checked by busy loops and an eventfd that wakes
 /// `poll(2)`.
@@ -63,6 +66,8 @@ pub struct Comm {
     config: Config,
     transport_name: &'static str,
     transport_props: crate::transport::TransportProperties,
+    /// CPUs of this machine (0: unknown).
+    cpus: usize,
     hosts: Vec<String>,
     topology: Topology,
     local_ip: std::net::IpAddr,
@@ -274,11 +279,8 @@ impl Comm {
             size,
             config,
             transport_name: transport.name(),
-            transport_props: on_shared_cpus(
-                transport.properties(),
-                hosts.iter().filter(|h| **h == hosts[rank]).count(),
-                online_cpus(),
-            ),
+            transport_props: transport.properties(),
+            cpus: online_cpus(),
             topology,
             local_ip,
             hosts,
@@ -314,8 +316,23 @@ impl Comm {
         self.transport_name
     }
 
+    /// What the transport says of itself (the cost model adjusts it for shared CPUs).
     pub fn transport_properties(&self) -> crate::transport::TransportProperties {
         self.transport_props
+    }
+
+    /// How many ranks of this communicator run on this rank's host (this one included).
+    pub fn ranks_on_host(&self) -> usize {
+        self.hosts
+            .iter()
+            .filter(|h| **h == self.hosts[self.rank])
+            .count()
+    }
+
+    /// CPUs of this machine, not of this process: a launcher may have bound each rank to one
+    /// (0: unknown).
+    pub fn machine_cpus(&self) -> usize {
+        self.cpus
     }
 
     /// Host name of every rank, in rank order.
@@ -333,20 +350,11 @@ impl Comm {
         &self.topology
     }
 
-    pub fn abort_signal(&self) -> &AbortSignal {
-        &self.abort
-    }
-
     /// Fails the communicator and ends every wait at once. Safe to call more than once and from
     /// any thread. The other ranks hear of it and fail too, instead of waiting for this one.
     pub fn abort(&self) {
         self.fail(Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(self.rank));
         self.abort.raise();
-    }
-
-    /// Readable when a failure notice arrives.
-    pub fn monitor_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.monitor.as_ref().map(|m| m.fd())
     }
 
     fn notice_error(&self, n: &Notice) -> Error {
@@ -357,7 +365,7 @@ impl Comm {
     }
 
     /// Fails with the first failure notice that has arrived, if any.
-    pub fn check_notices(&self) -> Result<()> {
+    fn check_notices(&self) -> Result<()> {
         if let Some(n) = self.monitor.as_ref().and_then(|m| m.poll()) {
             return Err(self.record(self.notice_error(&n)));
         }
@@ -649,58 +657,10 @@ fn watch_sigusr1(comm: &Arc<Comm>) {
     });
 }
 
-/// A rank that waits on a machine with more ranks than CPUs cannot spin: each step of an
-/// algorithm waits until the scheduler runs the peer that sends. What that costs per step was
-/// fitted to measurements of 4 ranks on 2 CPUs over loopback TCP (docs/algorithms.md): recursive
-/// doubling and halving-doubling cross between 128 and 256 KiB, which puts the extra cost of a
-/// step at 33-71 us; an idle vCPU takes about 50 us to wake. (An 8-byte allreduce alone shows
-/// 27-37 us per step, against 4-5 us with a CPU each: there the peer is often already running.)
-const HAND_OFF: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// The transport's properties as the cost model should see them when `ranks_here` ranks share
-/// `cpus` CPUs: oversubscribed, every step also pays a scheduler hand-off, and the ranks split
-/// the CPUs that copy and reduce, so each gets that share of the bandwidth.
-pub fn on_shared_cpus(
-    p: crate::transport::TransportProperties,
-    ranks_here: usize,
-    cpus: usize,
-) -> crate::transport::TransportProperties {
-    if cpus == 0 || ranks_here <= cpus {
-        return p;
-    }
-    crate::transport::TransportProperties {
-        latency: p.latency + HAND_OFF,
-        bandwidth: p.bandwidth * cpus as f64 / ranks_here as f64,
-    }
-}
-
 /// CPUs of this machine (not of this process: a launcher may have bound each rank to one).
 fn online_cpus() -> usize {
     nix::unistd::sysconf(nix::unistd::SysconfVar::_NPROCESSORS_ONLN)
         .ok()
         .flatten()
         .map_or(0, |n| n.max(0) as usize)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::transport::TransportProperties;
-    use std::time::Duration;
-
-    #[test]
-    fn oversubscribed_ranks_pay_a_hand_off_per_step_and_share_the_cpus() {
-        let p = TransportProperties {
-            latency: Duration::from_micros(5),
-            bandwidth: 3.0e9,
-        };
-        // A CPU each (or an unknown CPU count): as the transport says.
-        for (ranks, cpus) in [(2, 2), (1, 8), (4, 0)] {
-            let q = on_shared_cpus(p, ranks, cpus);
-            assert_eq!((q.latency, q.bandwidth), (p.latency, p.bandwidth));
-        }
-        let q = on_shared_cpus(p, 4, 2);
-        assert_eq!(q.latency, Duration::from_micros(55));
-        assert_eq!(q.bandwidth, 1.5e9);
-    }
 }

@@ -77,7 +77,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "CCL_SPIN_US",
         default: "20",
-        help: "microseconds a waiting rank busy-polls before it blocks in poll(2)",
+        help: "microseconds a waiting rank busy-polls all its peers before it blocks in poll(2)",
     },
     Setting {
         name: "CCL_CHUNK_SIZE",
@@ -192,7 +192,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "CCL_IB_SPIN_US",
         default: "200",
-        help: "microseconds a verbs endpoint busy-polls its completion queue before the rank sleeps on the completion channel (0 = at once)",
+        help: "microseconds more than CCL_SPIN_US that a rank waiting on verbs busy-polls all its peers before it sleeps on the completion channel (0 = CCL_SPIN_US alone)",
     },
     Setting {
         name: "CCL_IB_SLOT_SIZE",

@@ -63,8 +63,6 @@ pub(crate) struct IbEndpoint {
     side: Box<dyn Endpoint>,
     /// How long to wait for a control-queue slot before failing.
     timeout: Duration,
-    /// Busy-poll time before sleeping (`CCL_IB_SPIN_US`).
-    spin: Duration,
 
     // Sender.
     /// Pieces posted so far.
@@ -118,7 +116,6 @@ impl IbEndpoint {
             remote,
             side,
             timeout: ctx.config.timeout,
-            spin: ctx.config.ib.spin,
             send_seq: 0,
             granted: 0,
             last_credit_imm: 0,
@@ -507,18 +504,8 @@ impl Endpoint for IbEndpoint {
         if self.ready(interest) {
             return Ok(false);
         }
-        // Busy-poll a while first (CCL_IB_SPIN_US): waking a sleeping rank through the
-        // completion channel costs far more than a poll, most of all on software RDMA.
-        if !self.spin.is_zero() {
-            let t0 = Instant::now();
-            while t0.elapsed() < self.spin {
-                std::hint::spin_loop();
-                self.progress()?;
-                if self.ready(interest) {
-                    return Ok(false);
-                }
-            }
-        }
+        // The rank has already busy-polled every peer for CCL_SPIN_US + CCL_IB_SPIN_US (the
+        // transport's spin): now it sleeps.
         self.check_alive()?;
         if !self.armed {
             self.res.cq.arm().map_err(|e| self.err(e))?;

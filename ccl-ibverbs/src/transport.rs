@@ -27,6 +27,8 @@ use crate::wire;
 pub struct IbTransport {
     dev: Arc<IbDevice>,
     tcp: TcpTransport,
+    /// `CCL_IB_SPIN_US`: how much longer than `CCL_SPIN_US` a waiting rank polls its peers.
+    spin: Duration,
 }
 
 impl IbTransport {
@@ -41,6 +43,7 @@ impl IbTransport {
         Ok(IbTransport {
             dev: Arc::new(IbDevice::open_at(config, root)?),
             tcp: TcpTransport::new(),
+            spin: config.ib.spin,
         })
     }
 
@@ -59,6 +62,9 @@ impl Transport for IbTransport {
         TransportProperties {
             latency: Duration::from_micros(10),
             bandwidth: 3.0e9,
+            // Waking a sleeping rank through the completion channel costs far more than a poll,
+            // most of all on software RDMA: waits spin this much longer, over every peer.
+            spin: self.spin,
         }
     }
 

@@ -5,11 +5,9 @@
 //! right" cannot deadlock however large they are. Operations with the same peer match in the
 //! order they were added, on both sides.
 
-use ccl_algos::exec::ExtraBuf;
-use ccl_algos::header::KIND_P2P;
+use ccl_algos::exec::{ExtraBuf, OpInfo, OpKind};
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule};
 
-use crate::shared::Described;
 use crate::{Communicator, DataType, Element, Error, ReduceOp, Result};
 
 enum Op<'b> {
@@ -127,11 +125,9 @@ impl<'c, 'b> Group<'c, 'b> {
             return Ok(());
         }
         let sched = sched.finish();
-        let d = Described {
-            name: "send/recv",
+        let d = OpInfo {
+            kind: OpKind::PointToPoint,
             bytes,
-            kind: KIND_P2P,
-            algo: 0,
             root: 0,
             count: 0,
         };

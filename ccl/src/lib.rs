@@ -47,7 +47,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use ccl_algos::select::Overrides;
+use ccl_algos::overrides::Overrides;
 use ccl_core::bootstrap::Bootstrap;
 use ccl_core::bootstrap::env::Launch;
 use ccl_core::ccl_info;
@@ -57,7 +57,7 @@ use ccl_core::transport::Transport;
 use ccl_core::transport::local::LocalTransport;
 use ccl_core::transport::tcp::TcpTransport;
 
-pub use ccl_algos::algo::{Algo, Collective};
+pub use ccl_algos::algo::{Algo, BufferLens, Collective};
 pub use ccl_core::config::Config;
 pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, UniqueId};
 
@@ -103,7 +103,9 @@ fn run_typed<T: Element>(
     op: ReduceOp,
     root: usize,
 ) -> Result<()> {
-    let count = count_for(s, coll, send.map(|b| b.len()), recv.len())?;
+    let count = coll
+        .count_for(send.map(|b| b.len()), recv.len(), s.size())
+        .map_err(|e| Error::invalid_argument(format!("{coll}: {e}")).rank(s.rank()))?;
     let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
     s.run(
         coll,
@@ -114,23 +116,6 @@ fn run_typed<T: Element>(
         op,
         root,
     )
-}
-
-fn count_for(s: &Shared, coll: Collective, send: Option<usize>, recv: usize) -> Result<usize> {
-    let what = coll.name();
-    Ok(match (coll, send) {
-        (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, Some(sl)) => {
-            s.same_len(what, sl, recv)?;
-            recv
-        }
-        (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, None) => recv,
-        (Collective::AllGather, Some(sl)) => sl,
-        (Collective::ReduceScatter, Some(_)) => recv,
-        (Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll, _) => {
-            s.block_len(what, recv)?
-        }
-        (Collective::Barrier, _) => 0,
-    })
 }
 
 impl Communicator {
@@ -174,7 +159,7 @@ impl Communicator {
     fn from_bootstrap(b: Bootstrap, config: Config) -> Result<Communicator> {
         let rank = b.rank();
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
-            .map_err(|m| Error::invalid_argument(m).rank(rank))?;
+            .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
         let candidates = transports(&config, rank)?;
         let (comm, links) = Comm::connect(b, candidates, config)?;
         let c = Communicator {
@@ -224,7 +209,7 @@ impl Communicator {
         match algo {
             Some(a) => o
                 .set(coll, a)
-                .map_err(|m| Error::invalid_argument(m).rank(self.rank())),
+                .map_err(|m| Error::invalid_argument(m.to_string()).rank(self.rank())),
             None => {
                 o.clear(coll);
                 Ok(())

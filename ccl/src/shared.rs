@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ccl_algos::algo::{self, Algo, Collective};
-use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, OpInfo};
+use ccl_algos::cost;
+use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind};
+use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
-use ccl_algos::select::Overrides;
 use ccl_core::comm::{Comm, Links};
 use ccl_core::topology::Topology;
+use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
 
 use crate::order::Turns;
@@ -18,18 +20,10 @@ use crate::{DataType, Error, ReduceOp, Result};
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
 
-/// An operation as the executor describes it to peers and in errors.
-pub(crate) struct Described {
-    pub name: &'static str,
-    pub bytes: usize,
-    pub kind: u8,
-    pub algo: u8,
-    pub root: usize,
-    pub count: usize,
-}
-
 pub(crate) struct Shared {
     pub comm: Arc<Comm>,
+    /// The transport as the cost model sees it on this machine.
+    model: TransportProperties,
     pub overrides: Mutex<Overrides>,
     pub turns: Turns,
     inner: Mutex<Inner>,
@@ -57,7 +51,7 @@ impl Shared {
                 coll,
                 self.size(),
                 size_bytes,
-                &self.comm.transport_properties(),
+                &self.model,
                 self.comm.topology(),
             )
         })
@@ -65,6 +59,7 @@ impl Shared {
 
     pub fn new(comm: Arc<Comm>, links: Links, overrides: Overrides) -> Shared {
         Shared {
+            model: cost::properties_of(&comm),
             comm,
             overrides: Mutex::new(overrides),
             turns: Turns::default(),
@@ -85,29 +80,6 @@ impl Shared {
         self.comm.size()
     }
 
-    /// `len / size`, when `len` splits into one block per rank.
-    pub fn block_len(&self, what: &str, len: usize) -> Result<usize> {
-        let n = self.size();
-        if len % n != 0 {
-            return Err(Error::invalid_argument(format!(
-                "{what}: a buffer of {len} elements does not split into {n} equal blocks"
-            ))
-            .rank(self.rank()));
-        }
-        Ok(len / n)
-    }
-
-    /// Checks that two buffers that must match in length do.
-    pub fn same_len(&self, what: &str, send: usize, recv: usize) -> Result<()> {
-        if send != recv {
-            return Err(Error::invalid_argument(format!(
-                "{what}: send buffer has {send} elements but receive buffer has {recv}"
-            ))
-            .rank(self.rank()));
-        }
-        Ok(())
-    }
-
     /// Runs `coll` on untyped buffers after checking every argument: lengths against the
     /// collective's rules, the root against the world size. Not ordered: callers hold the turn.
     #[allow(clippy::too_many_arguments)]
@@ -126,25 +98,19 @@ impl Shared {
         if root >= n {
             return Err(bad(format!("root {root} is out of range for {n} ranks")));
         }
-        let overflow = || {
-            bad(format!(
-                "{count} elements of {dtype} over {n} ranks overflow the address space"
-            ))
-        };
-        // buffer_lens multiplies unchecked; count * n must not wrap.
-        let blocks = count.checked_mul(n).ok_or_else(overflow)?;
-        let (send_len, recv_len) = match coll {
-            Collective::AllGather => (count, blocks),
-            Collective::ReduceScatter => (blocks, count),
-            Collective::AllToAll => (blocks, blocks),
-            _ => coll.buffer_lens(count, n),
-        };
-        let send_bytes = send_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
-        let recv_bytes = recv_len.checked_mul(dtype.size()).ok_or_else(overflow)?;
-        // In place, one buffer serves as both: NCCL's rules put allgather's input at block
-        // `rank` of the output and reduce-scatter's output at block `rank` of the input.
+        let lens = coll
+            .buffer_lens(count, n)
+            .ok()
+            .and_then(|l| l.bytes(dtype.size()))
+            .ok_or_else(|| {
+                bad(format!(
+                    "{count} elements of {dtype} over {n} ranks overflow the address space"
+                ))
+            })?;
+        let (send_bytes, recv_bytes) = (lens.send, lens.recv);
+        // In place, one buffer serves as both.
         let buf_bytes = if send.is_none() {
-            send_bytes.max(recv_bytes)
+            lens.in_place()
         } else {
             recv_bytes
         };
@@ -168,12 +134,9 @@ impl Shared {
             )));
         }
         self.comm.check()?;
-        // The nccl-tests size, for the cost model.
-        let size_bytes = match coll {
-            Collective::AllGather => recv_bytes,
-            Collective::ReduceScatter | Collective::AllToAll => send_bytes,
-            _ => recv_bytes,
-        };
+        // The nccl-tests size, for the cost model: the larger buffer (allgather's output,
+        // reduce-scatter's and alltoall's input, the buffer of the others).
+        let size_bytes = lens.in_place();
         let algo = self.algorithm(coll, size_bytes);
         let shape = Shape {
             rank,
@@ -184,11 +147,9 @@ impl Shared {
             root,
         };
         let sched = self.lock().plan(coll, algo, &shape, self.comm.topology())?;
-        let info = Described {
-            name: coll.name(),
+        let info = OpInfo {
+            kind: OpKind::Collective { coll, algo },
             bytes: size_bytes,
-            kind: coll.id(),
-            algo: algo.id(),
             root,
             count,
         };
@@ -205,7 +166,7 @@ impl Shared {
         extra: Vec<ExtraBuf<'_>>,
         dtype: DataType,
         op: ReduceOp,
-        d: Described,
+        info: OpInfo,
     ) -> Result<()> {
         let mut g = self.lock();
         self.comm.check()?;
@@ -217,32 +178,20 @@ impl Shared {
             inner.scratch.resize(need, 0);
         }
         let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])[..scratch_bytes];
-        let mut bufs = Buffers {
-            send,
-            recv,
-            scratch,
-            extra,
-        };
-        let info = OpInfo {
-            name: d.name,
-            seq,
-            bytes: d.bytes,
-            kind: d.kind,
-            algo: d.algo,
-            root: d.root,
-            count: d.count,
-        };
-        exec::run(
-            &self.comm,
-            &mut inner.links,
-            &mut inner.exec,
-            sched,
-            &mut bufs,
+        let job = Job {
+            schedule: sched,
+            buffers: Buffers {
+                send,
+                recv,
+                scratch,
+                extra,
+            },
             dtype,
             op,
-            &info,
-        )
-        .map_err(|e| self.comm.fail(e))
+            info,
+            seq,
+        };
+        exec::run(&self.comm, &mut inner.links, &mut inner.exec, job).map_err(|e| self.comm.fail(e))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -260,7 +209,6 @@ impl Shared {
         if !ccl_core::log::enabled(ccl_core::config::LogLevel::Info) || self.rank() != 0 {
             return;
         }
-        let props = self.comm.transport_properties();
         for coll in Collective::ALL {
             if coll.algos().is_empty() {
                 continue;
@@ -278,7 +226,7 @@ impl Shared {
             let mut prev = None;
             for p in 0..=34 {
                 let b = 1usize << p;
-                let a = algo::choose(coll, self.size(), b, &props, self.comm.topology());
+                let a = algo::choose(coll, self.size(), b, &self.model, self.comm.topology());
                 if prev != Some(a) {
                     table.push_str(&format!(" {a} from {b} B;"));
                     prev = Some(a);
@@ -306,7 +254,7 @@ impl Inner {
         }
         let s = Arc::new(
             algo::build(coll, algo, shape, topo)
-                .map_err(|m| Error::invalid_usage(m).rank(shape.rank))?,
+                .map_err(|m| Error::invalid_usage(m.to_string()).rank(shape.rank))?,
         );
         ccl_trace!(
             Some(shape.rank),

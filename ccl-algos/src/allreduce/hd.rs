@@ -19,8 +19,7 @@
 //! order (lower position first), and copied everywhere else: bit-identical on every rank.
 
 use crate::allreduce::ring::chunk;
-use crate::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
-use crate::tree::Data;
+use crate::schedule::{Action, Buf, Combine, Data, Region, Schedule, Shape};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 
@@ -61,62 +60,111 @@ fn ag_order(v: usize, k: u32, p: usize) -> Vec<usize> {
 }
 
 pub fn build(s: &Shape, topo: &Topology) -> Schedule {
-    let (r, n, count) = (s.rank, s.size, s.count);
     let mut sc = Schedule::new("hd");
-    let input_buf = if s.in_place { Buf::Recv } else { Buf::Send };
-    if n == 1 {
+    if s.size == 1 {
         return super::alone(s, sc);
     }
-    let order = topo.ring_order();
-    let pos = order.iter().position(|&x| x == r).expect("rank in order");
-    let p = core_size(n);
-    let steps = p.trailing_zeros();
-    let avg = s.op == ReduceOp::Avg;
-    let block = |b: usize, buf: Buf| {
-        let (off, len) = chunk(count, p, b);
-        Region::new(buf, off, len)
-    };
-    let nonempty = |b: &usize| block(*b, Buf::Recv).len > 0;
-    // Blocks that hold data.
-    let blocks: Vec<usize> = (0..p).filter(nonempty).collect();
+    let h = Halving::new(s, topo);
+    if h.pos >= h.p {
+        h.fold_out(&mut sc);
+        return sc.finish();
+    }
+    // Where each block's current value is and which op produces it.
+    let mut cur: Vec<Data> = (0..h.p).map(|b| Data::ready(h.block(b, h.input))).collect();
+    let folded = (h.pos + h.p < s.size).then(|| h.order[h.pos + h.p]);
+    if let Some(f) = folded {
+        h.fold_in(&mut sc, f, &mut cur);
+    }
+    h.reduce_scatter(&mut sc, &mut cur);
+    h.allgather(&mut sc, &mut cur);
+    if let Some(f) = folded {
+        h.hand_back(&mut sc, f, &cur);
+    }
+    sc.finish()
+}
 
-    if pos >= p {
-        // Folded: hand every block to position pos - p, in the order it reduces them, and get
-        // the results back in the order it finishes them.
-        let v = pos - p;
-        let partner = order[v];
-        for b in rs_order(&blocks, v, p) {
-            sc.push_stream(
-                Action::Send {
-                    peer: partner,
-                    src: block(b, input_buf),
-                },
-                None,
-                0,
-            );
+/// What every phase of one rank's halving-doubling schedule needs to know.
+struct Halving {
+    order: Vec<usize>,
+    /// This rank's position in the ring order.
+    pos: usize,
+    /// The largest power of two `<= n`, and its log: the steps of each phase.
+    p: usize,
+    steps: u32,
+    count: usize,
+    /// Where this rank's input is.
+    input: Buf,
+    avg: bool,
+    /// Blocks that hold data.
+    blocks: Vec<usize>,
+}
+
+impl Halving {
+    fn new(s: &Shape, topo: &Topology) -> Halving {
+        let order = topo.ring_order();
+        let pos = order
+            .iter()
+            .position(|&x| x == s.rank)
+            .expect("rank in order");
+        let p = core_size(s.size);
+        let mut h = Halving {
+            order,
+            pos,
+            p,
+            steps: p.trailing_zeros(),
+            count: s.count,
+            input: if s.in_place { Buf::Recv } else { Buf::Send },
+            avg: s.op == ReduceOp::Avg,
+            blocks: Vec::new(),
+        };
+        h.blocks = (0..p).filter(|&b| h.nonempty(b)).collect();
+        h
+    }
+
+    fn block(&self, b: usize, buf: Buf) -> Region {
+        let (off, len) = chunk(self.count, self.p, b);
+        Region::new(buf, off, len)
+    }
+
+    fn nonempty(&self, b: usize) -> bool {
+        self.block(b, Buf::Recv).len > 0
+    }
+
+    /// The non-empty blocks in the order position `v` holds them after `k` allgather steps.
+    fn ag_blocks(&self, v: usize, k: u32) -> Vec<usize> {
+        ag_order(v, k, self.p)
+            .into_iter()
+            .filter(|&b| self.nonempty(b))
+            .collect()
+    }
+
+    /// A folded rank: hands every block to position `pos - p`, in the order it reduces them,
+    /// and gets the results back in the order it finishes them.
+    fn fold_out(&self, sc: &mut Schedule) {
+        let v = self.pos - self.p;
+        let partner = self.order[v];
+        for b in rs_order(&self.blocks, v, self.p) {
+            let src = self.block(b, self.input);
+            sc.push_stream(Action::Send { peer: partner, src }, None, 0);
         }
-        for b in ag_order(v, steps, p).into_iter().filter(nonempty) {
+        for b in self.ag_blocks(v, self.steps) {
+            let dst = self.block(b, Buf::Recv);
             sc.push_stream(
                 Action::Recv {
                     peer: partner,
-                    dst: block(b, Buf::Recv),
+                    dst,
                     combine: Combine::Copy,
                 },
                 None,
-                1 + 2 * steps,
+                1 + 2 * self.steps,
             );
         }
-        return sc.finish();
     }
 
-    let v = pos;
-    // Where each block's current value is and which op produces it.
-    let mut cur: Vec<Data> = (0..p).map(|b| Data::ready(block(b, input_buf))).collect();
-    let folded = (pos + p < n).then(|| order[pos + p]);
-    if let Some(f) = folded {
-        // Absorb the folded rank's data: own data first (lower position).
-        for b in rs_order(&blocks, v, p) {
-            let dst = block(b, Buf::Recv);
+    /// Reduces the folded rank `f`'s data into this rank's: own data first (lower position).
+    fn fold_in(&self, sc: &mut Schedule, f: usize, cur: &mut [Data]) {
+        for b in rs_order(&self.blocks, self.pos, self.p) {
+            let dst = self.block(b, Buf::Recv);
             let with = (cur[b].region != dst).then_some(cur[b].region);
             let id = sc.push_stream(
                 Action::Recv {
@@ -138,96 +186,106 @@ pub fn build(s: &Shape, topo: &Topology) -> Schedule {
         }
     }
 
-    // Reduce-scatter: before step m, this rank holds the blocks agreeing with v below bit m.
-    for i in 0..steps {
-        let m = 1usize << i;
-        let u = v ^ m;
-        let partner = order[u];
-        let held: Vec<usize> = blocks
-            .iter()
-            .copied()
-            .filter(|&b| b & (m - 1) == v & (m - 1))
-            .collect();
-        let give: Vec<usize> = held.iter().copied().filter(|&b| b & m != v & m).collect();
-        let keep: Vec<usize> = held.iter().copied().filter(|&b| b & m == v & m).collect();
-        for b in rs_order(&give, u, p) {
-            sc.push_stream(
-                Action::Send {
-                    peer: partner,
-                    src: cur[b].region,
-                },
-                cur[b].producer,
-                1 + i,
-            );
-        }
-        for b in rs_order(&keep, v, p) {
-            let dst = block(b, Buf::Recv);
-            let with = (cur[b].region != dst).then_some(cur[b].region);
-            let id = sc.push_stream(
-                Action::Recv {
-                    peer: partner,
-                    dst,
-                    combine: Combine::Reduce {
-                        with,
-                        incoming_first: u < v,
-                        finish_avg: avg && i + 1 == steps,
+    /// Reduce-scatter: before step `m`, this rank holds the blocks agreeing with its position
+    /// below bit `m`; it passes on those whose bit `m` differs and reduces the others.
+    fn reduce_scatter(&self, sc: &mut Schedule, cur: &mut [Data]) {
+        let v = self.pos;
+        for i in 0..self.steps {
+            let m = 1usize << i;
+            let u = v ^ m;
+            let partner = self.order[u];
+            let held: Vec<usize> = self
+                .blocks
+                .iter()
+                .copied()
+                .filter(|&b| b & (m - 1) == v & (m - 1))
+                .collect();
+            let give: Vec<usize> = held.iter().copied().filter(|&b| b & m != v & m).collect();
+            let keep: Vec<usize> = held.iter().copied().filter(|&b| b & m == v & m).collect();
+            for b in rs_order(&give, u, self.p) {
+                sc.push_stream(
+                    Action::Send {
+                        peer: partner,
+                        src: cur[b].region,
                     },
-                },
-                cur[b].producer,
-                1 + i,
-            );
-            cur[b] = Data {
-                region: dst,
-                producer: Some(id),
-            };
+                    cur[b].producer,
+                    1 + i,
+                );
+            }
+            for b in rs_order(&keep, v, self.p) {
+                let dst = self.block(b, Buf::Recv);
+                let with = (cur[b].region != dst).then_some(cur[b].region);
+                let id = sc.push_stream(
+                    Action::Recv {
+                        peer: partner,
+                        dst,
+                        combine: Combine::Reduce {
+                            with,
+                            incoming_first: u < v,
+                            finish_avg: self.avg && i + 1 == self.steps,
+                        },
+                    },
+                    cur[b].producer,
+                    1 + i,
+                );
+                cur[b] = Data {
+                    region: dst,
+                    producer: Some(id),
+                };
+            }
         }
     }
-    // Allgather: step k (m = p/2, p/4, ..., 1) sends everything held, in the order it was
-    // finished, and receives the partner's.
-    for k in 0..steps {
-        let m = p >> (k + 1);
-        let partner = order[v ^ m];
-        let step = 1 + steps + k;
-        for b in ag_order(v, k, p).into_iter().filter(nonempty) {
-            sc.push_stream(
-                Action::Send {
-                    peer: partner,
-                    src: cur[b].region,
-                },
-                cur[b].producer,
-                step,
-            );
-        }
-        for b in ag_order(v ^ m, k, p).into_iter().filter(nonempty) {
-            let dst = block(b, Buf::Recv);
-            let id = sc.push_stream(
-                Action::Recv {
-                    peer: partner,
-                    dst,
-                    combine: Combine::Copy,
-                },
-                None,
-                step,
-            );
-            cur[b] = Data {
-                region: dst,
-                producer: Some(id),
-            };
+
+    /// Allgather: step `k` (`m = p/2, p/4, ..., 1`) sends everything held, in the order it was
+    /// finished, and receives the partner's.
+    fn allgather(&self, sc: &mut Schedule, cur: &mut [Data]) {
+        let v = self.pos;
+        for k in 0..self.steps {
+            let m = self.p >> (k + 1);
+            let partner = self.order[v ^ m];
+            let step = 1 + self.steps + k;
+            for b in self.ag_blocks(v, k) {
+                sc.push_stream(
+                    Action::Send {
+                        peer: partner,
+                        src: cur[b].region,
+                    },
+                    cur[b].producer,
+                    step,
+                );
+            }
+            for b in self.ag_blocks(v ^ m, k) {
+                let dst = self.block(b, Buf::Recv);
+                let id = sc.push_stream(
+                    Action::Recv {
+                        peer: partner,
+                        dst,
+                        combine: Combine::Copy,
+                    },
+                    None,
+                    step,
+                );
+                cur[b] = Data {
+                    region: dst,
+                    producer: Some(id),
+                };
+            }
         }
     }
-    if let Some(f) = folded {
-        for b in ag_order(v, steps, p).into_iter().filter(nonempty) {
+
+    /// Sends the folded rank `f` the result, in the order this rank finished it.
+    fn hand_back(&self, sc: &mut Schedule, f: usize, cur: &[Data]) {
+        for b in self.ag_blocks(self.pos, self.steps) {
             sc.push_stream(
                 Action::Send {
                     peer: f,
                     src: cur[b].region,
                 },
                 cur[b].producer,
-                1 + 2 * steps,
+                1 + 2 * self.steps,
             );
         }
     }
-    sc.finish()
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@
 //! bit-identical everywhere.
 
 use crate::allreduce::ring::{self, chunk};
-use crate::schedule::{Buf, Region, Schedule, Shape};
-use crate::tree::{Data, Tree, bcast_down, reduce_up};
+use crate::binary_tree::{Tree, bcast_down, reduce_up};
+use crate::schedule::{Buf, Data, Region, Schedule, Shape};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 

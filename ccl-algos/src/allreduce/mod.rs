@@ -1,10 +1,10 @@
 //! Allreduce algorithms (see [`crate::algo`] for the choice between them).
 
+pub mod double_tree;
 pub mod hd;
 pub mod hier;
 pub mod rd;
 pub mod ring;
-pub mod tree;
 
 use crate::schedule::{Action, Buf, Region, Schedule, Shape};
 

@@ -14,9 +14,7 @@ use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule, Shape};
 use ccl_core::ReduceOp;
 
 pub fn build(s: &Shape) -> Schedule {
-    let (r, n, count) = (s.rank, s.size, s.count);
-    let mut sc = Schedule::new("rd");
-    let whole = |buf: Buf| Region::new(buf, 0, count);
+    let (r, n) = (s.rank, s.size);
     let p = if n.is_power_of_two() {
         n
     } else {
@@ -24,165 +22,164 @@ pub fn build(s: &Shape) -> Schedule {
     };
     let extra = n - p;
     let avg = s.op == ReduceOp::Avg;
-    let mut cur = if s.in_place { Buf::Recv } else { Buf::Send };
-    // The op that produced `cur` (None: the caller's input), and the last send from each buffer
-    // (a buffer may be overwritten only once its last send is done).
-    let mut producer: Option<OpId> = None;
-    let mut sent_from: [(Buf, Option<OpId>); 3] =
-        [(Buf::Send, None), (Buf::Recv, None), (Buf::Scratch, None)];
-    let sent = |tbl: &[(Buf, Option<OpId>); 3], b: Buf| {
-        tbl.iter().find(|(x, _)| *x == b).and_then(|(_, o)| *o)
-    };
-    let set_sent = |tbl: &mut [(Buf, Option<OpId>); 3], b: Buf, id: OpId| {
-        for e in tbl.iter_mut() {
-            if e.0 == b {
-                e.1 = Some(id);
-            }
-        }
-    };
-    let other = |b: Buf| {
-        if b == Buf::Recv {
-            Buf::Scratch
-        } else {
-            Buf::Recv
-        }
-    };
-    let mut uses_scratch = false;
-    let mut step = 0u32;
-
+    let mut b = Doubling::new(s);
     if r >= p {
-        // Folded rank: hand the data to r - p, get the result back.
-        let partner = r - p;
-        let snd = sc.push(
-            Action::Send {
-                peer: partner,
-                src: whole(cur),
-            },
-            &[],
-            None,
-            step,
-        );
-        let deps: Vec<OpId> = if cur == Buf::Recv { vec![snd] } else { vec![] };
-        sc.push(
+        return b.folded(r - p);
+    }
+    let exchanges = p.trailing_zeros();
+    if r < extra {
+        // Absorb the folded partner r + p: own data first (lower rank).
+        b.exchange(r + p, false, true, avg && exchanges == 0);
+    }
+    for i in 0..exchanges {
+        let mask = 1usize << i;
+        b.exchange(r ^ mask, true, r & mask == 0, avg && i + 1 == exchanges);
+    }
+    b.finish((r < extra).then_some(r + p))
+}
+
+/// One rank's recursive-doubling schedule as it is built: where its partial result is, and
+/// what must finish before each buffer may be overwritten.
+struct Doubling {
+    sc: Schedule,
+    count: usize,
+    /// The buffer holding this rank's partial result, and the op that produced it (`None`: the
+    /// caller's input).
+    cur: Buf,
+    producer: Option<OpId>,
+    /// The last send from the receive buffer and from scratch: a buffer may be overwritten only
+    /// once its last send is done. (The send buffer is never overwritten.)
+    last_send_recv: Option<OpId>,
+    last_send_scratch: Option<OpId>,
+    uses_scratch: bool,
+    step: u32,
+}
+
+impl Doubling {
+    fn new(s: &Shape) -> Doubling {
+        Doubling {
+            sc: Schedule::new("rd"),
+            count: s.count,
+            cur: if s.in_place { Buf::Recv } else { Buf::Send },
+            producer: None,
+            last_send_recv: None,
+            last_send_scratch: None,
+            uses_scratch: false,
+            step: 0,
+        }
+    }
+
+    fn whole(&self, buf: Buf) -> Region {
+        Region::new(buf, 0, self.count)
+    }
+
+    fn last_send(&self, buf: Buf) -> Option<OpId> {
+        match buf {
+            Buf::Recv => self.last_send_recv,
+            Buf::Scratch => self.last_send_scratch,
+            _ => None,
+        }
+    }
+
+    /// A folded rank: hands its data to `partner` and gets the result back.
+    fn folded(mut self, partner: usize) -> Schedule {
+        let src = self.whole(self.cur);
+        let sent = self
+            .sc
+            .push(Action::Send { peer: partner, src }, &[], None, 0);
+        // In place the result lands where the data was sent from.
+        let deps: Vec<OpId> = if self.cur == Buf::Recv {
+            vec![sent]
+        } else {
+            vec![]
+        };
+        let dst = self.whole(Buf::Recv);
+        self.sc.push(
             Action::Recv {
                 peer: partner,
-                dst: whole(Buf::Recv),
+                dst,
                 combine: Combine::Copy,
             },
             &deps,
             None,
-            step + 1,
+            1,
         );
-        return sc.finish();
+        self.sc.finish()
     }
 
-    let reduce_step = |sc: &mut Schedule,
-                       cur: &mut Buf,
-                       producer: &mut Option<OpId>,
-                       sent_from: &mut [(Buf, Option<OpId>); 3],
-                       peer: usize,
-                       send: bool,
-                       own_first: bool,
-                       finish: bool,
-                       step: u32| {
+    /// One step with `peer`: send the partial result (unless `send` is false: a folded rank's
+    /// data is only received) and reduce what arrives with it into the other buffer (the
+    /// receive buffer and scratch alternate, because a rank must not overwrite data it is still
+    /// sending). `own_first` puts this rank's operand first (it is the lower half).
+    fn exchange(&mut self, peer: usize, send: bool, own_first: bool, finish_avg: bool) {
+        let cur = self.whole(self.cur);
         if send {
-            let id = sc.push(
-                Action::Send {
-                    peer,
-                    src: whole(*cur),
-                },
+            let id = self.sc.push(
+                Action::Send { peer, src: cur },
                 &[],
-                *producer,
-                step,
+                self.producer,
+                self.step,
             );
-            set_sent(sent_from, *cur, id);
+            match self.cur {
+                Buf::Recv => self.last_send_recv = Some(id),
+                Buf::Scratch => self.last_send_scratch = Some(id),
+                _ => {}
+            }
         }
-        let dst = other(*cur);
-        // Reads `cur` (its producer must be done) and overwrites `dst` (its last send must be done).
-        let deps: Vec<OpId> = sent(sent_from, dst).into_iter().chain(*producer).collect();
-        let id = sc.push(
+        let dst = if self.cur == Buf::Recv {
+            Buf::Scratch
+        } else {
+            Buf::Recv
+        };
+        // Reads `cur` (its producer must be done) and overwrites `dst` (its last send must be
+        // done).
+        let deps: Vec<OpId> = self
+            .last_send(dst)
+            .into_iter()
+            .chain(self.producer)
+            .collect();
+        let id = self.sc.push(
             Action::Recv {
                 peer,
-                dst: whole(dst),
+                dst: self.whole(dst),
                 combine: Combine::Reduce {
-                    with: Some(whole(*cur)),
+                    with: Some(cur),
                     incoming_first: !own_first,
-                    finish_avg: finish,
+                    finish_avg,
                 },
             },
             &deps,
             None,
-            step,
+            self.step,
         );
-        *cur = dst;
-        *producer = Some(id);
-    };
+        self.cur = dst;
+        self.producer = Some(id);
+        self.step += 1;
+        self.uses_scratch |= dst == Buf::Scratch;
+    }
 
-    let exchanges = p.trailing_zeros();
-    if r < extra {
-        // Absorb the folded partner r + p: own data first (lower rank).
-        reduce_step(
-            &mut sc,
-            &mut cur,
-            &mut producer,
-            &mut sent_from,
-            r + p,
-            false,
-            true,
-            avg && exchanges == 0,
-            step,
-        );
-        step += 1;
-        uses_scratch |= cur == Buf::Scratch;
+    /// Puts the result in the receive buffer and hands it back to the folded rank, if any.
+    fn finish(mut self, folded: Option<usize>) -> Schedule {
+        if self.cur != Buf::Recv {
+            let mut deps: Vec<OpId> = self.producer.into_iter().collect();
+            deps.extend(self.last_send(Buf::Recv));
+            let (src, dst) = (self.whole(self.cur), self.whole(Buf::Recv));
+            let id = self
+                .sc
+                .push(Action::Copy { src, dst }, &deps, None, self.step);
+            self.producer = Some(id);
+            self.cur = Buf::Recv;
+        }
+        if let Some(peer) = folded {
+            let src = self.whole(self.cur);
+            self.sc
+                .push(Action::Send { peer, src }, &[], self.producer, self.step);
+        }
+        if self.uses_scratch {
+            self.sc.scratch = self.count;
+        }
+        self.sc.finish()
     }
-    for i in 0..exchanges {
-        let mask = 1usize << i;
-        let partner = r ^ mask;
-        let last = i + 1 == exchanges;
-        reduce_step(
-            &mut sc,
-            &mut cur,
-            &mut producer,
-            &mut sent_from,
-            partner,
-            true,
-            r & mask == 0,
-            avg && last,
-            step,
-        );
-        step += 1;
-        uses_scratch |= cur == Buf::Scratch;
-    }
-    if cur != Buf::Recv {
-        let mut deps: Vec<OpId> = producer.into_iter().collect();
-        deps.extend(sent(&sent_from, Buf::Recv));
-        let id = sc.push(
-            Action::Copy {
-                src: whole(cur),
-                dst: whole(Buf::Recv),
-            },
-            &deps,
-            None,
-            step,
-        );
-        producer = Some(id);
-        cur = Buf::Recv;
-    }
-    if r < extra {
-        sc.push(
-            Action::Send {
-                peer: r + p,
-                src: whole(cur),
-            },
-            &[],
-            producer,
-            step,
-        );
-    }
-    if uses_scratch {
-        sc.scratch = count;
-    }
-    sc.finish()
 }
 
 #[cfg(test)]

@@ -14,8 +14,7 @@
 //!
 //! [`Topology::ring_order`]: ccl_core::topology::Topology::ring_order
 
-use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule, Shape};
-use crate::tree::Data;
+use crate::schedule::{Action, Buf, Combine, Data, OpId, Region, Schedule, Shape};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 

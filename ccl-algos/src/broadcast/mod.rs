@@ -1,4 +1,4 @@
 //! Broadcast algorithms: copy the root's buffer to every rank.
 
 pub mod ring;
-pub mod tree;
+pub mod rooted_tree;

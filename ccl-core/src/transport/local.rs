@@ -190,6 +190,7 @@ impl Transport for LocalTransport {
         TransportProperties {
             latency: Duration::from_micros(1),
             bandwidth: 5.0e9,
+            spin: Duration::ZERO,
         }
     }
 

@@ -96,13 +96,17 @@ impl fmt::Debug for ConnectContext {
     }
 }
 
-/// What a transport is like, for the algorithm cost model (alpha-beta).
+/// What a transport is like: for the algorithm cost model (alpha-beta), and for waiting.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TransportProperties {
     /// One-way latency of a small message.
     pub latency: Duration,
     /// Bytes per second one connection sustains in one direction.
     pub bandwidth: f64,
+    /// How much longer than `CCL_SPIN_US` a waiting rank should busy-poll its peers before it
+    /// sleeps, for a transport whose wake-up costs much more than a poll (verbs:
+    /// `CCL_IB_SPIN_US`).
+    pub spin: Duration,
 }
 
 /// A way of connecting ranks. Object-safe: chosen at run time.
@@ -110,7 +114,7 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// Short name for logs and the benchmark (`tcp`, `local`, `ib`).
     fn name(&self) -> &'static str;
 
-    /// Latency and bandwidth for the cost model.
+    /// Latency and bandwidth for the cost model, and the spin its waits want.
     fn properties(&self) -> TransportProperties;
 
     /// Starts listening for connections from peers.
@@ -168,9 +172,9 @@ pub trait Endpoint: Send {
     /// or `max` bytes are used.
     fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize>;
 
-    /// Called before the executor blocks. Returns `Ok(false)` when progress may be possible right
-    /// away (e.g. data arrived while arming a notification); the executor then retries instead of
-    /// sleeping.
+    /// Called before the rank sleeps (after it has busy-polled every peer it waits on). Returns
+    /// `Ok(false)` when progress may be possible right away (e.g. data arrived while arming a
+    /// notification); the executor then retries instead of sleeping.
     fn prepare_wait(&mut self, interest: Interest) -> Result<bool>;
 
     /// Descriptors to `poll(2)` on for `interest` (after a `prepare_wait` that returned true).

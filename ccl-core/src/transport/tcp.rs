@@ -154,6 +154,7 @@ impl Transport for TcpTransport {
         TransportProperties {
             latency: Duration::from_micros(5),
             bandwidth: 3.0e9,
+            spin: Duration::ZERO,
         }
     }
 

@@ -10,8 +10,8 @@
 //! receive buffer; the root copies it locally when out of place. Other ranks never read their
 //! send buffer.
 
-use crate::schedule::{Action, Buf, Region, Schedule, Shape};
-use crate::tree::{Data, Tree, bcast_down, rotate_to};
+use crate::binary_tree::{Tree, bcast_down, rotate_to};
+use crate::schedule::{Action, Buf, Data, Region, Schedule, Shape};
 use ccl_core::topology::Topology;
 
 pub fn build(s: &Shape, topo: &Topology) -> Schedule {

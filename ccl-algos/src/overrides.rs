@@ -5,7 +5,7 @@
 //! names, and an algorithm named for a collective that lacks it, are errors, so a typo never
 //! falls back to the automatic choice silently.
 
-use crate::algo::{Algo, Collective};
+use crate::algo::{Algo, AlgoError, Collective};
 
 /// Parsed `CCL_ALGO`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -14,10 +14,7 @@ pub struct Overrides {
 }
 
 fn index(c: Collective) -> usize {
-    Collective::ALL
-        .iter()
-        .position(|x| *x == c)
-        .expect("every collective is listed")
+    c.id() as usize
 }
 
 impl Overrides {
@@ -27,13 +24,9 @@ impl Overrides {
     }
 
     /// Forces `algo` for `coll`.
-    pub fn set(&mut self, coll: Collective, algo: Algo) -> Result<(), String> {
+    pub fn set(&mut self, coll: Collective, algo: Algo) -> Result<(), AlgoError> {
         if !coll.algos().contains(&algo) {
-            let have: Vec<&str> = coll.algos().iter().map(|a| a.name()).collect();
-            return Err(format!(
-                "{coll} has no {algo} algorithm (it has {})",
-                have.join(", ")
-            ));
+            return Err(AlgoError::NotOffered { coll, algo });
         }
         self.by_coll[index(coll)] = Some(algo);
         Ok(())
@@ -44,10 +37,13 @@ impl Overrides {
         self.by_coll[index(coll)] = None;
     }
 
-    pub fn parse(spec: &str) -> Result<Overrides, String> {
+    pub fn parse(spec: &str) -> Result<Overrides, AlgoError> {
         let mut o = Overrides::default();
         let spec = spec.trim();
-        let err = |e: String| format!("CCL_ALGO='{spec}': {e}");
+        let err = |e: AlgoError| AlgoError::Setting {
+            spec: spec.to_string(),
+            error: Box::new(e),
+        };
         if spec.is_empty() {
             return Ok(o);
         }
@@ -61,14 +57,14 @@ impl Overrides {
                 }
             }
             if !any {
-                return Err(err(format!("no collective has a {algo} algorithm")));
+                return Err(err(AlgoError::NoCollectiveHas(algo)));
             }
             return Ok(o);
         }
         for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (coll, algo) = part
                 .split_once(':')
-                .ok_or_else(|| err(format!("'{part}' is not collective:algorithm")))?;
+                .ok_or_else(|| err(AlgoError::NotAPair(part.to_string())))?;
             let coll: Collective = coll.parse().map_err(err)?;
             let algo: Algo = algo.parse().map_err(err)?;
             o.set(coll, algo).map_err(err)?;
@@ -100,21 +96,16 @@ mod tests {
                 .get(Collective::AllReduce),
             Some(Algo::Ring)
         );
-        assert!(Overrides::parse("zigzag").unwrap_err().contains("zigzag"));
-        assert!(
-            Overrides::parse("allgatherv:ring")
-                .unwrap_err()
-                .contains("allgatherv")
+        let err = |spec: &str| Overrides::parse(spec).unwrap_err().to_string();
+        assert_eq!(
+            err("zigzag"),
+            "CCL_ALGO='zigzag': unknown algorithm 'zigzag' (expected one of ring, rd, pairwise, tree, hd, hier)"
         );
-        assert!(
-            Overrides::parse("allreduce:ring;x")
-                .unwrap_err()
-                .contains("'x'")
-        );
-        assert!(
-            Overrides::parse("barrier:ring")
-                .unwrap_err()
-                .contains("barrier has no ring")
+        assert!(err("allgatherv:ring").contains("allgatherv"));
+        assert!(err("allreduce:ring;x").contains("'x'"));
+        assert_eq!(
+            err("barrier:ring"),
+            "CCL_ALGO='barrier:ring': barrier has no ring algorithm (it has rd)"
         );
     }
 }

@@ -17,8 +17,8 @@
 //! message per direction per tree, and never two up-tree (or two down-tree) messages in one
 //! direction (that would make a rank interior in both trees), so both ends agree on the order.
 
-use crate::schedule::{Buf, Region, Schedule, Shape};
-use crate::tree::{Data, bcast_down, double_tree, reduce_up};
+use crate::binary_tree::{bcast_down, double_tree, reduce_up};
+use crate::schedule::{Buf, Data, Region, Schedule, Shape};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 

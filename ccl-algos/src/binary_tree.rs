@@ -1,5 +1,5 @@
-//! Trees over ranks, and the two moves every tree algorithm is made of: reduce toward the root
-//! and broadcast away from it, each pipelined by streaming.
+//! Binary trees over ranks, and the two moves every tree algorithm is made of: reduce toward the
+//! root and broadcast away from it, each pipelined by streaming.
 //!
 //! Trees are **in order** over a list of ranks (usually [`Topology::ring_order`]): every subtree
 //! covers a contiguous run of the list, so most edges join neighbours in the list (ranks of one
@@ -12,7 +12,7 @@
 //!
 //! [`Topology::ring_order`]: ccl_core::topology::Topology::ring_order
 
-use crate::schedule::{Action, Combine, OpId, Region, Schedule};
+use crate::schedule::{Action, Combine, Data, Region, Schedule};
 
 /// A tree over some ranks: parent and children of each.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,24 +162,6 @@ pub fn double_tree(order: &[usize], n: usize) -> [Tree; 2] {
         (t, s)
     };
     [t0.map(n, |p| order[p]), t1.map(n, |p| order[p])]
-}
-
-/// Where some data is: a region, and the op that produces it (`None`: there from the start).
-/// An op that reads it may stream from the producer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Data {
-    pub region: Region,
-    pub producer: Option<OpId>,
-}
-
-impl Data {
-    /// Data present from the start.
-    pub const fn ready(region: Region) -> Data {
-        Data {
-            region,
-            producer: None,
-        }
-    }
 }
 
 /// Emits `rank`'s part of reducing one region up `tree`: it combines its `input` with what its

@@ -1,15 +1,15 @@
 //! Pipelined binary-tree reduce to `shape.root`.
 //!
 //! The tree is over the ring order rotated to start at the root (see
-//! [`crate::broadcast::tree`]). Every rank combines its input with its children's partial results
+//! [`crate::broadcast::rooted_tree`]). Every rank combines its input with its children's partial results
 //! (own data first, then children in order) and streams the combination to its parent while it
 //! is still arriving; the root ends with the full reduction, divided once for an average.
 //!
 //! NCCL semantics: only the root's receive buffer holds the result. Other ranks accumulate in
 //! scratch and never write their receive buffer (in place, it is their input and is only read).
 
-use crate::schedule::{Action, Buf, Region, Schedule, Shape};
-use crate::tree::{Data, Tree, reduce_up, rotate_to};
+use crate::binary_tree::{Tree, reduce_up, rotate_to};
+use crate::schedule::{Action, Buf, Data, Region, Schedule, Shape};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 

@@ -1,0 +1,319 @@
+//! The cost model: what each algorithm puts on each kind of link, and what that costs.
+//!
+//! Alpha-beta-gamma with the topology: `steps x latency + bytes x (the busiest link's load / its
+//! bandwidth) + bytes reduced / reduction rate`, where the links are each rank's transport
+//! connections, each host's network link, and each rack's and zone's uplink. Every load function
+//! here gives, per byte of the nccl-tests size, what the busiest rank, host, rack and zone send
+//! and reduce, and how many latency-bound steps there are; [`crate::algo`] says which collective
+//! and algorithm uses which.
+
+use std::time::Duration;
+
+use ccl_core::comm::Comm;
+use ccl_core::topology::Topology;
+use ccl_core::transport::TransportProperties;
+
+/// Bytes per second one core reduces (two operands in, one out) at sizes that leave the cache.
+pub const REDUCE_RATE: f64 = 10.0e9;
+
+/// A rank that waits on a machine with more ranks than CPUs cannot spin: each step of an
+/// algorithm waits until the scheduler runs the peer that sends. What that costs per step was
+/// fitted to measurements of 4 ranks on 2 CPUs over loopback TCP (docs/algorithms.md): recursive
+/// doubling and halving-doubling cross between 128 and 256 KiB, which puts the extra cost of a
+/// step at 33-71 us; an idle vCPU takes about 50 us to wake. (An 8-byte allreduce alone shows
+/// 27-37 us per step, against 4-5 us with a CPU each: there the peer is often already running.)
+const HAND_OFF: Duration = Duration::from_micros(50);
+
+/// The transport's properties as the cost model should see them when `ranks_here` ranks share
+/// `cpus` CPUs (0: unknown): oversubscribed, every step also pays a scheduler hand-off, and the
+/// ranks split the CPUs that copy and reduce, so each gets that share of the bandwidth.
+pub fn on_shared_cpus(
+    p: TransportProperties,
+    ranks_here: usize,
+    cpus: usize,
+) -> TransportProperties {
+    if cpus == 0 || ranks_here <= cpus {
+        return p;
+    }
+    TransportProperties {
+        latency: p.latency + HAND_OFF,
+        bandwidth: p.bandwidth * cpus as f64 / ranks_here as f64,
+        ..p
+    }
+}
+
+/// The transport's properties as the cost model sees them on `comm`'s machine.
+pub fn properties_of(comm: &Comm) -> TransportProperties {
+    on_shared_cpus(
+        comm.transport_properties(),
+        comm.ranks_on_host(),
+        comm.machine_cpus(),
+    )
+}
+
+pub(crate) fn log2_floor(n: usize) -> usize {
+    (usize::BITS - 1 - n.leading_zeros()) as usize
+}
+
+/// Largest power of two `<= n` (`n >= 1`).
+fn pow2_floor(n: usize) -> usize {
+    1 << log2_floor(n.max(1))
+}
+
+/// What one algorithm puts on each kind of link, per byte of the buffer, and how many
+/// latency-bound steps it takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    steps: f64,
+    /// Sent by the busiest rank (over its own connections).
+    link: f64,
+    /// Leaving the busiest host (over its network link).
+    host: f64,
+    /// Leaving the busiest rack (over its uplink).
+    rack: f64,
+    /// Leaving the busiest zone.
+    zone: f64,
+    /// Reduced by the busiest rank.
+    reduce: f64,
+}
+
+impl Load {
+    /// `steps` steps in which the busiest rank sends `sent` and reduces `reduced` of the buffer,
+    /// and the same crosses every host, rack and zone boundary (one edge of a ring, tree or
+    /// chain in topology order leaves each).
+    fn even(steps: f64, sent: f64, reduced: f64) -> Load {
+        Load {
+            steps,
+            link: sent,
+            host: sent,
+            rack: sent,
+            zone: sent,
+            reduce: reduced,
+        }
+    }
+}
+
+/// Seconds per byte of each kind of link (`None`: not a bottleneck), and seconds per step.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkCosts {
+    alpha: f64,
+    rank: f64,
+    host: Option<f64>,
+    rack: Option<f64>,
+    zone: Option<f64>,
+    gamma: f64,
+}
+
+impl LinkCosts {
+    /// Ranks of one host talk over the transport; traffic leaving a host also crosses the host's
+    /// network link (the slowest one the topology names, else as fast as one transport
+    /// connection, shared by the host's ranks); traffic leaving a rack or zone crosses its
+    /// uplink when the topology gives one.
+    pub fn new(t: &TransportProperties, topo: &Topology) -> LinkCosts {
+        let sm = topo.summary();
+        let host_bw = topo
+            .min_link_bandwidth()
+            .map_or(t.bandwidth, |b| b.min(t.bandwidth));
+        LinkCosts {
+            alpha: t.latency.as_secs_f64(),
+            rank: 1.0 / t.bandwidth,
+            host: (sm.hosts > 1).then_some(1.0 / host_bw),
+            rack: (sm.racks > 1)
+                .then(|| topo.rack_uplink().map(|b| 1.0 / b))
+                .flatten(),
+            zone: (sm.zones > 1)
+                .then(|| topo.zone_uplink().map(|b| 1.0 / b))
+                .flatten(),
+            gamma: 1.0 / REDUCE_RATE,
+        }
+    }
+
+    /// Seconds for `bytes` under load `l`.
+    pub fn time(&self, l: &Load, bytes: f64) -> f64 {
+        let wire = [
+            Some(l.link * self.rank),
+            self.host.map(|b| l.host * b),
+            self.rack.map(|b| l.rack * b),
+            self.zone.map(|b| l.zone * b),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(0.0, f64::max);
+        l.steps * self.alpha + bytes * (wire + l.reduce * self.gamma)
+    }
+}
+
+/// Depth of the deeper tree of [`crate::binary_tree::double_tree`] over `n` ranks.
+pub(crate) fn double_tree_depth(n: usize) -> usize {
+    match n {
+        0 | 1 => 0,
+        _ if n % 2 == 0 => 1 + log2_floor(n - 1),
+        _ => log2_floor(n),
+    }
+}
+
+/// Depth of [`crate::binary_tree::Tree::rooted`] over `k` ranks.
+pub(crate) fn rooted_depth(k: usize) -> usize {
+    if k <= 1 { 0 } else { 1 + log2_floor(k - 1) }
+}
+
+/// Ring allreduce: every rank sends `2(n-1)/n` of the buffer to its successor; in topology order
+/// one edge leaves each host, rack and zone.
+pub fn ring_allreduce(n: usize, _topo: &Topology) -> Load {
+    let nf = n as f64;
+    let f = 2.0 * (nf - 1.0) / nf;
+    Load::even(2.0 * (nf - 1.0), f, f / 2.0)
+}
+
+/// Recursive-doubling allreduce: the whole buffer at every step; non-powers of two fold in and
+/// hand back, two more whole-buffer transfers.
+pub fn recursive_doubling(n: usize, _topo: &Topology) -> Load {
+    let p = pow2_floor(n);
+    let e = log2_floor(p) as f64;
+    let x = if p == n { 0.0 } else { 2.0 };
+    Load::even(e + x, e + x, e + x / 2.0)
+}
+
+/// Double-binary-tree allreduce: a rank with two children in one tree sends half the buffer up
+/// and two halves down there, and half up as a leaf of the other tree.
+pub fn double_tree(n: usize, _topo: &Topology) -> Load {
+    let (link, reduce) = match n {
+        2 => (1.0, 0.5),
+        3 => (1.5, 1.0),
+        _ => (2.0, 1.0),
+    };
+    Load::even(2.0 * double_tree_depth(n) as f64, link, reduce)
+}
+
+/// Halving-doubling allreduce. Exchanges at distance `m` carry `1/(2m)` of the buffer each way,
+/// so a group of `g` ranks (a power of two, aligned) sends `2(1 - g/p)` of it out in both phases;
+/// the fold moves whole buffers between its pairs.
+pub fn halving_doubling(n: usize, topo: &Topology) -> Load {
+    let sm = topo.summary();
+    let p = pow2_floor(n);
+    let pf = p as f64;
+    let folded = n - p;
+    let x = if folded > 0 { 1.0 } else { 0.0 };
+    let out = |min: usize, max: usize| {
+        let g = pow2_floor(min).min(p) as f64;
+        2.0 * (1.0 - g / pf) * (max as f64 / g) + x * max.min(folded) as f64
+    };
+    Load {
+        steps: 2.0 * log2_floor(p) as f64 + 2.0 * x,
+        link: 2.0 * (pf - 1.0) / pf + x,
+        host: out(sm.min_per_host, sm.max_per_host),
+        rack: out(sm.min_per_rack, sm.max_per_rack),
+        zone: out(sm.min_per_zone, sm.max_per_zone),
+        reduce: (pf - 1.0) / pf + x,
+    }
+}
+
+/// Hierarchical allreduce: a tree inside each host, a ring among the hosts' leaders. Inside a
+/// host the leader has one child; members below have up to two, each sending the buffer up once
+/// and down to every child.
+pub fn hierarchical(_n: usize, topo: &Topology) -> Load {
+    let sm = topo.summary();
+    let h = sm.hosts as f64;
+    let k = sm.max_per_host;
+    let ring = if sm.hosts > 1 {
+        2.0 * (h - 1.0) / h
+    } else {
+        0.0
+    };
+    let (member_link, member_reduce) = match k {
+        0..=2 => (1.0, 0.0),
+        3 => (2.0, 1.0),
+        _ => (3.0, 2.0),
+    };
+    let leader = if k > 1 { 1.0 } else { 0.0 };
+    Load {
+        steps: 2.0 * rooted_depth(k) as f64 + 2.0 * (h - 1.0),
+        link: (leader + ring).max(if k > 1 { member_link } else { 0.0 }),
+        host: ring,
+        rack: ring,
+        zone: ring,
+        reduce: (leader + ring / 2.0).max(if k > 1 { member_reduce } else { 0.0 }),
+    }
+}
+
+/// Broadcast (or reduce, with `reduces`) down (or up) a tree rooted at the root: the buffer
+/// flows once over a tree of depth `log2(n) + 1`; ranks with two children send (or reduce) it
+/// twice.
+pub fn rooted_tree(n: usize, reduces: bool) -> Load {
+    let two = if n >= 4 { 2.0 } else { 1.0 };
+    Load::even(rooted_depth(n) as f64, two, if reduces { two } else { 0.0 })
+}
+
+/// Broadcast (or reduce, with `reduces`) along a chain: the buffer passes every rank once,
+/// pipelined.
+pub fn chain(n: usize, reduces: bool) -> Load {
+    Load::even(n as f64 - 1.0, 1.0, if reduces { 1.0 } else { 0.0 })
+}
+
+/// Allgather (or reduce-scatter, with `reduces`) around a ring: each rank sends its share,
+/// `(n-1)/n` of the nccl-tests size, in `n-1` steps.
+pub fn ring_blocks(n: usize, reduces: bool) -> Load {
+    let nf = n as f64;
+    let share = (nf - 1.0) / nf;
+    Load::even(nf - 1.0, share, if reduces { share } else { 0.0 })
+}
+
+/// Allgather, alltoall or reduce-scatter (`reduces`) with every message leaving at once: one
+/// latency plus a per-message cost, and the ring's bytes. What leaves a group of `k` ranks is
+/// what its ranks send to the other `n - k`.
+pub fn pairwise(n: usize, topo: &Topology, reduces: bool) -> Load {
+    let sm = topo.summary();
+    let nf = n as f64;
+    let share = (nf - 1.0) / nf;
+    let out = |k: usize| (k * (n - k.min(n))) as f64 / nf;
+    Load {
+        steps: 1.0 + 0.25 * (nf - 1.0),
+        link: share,
+        host: out(sm.max_per_host),
+        rack: out(sm.max_per_rack),
+        zone: out(sm.max_per_zone),
+        reduce: if reduces { share } else { 0.0 },
+    }
+}
+
+/// The dissemination barrier: `ceil(log2 n)` rounds of one byte.
+pub fn dissemination(n: usize) -> Load {
+    Load {
+        steps: n.next_power_of_two().trailing_zeros() as f64,
+        ..Load::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binary_tree::{Tree, double_tree as trees};
+
+    #[test]
+    fn oversubscribed_ranks_pay_a_hand_off_per_step_and_share_the_cpus() {
+        let p = TransportProperties {
+            latency: Duration::from_micros(5),
+            bandwidth: 3.0e9,
+            spin: Duration::ZERO,
+        };
+        // A CPU each (or an unknown CPU count): as the transport says.
+        for (ranks, cpus) in [(2, 2), (1, 8), (4, 0)] {
+            let q = on_shared_cpus(p, ranks, cpus);
+            assert_eq!((q.latency, q.bandwidth), (p.latency, p.bandwidth));
+        }
+        let q = on_shared_cpus(p, 4, 2);
+        assert_eq!(q.latency, Duration::from_micros(55));
+        assert_eq!(q.bandwidth, 1.5e9);
+    }
+
+    /// The depths the model charges are those of the trees the schedules use.
+    #[test]
+    fn model_depths_match_the_trees() {
+        for n in 1..=200 {
+            let order: Vec<usize> = (0..n).collect();
+            let [a, b] = trees(&order, n);
+            assert_eq!(double_tree_depth(n), a.depth().max(b.depth()), "n={n}");
+            assert_eq!(rooted_depth(n), Tree::rooted(&order, n).depth(), "n={n}");
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Waiting for peers: spin over all of them, then sleep.
+//!
+//! A rank with nothing to do first busy-polls: its caller keeps retrying the non-blocking calls
+//! of every peer it waits on, for [`Comm::spin_window`]. Only then does it sleep, in
+//! [`Comm::block`]: `poll(2)` on those endpoints' descriptors, the communicator's abort signal
+//! and the job monitor, waking at least every 100 ms so the caller can look at its deadline.
+//!
+//! Spinning is what makes small messages fast on virtual machines whose idle vCPUs wake slowly;
+//! sleeping is what leaves the core to other ranks on the same CPU and to a software RDMA device.
+//! The spin never yields: measured beside one busy process, yielding turned an 8 B allreduce
+//! from 3.4 us into 1.5 ms, because each yield hands the competitor a whole timeslice.
+
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use super::{Comm, Links};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::Interest;
+
+/// The longest one sleep lasts, so that the caller's deadline is looked at again.
+const RECHECK: Duration = Duration::from_millis(100);
+
+impl Comm {
+    /// How long a rank with nothing to do busy-polls its peers before it sleeps: `CCL_SPIN_US`,
+    /// plus the transport's own window (`CCL_IB_SPIN_US` for verbs, where waking through the
+    /// completion channel costs far more than a poll).
+    pub fn spin_window(&self) -> Duration {
+        self.config.spin + self.transport_props.spin
+    }
+
+    /// `Ok` unless the communicator was aborted; then its first error.
+    pub fn check_aborted(&self) -> Result<()> {
+        if !self.abort.is_raised() {
+            return Ok(());
+        }
+        Err(self.check().err().unwrap_or_else(|| {
+            Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(self.rank)
+        }))
+    }
+
+    /// Sleeps until an endpoint may make progress on what `waits` says this rank waits for from
+    /// each peer, the communicator is aborted, another rank's failure is announced, or `max`
+    /// (at most 100 ms) passes. Returns at once when an endpoint turns out ready while arming its
+    /// notification; `before_sleep` runs only when the rank really sleeps. Fails with the
+    /// failure a notice announced.
+    pub fn block(
+        &self,
+        links: &mut Links,
+        waits: &[(usize, Interest)],
+        max: Duration,
+        before_sleep: impl FnOnce(),
+    ) -> Result<()> {
+        for &(peer, interest) in waits {
+            if !links.get(peer)?.prepare_wait(interest)? {
+                return Ok(());
+            }
+        }
+        before_sleep();
+        let mut fds: Vec<(BorrowedFd<'_>, PollFlags)> = Vec::with_capacity(waits.len() + 2);
+        fds.push((self.abort.fd(), PollFlags::POLLIN));
+        if let Some(m) = &self.monitor {
+            fds.push((m.fd(), PollFlags::POLLIN));
+        }
+        for &(peer, interest) in waits {
+            if let Some(Some(ep)) = links.endpoints.get(peer) {
+                ep.wait_fds(interest, &mut fds);
+            }
+        }
+        let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(fd, f)| PollFd::new(*fd, *f)).collect();
+        let ms = max.min(RECHECK).as_millis().max(1) as u16;
+        match nix::poll::poll(&mut pfds, PollTimeout::from(ms)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(Error::io(ErrorKind::System, "poll", e.into())),
+        }
+        // Another rank's failure ends this wait too.
+        self.check_notices()
+    }
+}
