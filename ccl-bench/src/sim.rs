@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ccl_sim::{Fabric, Hashing, Placement, Ports, Report, Source, simulate};
+use ccl_sim::{Fabric, Hashing, Placement, Ports, Report, Source};
 use clap::Args;
 
 use crate::plot;
@@ -308,7 +308,12 @@ pub fn run(a: &SimArgs) -> ExitCode {
 }
 
 fn run_inner(a: &SimArgs) -> Result<(), String> {
-    let points = sweep(a)?;
+    let mut points = sweep(a)?;
+    // Runs sharing a program next to each other, so one cached program serves them all.
+    points.sort_by_key(|p| (p.fabric.racks_per_zone, p.algo.clone(), p.bytes));
+    type Key = (String, usize, [usize; 4], Placement);
+    let mut cache: std::collections::HashMap<Key, (ccl_sim::Program, f64)> =
+        std::collections::HashMap::new();
     let mut reports: Vec<Report> = Vec::new();
     println!(
         "# {:>6} {:>7} {:>3} {:>18} {:>5} {:>4} {:>10} | {:>12} {:>9} {:>12} {:>6} | {:>9} {:>6} {:>6}",
@@ -321,7 +326,27 @@ fn run_inner(a: &SimArgs) -> Result<(), String> {
         } else {
             p.algo.clone()
         };
-        let mut r = simulate(&p.fabric, &algo, p.bytes, a.schedules)?;
+        let f = &p.fabric;
+        let key = (
+            algo.clone(),
+            p.bytes,
+            [f.ranks_per_host, f.hosts_per_rack, f.racks_per_zone, f.zones],
+            f.placement,
+        );
+        if !cache.contains_key(&key) {
+            let t = std::time::Instant::now();
+            let prog = ccl_sim::program(f, &algo, p.bytes, a.schedules)?;
+            cache.clear();
+            cache.insert(key.clone(), (prog, t.elapsed().as_secs_f64()));
+        }
+        let (prog, build_s) = &cache[&key];
+        let mut r = ccl_sim::run_program(f, prog, &algo, p.bytes)?;
+        r.build_s = *build_s;
+        r.source = if prog.source == "pattern" {
+            Source::Pattern
+        } else {
+            Source::Built
+        };
         if p.algo == "auto" {
             r.algo = format!("auto ({algo})");
         }

@@ -79,7 +79,7 @@ impl FromStr for Ports {
 }
 
 /// How ranks sit on the fabric and what the library is told about it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Placement {
     /// Ranks host by host, hosts rack by rack; the library's topology names racks and zones

@@ -178,14 +178,35 @@ pub fn simulate(
     bytes: usize,
     source: Source,
 ) -> Result<Report, String> {
-    let net = Network::new(fabric)?;
     let t0 = Instant::now();
     let prog = program(fabric, algo, bytes, source)?;
     let build_s = t0.elapsed().as_secs_f64();
+    let mut r = run_program(fabric, &prog, algo, bytes)?;
+    r.build_s = build_s;
+    Ok(r)
+}
+
+/// Runs an already built program of allreduce `algo` of `bytes` on `fabric`. A program depends
+/// only on the algorithm, the size and what the library knows of the topology, so sweeps over
+/// QPs, hashing, oversubscription or seeds build it once.
+pub fn run_program(
+    fabric: &Fabric,
+    prog: &Program,
+    algo: &str,
+    bytes: usize,
+) -> Result<Report, String> {
+    if prog.ranks != fabric.ranks() {
+        return Err(format!(
+            "the program has {} ranks, the fabric {}",
+            prog.ranks,
+            fabric.ranks()
+        ));
+    }
+    let net = Network::new(fabric)?;
     let t1 = Instant::now();
-    let out = engine::run(&net, &prog)?;
+    let out = engine::run(&net, prog)?;
     let run_s = t1.elapsed().as_secs_f64();
-    Ok(report(&net, &prog, &out, algo, bytes, build_s, run_s))
+    Ok(report(&net, prog, &out, algo, bytes, 0.0, run_s))
 }
 
 /// Puts an outcome into numbers.
