@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The experiments of docs/scale.md: each writes its table to OUT/NAME.txt, its runs to
+# OUT/NAME.json and its plot to OUT/NAME.svg (OUT defaults to docs/img/scale). Pass names to
+# run some: qps qps-scattered hashing crossover slow cpu. Minutes on a 2-core machine; the
+# 16K-rank tree builds 16K schedules with the library (about 3 minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release -q -p ccl-bench
+OUT=${OUT:-docs/img/scale}
+mkdir -p "$OUT"
+B=target/release/ccl-bench
+F=scripts/sim/zone.fabric
+want() { [ $# -eq 0 ] || [[ " ${NAMES} " == *" $1 "* ]]; }
+NAMES="$*"
+run() { # NAME ARGS...: the table, JSON and plot of one sweep
+    local name=$1; shift
+    echo "== $name: ccl-bench sim $*"
+    $B sim --fabric $F "$@" --json "$OUT/$name.json" --plot "$OUT/$name.svg" | tee "$OUT/$name.txt"
+}
+sweep_qps="-b 256M -e 256M --racks 8,32,128 --oversub 1,2 --qps 1,2,4,8,16 --seeds 1,2,3 --x qps"
+if want qps; then
+    for a in ring tree; do
+        run qps-$a --algo $a $sweep_qps \
+            --title "$a allreduce 256 MiB vs QPs per connection: racks known to the library, ECMP"
+    done
+fi
+if want qps-scattered; then
+    for a in ring tree; do
+        run qps-scattered-$a --algo $a --placement scattered $sweep_qps \
+            --title "$a allreduce 256 MiB vs QPs per connection: hosts scattered over racks, ECMP"
+    done
+fi
+if want hashing; then
+    run hashing --algo ring --placement scattered -b 256M -e 256M --racks 32 --oversub 2 \
+        --qps 1,2,4,8,16 --hashing ecmp,dqp,spray --seeds 1,2,3 --x qps \
+        --title "ring, 4K ranks scattered, 2:1: ECMP (a port per QP), enhanced ECMP, spray"
+    run hashing-one-port --algo ring --placement scattered --ports per-conn -b 256M -e 256M \
+        --racks 32 --oversub 2 --qps 1,2,4,8,16 --hashing ecmp,dqp --seeds 1,2,3 --x qps \
+        --title "ring, 4K ranks scattered, 2:1: one UDP port per connection"
+fi
+if want crossover; then
+    for r in 1 2 4; do
+        run crossover-$((r * 128)) --algo all -b 8 -e 256M -f 8 --racks $r \
+            --title "allreduce, $((r * 128)) ranks: every algorithm (the library's schedules)" --y time
+    done
+    run crossover-4k --algo ring,tree,rd,hier -b 8 -e 256M -f 8 --racks 32 --y time \
+        --title "allreduce, 4K ranks (halving-doubling too large to build)"
+fi
+if want slow; then
+    run slow --algo ring,tree -b 256M -e 256M --racks 8 --slow-host 37:0.5 --x size \
+        --title "one host's NIC at half rate (1K ranks)"
+    run slow-base --algo ring,tree -b 256M -e 256M --racks 8 --x size
+fi
+if want cpu; then
+    run cpu --algo ring,tree -b 1M -e 256M -f 4 --racks 8 --measure-reduce --y time \
+        --title "1K ranks with this machine's reduction kernel"
+fi
