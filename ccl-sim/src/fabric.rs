@@ -204,9 +204,10 @@ impl Default for Fabric {
     }
 }
 
-/// Bytes per second of f32 sum `reduce_inplace` on 16 MiB operands (beyond L2) measured on the
-/// project's 2-core development VM with `ccl-bench sim --measure-reduce`; see docs/scale.md.
-pub const DEFAULT_REDUCE_BPS: f64 = 5.0e9;
+/// Bytes per second one rank reduces by default: the library's cost model assumes 10 GB/s
+/// (`REDUCE_RATE`), and `ccl-bench sim --measure-reduce` (f32 sum `reduce_inplace` on 16 MiB
+/// operands, beyond L2) measured 9.5-13 GB/s on the project's 2-core VM under load.
+pub const DEFAULT_REDUCE_BPS: f64 = 10.0e9;
 
 /// A kind of link, for utilisation per tier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
