@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The experiments of docs/scale.md: each writes its table to OUT/NAME.txt, its runs to
 # OUT/NAME.json and its plot to OUT/NAME.svg (OUT defaults to docs/img/scale). Pass names to
-# run some: qps qps-scattered hashing crossover slow cpu. Minutes on a 2-core machine; the
+# run some: qps qps-scattered hashing crossover slow. Minutes on a 2-core machine; the
 # 16K-rank tree builds 16K schedules with the library (about 3 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,8 +50,4 @@ if want slow; then
     run slow --algo ring,tree -b 256M -e 256M --racks 8 --slow-host 37:0.5 --x size \
         --title "one host's NIC at half rate (1K ranks)"
     run slow-base --algo ring,tree -b 256M -e 256M --racks 8 --x size
-fi
-if want cpu; then
-    run cpu --algo ring,tree -b 1M -e 256M -f 4 --racks 8 --measure-reduce --y time \
-        --title "1K ranks with this machine's reduction kernel"
 fi

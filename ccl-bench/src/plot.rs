@@ -146,7 +146,11 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
     let (l, r, t, b) = (80.0, 30.0, 44.0, 56.0);
     let ph = 420.0;
     // Legend: columns as wide as the longest label allows, rows as many as needed.
-    let longest = series.iter().map(|s| s.label.chars().count()).max().unwrap_or(0);
+    let longest = series
+        .iter()
+        .map(|s| s.label.chars().count())
+        .max()
+        .unwrap_or(0);
     let col_w = (longest as f64 * 7.0 + 46.0).clamp(120.0, w - l - r);
     let cols = (((w - l - r) / col_w).floor() as usize).max(1);
     let rows = series.len().div_ceil(cols);
@@ -162,10 +166,14 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
         .filter(|p| p.0.is_finite() && p.1.is_finite())
         .collect();
     let x_log = matches!(c.x, Axis::Bytes | Axis::Number { log: true });
-    let xs: Vec<f64> = pts.iter().map(|p| p.0).filter(|x| !x_log || *x > 0.0).collect();
-    let (mut xmin, mut xmax) = xs
+    let xs: Vec<f64> = pts
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |a, &x| (a.0.min(x), a.1.max(x)));
+        .map(|p| p.0)
+        .filter(|x| !x_log || *x > 0.0)
+        .collect();
+    let (mut xmin, mut xmax) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |a, &x| {
+        (a.0.min(x), a.1.max(x))
+    });
     if !xmin.is_finite() {
         (xmin, xmax) = (1.0, 2.0);
     }
@@ -185,7 +193,10 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
         Axis::Number { log: false } => (xmin.min(0.0), xmax),
     };
     let (y0, y1) = if y_log && ymin.is_finite() {
-        (ymin.log10().floor(), ymax.log10().ceil().max(ymin.log10().floor() + 1.0))
+        (
+            ymin.log10().floor(),
+            ymax.log10().ceil().max(ymin.log10().floor() + 1.0),
+        )
     } else {
         (0.0, if ymax > 0.0 { ymax * 1.1 } else { 1.0 })
     };
@@ -230,7 +241,10 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
             .into_iter()
             .map(|x| (x, num_label(x)))
             .collect(),
-        Axis::Number { log: false } => lin_ticks(x1).into_iter().map(|x| (x, num_label(x))).collect(),
+        Axis::Number { log: false } => lin_ticks(x1)
+            .into_iter()
+            .map(|x| (x, num_label(x)))
+            .collect(),
     };
     for (x, label) in &xticks {
         let xx = px(*x);
@@ -455,7 +469,10 @@ mod tests {
         let (w, h) = (num(&pic, "width=\""), num(&pic, "height=\""));
         for piece in pic.split("<text ").skip(1) {
             let (x, y) = (num(piece, "x=\""), num(piece, "y=\""));
-            assert!(x >= 0.0 && x < w - 20.0 && y > 0.0 && y <= h, "({x}, {y}) outside {w}x{h}");
+            assert!(
+                x >= 0.0 && x < w - 20.0 && y > 0.0 && y <= h,
+                "({x}, {y}) outside {w}x{h}"
+            );
         }
         assert_eq!(pic.matches("<polyline").count(), 23);
     }

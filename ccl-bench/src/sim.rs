@@ -317,8 +317,20 @@ fn run_inner(a: &SimArgs) -> Result<(), String> {
     let mut reports: Vec<Report> = Vec::new();
     println!(
         "# {:>6} {:>7} {:>3} {:>18} {:>5} {:>4} {:>10} | {:>12} {:>9} {:>12} {:>6} | {:>9} {:>6} {:>6}",
-        "algo", "ranks", "qps", "hashing", "over", "seed", "size", "time(us)", "busbw", "model(us)", "pick",
-        "worst", "util", "imbal"
+        "algo",
+        "ranks",
+        "qps",
+        "hashing",
+        "over",
+        "seed",
+        "size",
+        "time(us)",
+        "busbw",
+        "model(us)",
+        "pick",
+        "worst",
+        "util",
+        "imbal"
     );
     for p in &points {
         let algo = if p.algo == "auto" {
@@ -330,7 +342,12 @@ fn run_inner(a: &SimArgs) -> Result<(), String> {
         let key = (
             algo.clone(),
             p.bytes,
-            [f.ranks_per_host, f.hosts_per_rack, f.racks_per_zone, f.zones],
+            [
+                f.ranks_per_host,
+                f.hosts_per_rack,
+                f.racks_per_zone,
+                f.zones,
+            ],
             f.placement,
         );
         if !cache.contains_key(&key) {
@@ -467,7 +484,11 @@ fn plot_reports(a: &SimArgs, reports: &[Report]) -> String {
                 lines.len() - 1
             }
         };
-        let y = if a.y == "time" { r.time_us } else { r.busbw_gbs };
+        let y = if a.y == "time" {
+            r.time_us
+        } else {
+            r.busbw_gbs
+        };
         lines[i]
             .1
             .entry(x_of(r, &a.x).to_bits())
@@ -496,7 +517,10 @@ fn plot_reports(a: &SimArgs, reports: &[Report]) -> String {
     let (x_label, x) = match a.x.as_str() {
         "qps" => ("QPs per connection", plot::Axis::Number { log: true }),
         "ranks" => ("ranks", plot::Axis::Number { log: true }),
-        "oversub" => ("rack oversubscription (x:1)", plot::Axis::Number { log: false }),
+        "oversub" => (
+            "rack oversubscription (x:1)",
+            plot::Axis::Number { log: false },
+        ),
         _ => ("size (bytes)", plot::Axis::Bytes),
     };
     let y_label = if a.y == "time" {

@@ -77,6 +77,8 @@ pub struct TierUse {
     pub max: f64,
     /// Highest over mean (1 = perfectly even).
     pub imbalance: f64,
+    /// The link with the highest utilisation.
+    pub busiest: String,
 }
 
 /// The flow between hosts with the lowest average rate.
@@ -248,7 +250,11 @@ pub fn report(
                 return None;
             }
             let mean = util.iter().sum::<f64>() / util.len() as f64;
-            let max = util.iter().copied().fold(0.0, f64::max);
+            let (arg, max) = util
+                .iter()
+                .copied()
+                .enumerate()
+                .fold((0, 0.0f64), |a, (i, u)| if u > a.1 { (i, u) } else { a });
             Some(TierUse {
                 tier: t.name(),
                 links: util.len(),
@@ -256,6 +262,7 @@ pub fn report(
                 mean,
                 max,
                 imbalance: if mean > 0.0 { max / mean } else { 0.0 },
+                busiest: net.link_name((r.start + arg) as u32),
             })
         })
         .collect();
