@@ -63,7 +63,7 @@ enum Cmd {
     Compare(CompareArgs),
     /// Simulates allreduce schedules on a modelled fabric (Clos, ECMP, QPs per connection):
     /// a table, `--json`, `--plot`; see docs/scale.md.
-    Sim(sim::SimArgs),
+    Sim(Box<sim::SimArgs>),
 }
 
 #[derive(Args, Debug)]

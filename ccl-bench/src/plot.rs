@@ -45,7 +45,7 @@ fn num_label(v: f64) -> String {
         return "0".into();
     }
     let a = v.abs();
-    if a >= 1e6 || a < 1e-3 {
+    if !(1e-3..1e6).contains(&a) {
         format!("{v:.0e}")
     } else if a >= 100.0 || (v.fract() == 0.0 && a >= 1.0) {
         format!("{v:.0}")
@@ -141,6 +141,8 @@ fn lin_ticks(hi: f64) -> Vec<f64> {
 
 /// Draws `series` on one chart. Every series has its own colour/dash/marker; the legend sits
 /// inside the picture, below the plot, in as many rows as it needs (the picture grows to fit).
+// Long: one picture drawn top to bottom (layout, grid and tick labels, lines, legend); every
+// part uses the same scales and layout numbers.
 pub fn chart(c: &Chart, series: &[Series]) -> String {
     let w = 900.0;
     let (l, r, t, b) = (80.0, 30.0, 44.0, 56.0);

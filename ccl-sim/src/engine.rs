@@ -20,9 +20,15 @@ use std::collections::{BinaryHeap, HashMap};
 use crate::fabric::{Footprint, Network};
 use crate::program::{Dep, Program};
 
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+/// A time that orders totally (no NaN reaches the queue).
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Time(f64);
 impl Eq for Time {}
+impl PartialOrd for Time {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
 impl Ord for Time {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&o.0)
@@ -118,6 +124,8 @@ struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
+    // Long: one pass over the flows for footprints and caps, one for the latency cycles, one
+    // for the waiter lists; split, each would need most of the others' locals.
     fn new(net: &'a Network, p: &'a Program) -> Engine<'a> {
         let nf = p.flows.len();
         let nl = p.locals.len();
@@ -383,6 +391,8 @@ impl<'a> Engine<'a> {
 
     /// Max-min fair rates of the transmitting flows by progressive filling, with every flow
     /// no faster than the transmitting flows it streams from.
+    // Long: progressive filling is one loop over shared scratch (the link heap, the frozen
+    // set, the per-link flow lists); its setup builds those lists for this call's flows.
     fn recompute(&mut self) {
         self.recomputes += 1;
         let act = std::mem::take(&mut self.active);

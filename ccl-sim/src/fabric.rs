@@ -663,6 +663,8 @@ impl Network {
     }
 
     /// The links of connection `src -> dst` and the share of its bytes each carries.
+    // Long: the path of every QP at every tier, and spraying's spread over all of them, for the
+    // three kinds of connection (same rack, same zone, across zones), then merged.
     pub fn footprint(&self, src: usize, dst: usize) -> Footprint {
         let f = &self.fabric;
         let (a, b) = (self.spot(src), self.spot(dst));

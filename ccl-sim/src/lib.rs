@@ -234,7 +234,46 @@ pub fn report(
     } else {
         0.0
     };
-    let tiers = Tier::ALL
+    let tiers = tier_use(net, out, time);
+    let slowest = slowest_flow(net, prog, out);
+    Report {
+        algo: algo.to_string(),
+        source: if prog.source == "pattern" {
+            Source::Pattern
+        } else {
+            Source::Built
+        },
+        ranks: n,
+        hosts: f.hosts(),
+        racks: f.racks(),
+        zones: f.zones,
+        qps: f.qps,
+        hashing: f.hashing,
+        ports: f.ports,
+        placement: f.placement,
+        rack_oversub: f.rack_oversubscription(),
+        zone_oversub: f.zone_oversubscription(),
+        seed: f.seed,
+        bytes,
+        time_us: time * 1e6,
+        algbw_gbs: algbw,
+        busbw_gbs: algbw * factor,
+        model_us: schedules::model_cost(f, algo, bytes).map(|c| c * 1e6),
+        model_choice: schedules::model_choice(f, bytes).to_string(),
+        tiers,
+        slowest,
+        lateness: lateness(net, prog, &out.finish),
+        flows: prog.flows.len(),
+        events: out.events,
+        recomputes: out.recomputes,
+        build_s,
+        run_s,
+    }
+}
+
+/// Utilisation of every tier that carried traffic.
+fn tier_use(net: &Network, out: &engine::Outcome, time: f64) -> Vec<TierUse> {
+    Tier::ALL
         .iter()
         .filter_map(|&t| {
             let r = net.tier_links(t);
@@ -265,9 +304,12 @@ pub fn report(
                 busiest: net.link_name((r.start + arg) as u32),
             })
         })
-        .collect();
-    let slowest = prog
-        .flows
+        .collect()
+}
+
+/// The flow between hosts with the lowest average rate.
+fn slowest_flow(net: &Network, prog: &Program, out: &engine::Outcome) -> Option<SlowFlow> {
+    prog.flows
         .iter()
         .enumerate()
         .filter(|(_, fl)| {
@@ -303,40 +345,7 @@ pub fn report(
                     })
                     .collect(),
             }
-        });
-    Report {
-        algo: algo.to_string(),
-        source: if prog.source == "pattern" {
-            Source::Pattern
-        } else {
-            Source::Built
-        },
-        ranks: n,
-        hosts: f.hosts(),
-        racks: f.racks(),
-        zones: f.zones,
-        qps: f.qps,
-        hashing: f.hashing,
-        ports: f.ports,
-        placement: f.placement,
-        rack_oversub: f.rack_oversubscription(),
-        zone_oversub: f.zone_oversubscription(),
-        seed: f.seed,
-        bytes,
-        time_us: time * 1e6,
-        algbw_gbs: algbw,
-        busbw_gbs: algbw * factor,
-        model_us: schedules::model_cost(f, algo, bytes).map(|c| c * 1e6),
-        model_choice: schedules::model_choice(f, bytes).to_string(),
-        tiers,
-        slowest,
-        lateness: lateness(net, prog, &out.finish),
-        flows: prog.flows.len(),
-        events: out.events,
-        recomputes: out.recomputes,
-        build_s,
-        run_s,
-    }
+        })
 }
 
 fn lateness(net: &Network, prog: &Program, finish: &[f64]) -> Lateness {

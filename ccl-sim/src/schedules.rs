@@ -161,6 +161,8 @@ pub fn built(f: &Fabric, name: &str, bytes: usize) -> Result<Program, String> {
 /// Turns every rank's schedule into a program: each send matched with the receive at its peer
 /// that takes the same place in the wire order, dependencies and streams carried over, the
 /// per-peer wire order and each rank's order of local ops made explicit.
+// Long: three passes over every rank's ops (sends and locals, then receives matched to
+// sends, then dependencies), each needing the ids the one before assigned.
 pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
     let n = scheds.len();
     let mut p = Program {
