@@ -239,10 +239,20 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
             }
             v
         }
-        Axis::Number { log: true } => log_ticks(x0, x1)
-            .into_iter()
-            .map(|x| (x, num_label(x)))
-            .collect(),
+        Axis::Number { log: true } => {
+            // Few distinct values (QPs 1, 2, 4, 8, 16; rank counts): tick exactly those.
+            let mut seen: Vec<f64> = xs.clone();
+            seen.sort_by(|a, b| a.total_cmp(b));
+            seen.dedup();
+            if seen.len() <= 12 {
+                seen.into_iter().map(|x| (x, num_label(x))).collect()
+            } else {
+                log_ticks(x0, x1)
+                    .into_iter()
+                    .map(|x| (x, num_label(x)))
+                    .collect()
+            }
+        }
         Axis::Number { log: false } => lin_ticks(x1)
             .into_iter()
             .map(|x| (x, num_label(x)))
