@@ -28,7 +28,7 @@ pub fn allreduce_algos() -> Vec<&'static str> {
 
 /// Parses an allreduce algorithm name (`ring`, `tree`, `hd`, `hier`, `rd`).
 pub fn parse_algo(name: &str) -> Result<&'static str, String> {
-    let a: Algo = name.parse()?;
+    let a = name.parse::<Algo>().map_err(|e| e.to_string())?;
     if !Collective::AllReduce.algos().contains(&a) {
         return Err(format!("allreduce has no {a} algorithm"));
     }
@@ -36,7 +36,7 @@ pub fn parse_algo(name: &str) -> Result<&'static str, String> {
 }
 
 fn algo(name: &str) -> Result<Algo, String> {
-    name.parse()
+    name.parse::<Algo>().map_err(|e| e.to_string())
 }
 
 /// What the library would be told about the fabric: with [`Placement::Racks`] a topology file
