@@ -46,7 +46,8 @@ if want crossover; then
         --y time --title "allreduce, 128 ranks: every algorithm"
 fi
 if want slow; then
-    run slow --algo ring,tree -b 256M -e 256M --racks 8 --slow-host 37:0.5 --x size \
+    run slow --algo ring,tree -b 1M -e 256M -f 4 --racks 8 --slow-host 37:0.5 --x size \
         --title "one host's NIC at half rate (1K ranks)"
-    run slow-base --algo ring,tree -b 256M -e 256M --racks 8 --x size
+    run slow-base --algo ring,tree -b 1M -e 256M -f 4 --racks 8 --x size \
+        --title "all NICs at full rate (1K ranks)"
 fi
