@@ -39,10 +39,15 @@ fn a_small_sweep_writes_json_and_a_plot() {
         "--plot",
         svg.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("model pick / simulated best"), "{text}");
-    let runs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     // 2 algorithms x 3 sizes x 2 QP counts.
     assert_eq!(runs.as_array().unwrap().len(), 12);
     assert!(runs[0]["busbw_gbs"].as_f64().unwrap() > 0.0);
@@ -53,9 +58,15 @@ fn a_small_sweep_writes_json_and_a_plot() {
 #[test]
 fn bad_input_is_named() {
     for (args, want) in [
-        (vec!["--fabric", "/nonexistent/fabric"], "/nonexistent/fabric"),
+        (
+            vec!["--fabric", "/nonexistent/fabric"],
+            "/nonexistent/fabric",
+        ),
         (vec!["--algo", "pairwise"], "allreduce has no pairwise"),
-        (vec!["--algo", "tree", "--schedules", "pattern"], "only the ring"),
+        (
+            vec!["--algo", "tree", "--schedules", "pattern"],
+            "only the ring",
+        ),
         (vec!["--slow-host", "5"], "HOST:FRACTION"),
         (vec!["--qps", "0"], "qps must be at least 1"),
     ] {
