@@ -13,6 +13,8 @@ scripts/install-deps.sh test
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
 echo "== cargo test (workspace, release)"
 cargo test --release --workspace
+echo "== simulator: one small experiment"
+scripts/sim-smoke.sh
 
 python_tests() {
 echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun)"

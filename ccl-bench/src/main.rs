@@ -14,6 +14,7 @@
 mod colls;
 mod harness;
 mod plot;
+mod sim;
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
@@ -60,6 +61,9 @@ enum Cmd {
     /// out-of-place times, the fastest marked, and how far the automatic choice (the report
     /// named `auto`) is from the fastest.
     Compare(CompareArgs),
+    /// Simulates allreduce schedules on a modelled fabric (Clos, ECMP, QPs per connection):
+    /// a table, `--json`, `--plot`; see docs/scale.md.
+    Sim(Box<sim::SimArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -95,7 +99,7 @@ impl Cmd {
             Cmd::Reduce(a) => (Op::Coll(C::Reduce), a),
             Cmd::Alltoall(a) => (Op::Coll(C::AllToAll), a),
             Cmd::Sendrecv(a) => (Op::SendRecv, a),
-            Cmd::Plot(_) | Cmd::Compare(_) => return None,
+            Cmd::Plot(_) | Cmd::Compare(_) | Cmd::Sim(_) => return None,
         })
     }
 }
@@ -173,6 +177,7 @@ fn main() -> ExitCode {
     match &cli.cmd {
         Cmd::Plot(p) => return plot_reports(p),
         Cmd::Compare(c) => return compare_reports(c),
+        Cmd::Sim(s) => return sim::run(s),
         _ => {}
     }
     let Some((op, args)) = cli.cmd.parts() else {
