@@ -78,6 +78,7 @@ pub fn transport_properties(f: &Fabric) -> TransportProperties {
     TransportProperties {
         latency: Duration::from_secs_f64(f.op_overhead + hops * f.hop_latency),
         bandwidth: f.conn_bps.map_or(nic, |c| c.min(nic)),
+        spin: Duration::ZERO,
     }
 }
 
