@@ -348,7 +348,7 @@ impl Root {
                     continue;
                 }
             };
-            if !crate::transport::tcp::secrets_equal(&h.secret, &self.secret) {
+            if !crate::transport::handshake::secrets_equal(&h.secret, &self.secret) {
                 ccl_warn!(
                     None,
                     "bootstrap root {}: dropped connection from {from} claiming rank {}: wrong secret (another job?)",

@@ -20,6 +20,8 @@
 //! the descriptors from [`wait_fds`](Endpoint::wait_fds), so idle ranks do not burn the cores that
 //! their peers (or a software RDMA device) need.
 
+pub mod conformance;
+pub mod handshake;
 pub mod local;
 pub mod tcp;
 
