@@ -111,6 +111,25 @@ pub fn connect_by(
     deadline: Instant,
     what: &dyn Fn() -> String,
 ) -> Result<TcpStream> {
+    connect_with(addr, deadline, what, true)
+}
+
+/// Connects to a listener known to be up (its address was published after it started
+/// listening): a refused connection means its process is gone, a remote error at once.
+pub fn connect_to_listening(
+    addr: SocketAddr,
+    deadline: Instant,
+    what: &dyn Fn() -> String,
+) -> Result<TcpStream> {
+    connect_with(addr, deadline, what, false)
+}
+
+fn connect_with(
+    addr: SocketAddr,
+    deadline: Instant,
+    what: &dyn Fn() -> String,
+    retry_refused: bool,
+) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);
     loop {
         let left = remaining(deadline, || {
@@ -118,6 +137,16 @@ pub fn connect_by(
         })?;
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(s) => return Ok(s),
+            Err(e) if !retry_refused && e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err(Error::io(
+                    ErrorKind::Remote,
+                    format!(
+                        "{}: {addr} refused the connection (did the process exit?)",
+                        what()
+                    ),
+                    e,
+                ));
+            }
             Err(e) => {
                 let retry = matches!(
                     e.kind(),

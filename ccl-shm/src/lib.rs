@@ -38,6 +38,7 @@
 //!   when the process ends, however it ends, which wakes a rank waiting on that peer.
 
 pub mod fdpass;
+pub mod host;
 pub mod mem;
 mod ring;
 mod transport;

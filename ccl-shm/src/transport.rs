@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ccl_core::transport::handshake::{self, Acceptor, Magic};
 use ccl_core::transport::{
-    ConnectContext, Endpoint, Handle, Interest, Listener, Transport, TransportProperties,
+    ConnectContext, Endpoint, Handle, Interest, Listener, Scope, Transport, TransportProperties,
 };
 use ccl_core::{Error, ErrorKind, Result, ccl_trace, net};
 use nix::poll::PollFlags;
@@ -87,7 +87,7 @@ fn sys(what: impl Into<String>, e: io::Error) -> Error {
     Error::io(ErrorKind::System, what, e)
 }
 
-fn new_eventfd() -> Result<OwnedFd> {
+pub(crate) fn new_eventfd() -> Result<OwnedFd> {
     EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
         .map(OwnedFd::from)
         .map_err(|e| sys("eventfd", e.into()))
@@ -108,6 +108,10 @@ fn drain(fd: &OwnedFd) {
 impl Transport for ShmTransport {
     fn name(&self) -> &'static str {
         "shm"
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Host
     }
 
     fn properties(&self) -> TransportProperties {
@@ -234,6 +238,9 @@ impl Listener for ShmListener {
         )?;
         let fail = |e: Error| e.rank(rank).peer(peer);
         let what = || format!("shared-memory connection from peer {peer}");
+        // The caller's deadline bounds the wait for a peer; one that has arrived is set up
+        // within the communicator's timeout (see `Listener::accept`).
+        let deadline = Instant::now() + self.ctx.config.timeout;
         s.set_nonblocking(false).map_err(|e| fail(sys(what(), e)))?;
         net::write_all_by(&mut s, &handshake::ack(&MAGIC, rank), deadline, &what).map_err(fail)?;
         let left = net::remaining(deadline, what).map_err(fail)?;

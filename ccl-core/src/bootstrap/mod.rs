@@ -14,7 +14,7 @@
 //! arrived, so a job with a missing rank fails with a message naming it instead of hanging.
 
 pub mod env;
-mod wire;
+pub(crate) mod wire;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};

@@ -186,6 +186,10 @@ impl Transport for LocalTransport {
         "local"
     }
 
+    fn scope(&self) -> super::Scope {
+        super::Scope::Process
+    }
+
     fn properties(&self) -> TransportProperties {
         TransportProperties {
             latency: Duration::from_micros(1),

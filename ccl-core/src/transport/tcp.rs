@@ -155,8 +155,8 @@ impl Transport for TcpTransport {
     ) -> Result<Box<dyn Endpoint>> {
         let addr = decode_handle(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
         let what = || format!("TCP connect to peer {peer} at {addr}");
-        let mut s =
-            net::connect_by(addr, deadline, &what).map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        let mut s = net::connect_to_listening(addr, deadline, &what)
+            .map_err(|e| e.rank(ctx.rank).peer(peer))?;
         tune(&s, ctx).map_err(|e| {
             Error::io(ErrorKind::System, what(), e)
                 .rank(ctx.rank)
@@ -206,7 +206,9 @@ impl Listener for TcpListenerImpl {
             },
             deadline,
         )?;
-        self.finish(stream, from, peer, deadline)
+        // The caller's deadline bounds the wait for a peer; one that has arrived is set up
+        // within the communicator's timeout (see `Listener::accept`).
+        self.finish(stream, from, peer, Instant::now() + self.ctx.config.timeout)
     }
 }
 
