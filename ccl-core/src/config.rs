@@ -100,6 +100,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "bytes of each direction's ring between two ranks of one host (64K-256M, whole pages)",
     },
     Setting {
+        name: "CCL_SHM_SLOT_SIZE",
+        default: "2M",
+        help: "bytes of each rank's slot in its host's shared segment, which collectives among the ranks of a host run on (64K-256M, whole pages)",
+    },
+    Setting {
         name: "CCL_ALGO",
         default: "",
         help: "algorithm override, e.g. 'ring' or per collective 'allreduce:ring;allgather:ring'",
@@ -313,6 +318,8 @@ pub struct Config {
     pub shm_disable: bool,
     /// `CCL_SHM_RING_SIZE`
     pub shm_ring_size: usize,
+    /// `CCL_SHM_SLOT_SIZE`
+    pub shm_slot_size: usize,
     /// `CCL_ALGO`
     pub algo: Option<String>,
     /// `CCL_TOPO_FILE`
@@ -463,7 +470,8 @@ impl Config {
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
             socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
             shm_disable: parse_bool("CCL_SHM_DISABLE", &req("CCL_SHM_DISABLE"))?,
-            shm_ring_size: parse_ring_size(&req("CCL_SHM_RING_SIZE"))?,
+            shm_ring_size: parse_pages("CCL_SHM_RING_SIZE", &req("CCL_SHM_RING_SIZE"))?,
+            shm_slot_size: parse_pages("CCL_SHM_SLOT_SIZE", &req("CCL_SHM_SLOT_SIZE"))?,
             algo: get("CCL_ALGO"),
             topo_file: get("CCL_TOPO_FILE"),
             topology: None,
@@ -589,12 +597,12 @@ pub fn parse_bool(name: &str, v: &str) -> Result<bool> {
     }
 }
 
-/// `CCL_SHM_RING_SIZE`: whole 4 KiB pages, 64K to 256M.
-fn parse_ring_size(v: &str) -> Result<usize> {
-    let b = parse_size("CCL_SHM_RING_SIZE", v, 64 << 10)?;
+/// Shared-memory sizes: whole 4 KiB pages, 64K to 256M.
+fn parse_pages(name: &str, v: &str) -> Result<usize> {
+    let b = parse_size(name, v, 64 << 10)?;
     if b > 256 << 20 || b % 4096 != 0 {
         return Err(Error::invalid_argument(format!(
-            "CCL_SHM_RING_SIZE='{v}' must be a multiple of 4K between 64K and 256M"
+            "{name}='{v}' must be a multiple of 4K between 64K and 256M"
         )));
     }
     Ok(b)

@@ -270,6 +270,14 @@ pub fn connect_all(
     watch: Watch<'_>,
 ) -> Result<Vec<Option<Box<dyn Endpoint>>>> {
     let rank = ctx.rank;
+    for (t, transport) in mine.iter().enumerate() {
+        let peers: Vec<usize> = (0..records.len())
+            .filter(|&p| chosen[p] == Some(t))
+            .collect();
+        if !peers.is_empty() {
+            transport.prepare(ctx, &peers).map_err(|e| e.rank(rank))?;
+        }
+    }
     let cancel = AtomicBool::new(false);
     let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..records.len()).map(|_| None).collect();
     let accepted = std::thread::scope(|s| {

@@ -6,8 +6,9 @@ use std::os::unix::net::UnixStream;
 
 use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 
-/// Most descriptors one message carries.
-pub const MAX_FDS: usize = 8;
+/// Most descriptors one message carries (a pair's five, a host segment's file and one eventfd
+/// per rank of the host).
+pub const MAX_FDS: usize = 160;
 
 /// Sends `bytes` with `fds` attached (to the first byte). The stream is blocking.
 pub fn send(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {

@@ -43,4 +43,5 @@ pub mod mem;
 mod ring;
 mod transport;
 
-pub use transport::ShmTransport;
+pub use host::HostSegment;
+pub use transport::{HostGroup, ShmTransport};

@@ -14,6 +14,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ccl_core::transport::handshake::{self, Acceptor, Magic};
@@ -25,6 +26,7 @@ use nix::poll::PollFlags;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::fdpass;
+use crate::host::HostSegment;
 use crate::mem::{Mapping, MemFile, Mirror, PAGE, page_size};
 use crate::ring::{Consumer, Producer, RingCtl, RingMem};
 
@@ -42,15 +44,57 @@ const CTL_OFFSET: [usize; 2] = [128, 128 + std::mem::size_of::<RingCtl>()];
 const _: () = assert!(CTL_OFFSET[1] + std::mem::size_of::<RingCtl>() <= PAGE);
 const _: () = assert!(CTL_OFFSET[1] % std::mem::align_of::<RingCtl>() == 0);
 
-/// The shared-memory transport.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ShmTransport;
+/// The shared-memory transport. One per communicator: it also sets up the host segment that
+/// the communicator's ranks on this host share ([`ShmTransport::take_host`]).
+#[derive(Debug, Default, Clone)]
+pub struct ShmTransport {
+    host: Arc<Mutex<HostState>>,
+}
+
+/// The ranks of this host that talk through shared memory (this rank included, ascending), and
+/// the host segment once made (by the lowest of them) or received (by the others).
+#[derive(Debug, Default)]
+struct HostState {
+    group: Vec<usize>,
+    segment: Option<HostSegment>,
+}
+
+/// The host segment of a communicator's ranks on one host, and which communicator rank each of
+/// its slots belongs to.
+#[derive(Debug)]
+pub struct HostGroup {
+    pub segment: HostSegment,
+    /// Communicator rank of each host index, ascending.
+    pub ranks: Vec<usize>,
+}
 
 impl ShmTransport {
     pub fn new() -> ShmTransport {
-        ShmTransport
+        ShmTransport::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, HostState> {
+        self.host.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host segment, once every connection is made (`None` when this rank shares memory with
+    /// no other). Taken once.
+    pub fn take_host(&self) -> Option<HostGroup> {
+        let mut st = self.state();
+        let segment = st.segment.take()?;
+        Some(HostGroup {
+            segment,
+            ranks: std::mem::take(&mut st.group),
+        })
     }
 }
+
+/// The set-up message: magic, ring size, then the host segment's rank count (0: none), the
+/// acceptor's index in it, and its slot size.
+const SETUP_LEN: usize = 32;
+
+/// Descriptors of a pair's segment: the file and four eventfds.
+const PAIR_FDS: usize = 5;
 
 fn encode_handle(name: &[u8]) -> Handle {
     let mut b = Vec::with_capacity(4 + name.len());
@@ -114,6 +158,21 @@ impl Transport for ShmTransport {
         Scope::Host
     }
 
+    fn prepare(&self, ctx: &ConnectContext, peers: &[usize]) -> Result<()> {
+        let mut group: Vec<usize> = peers.iter().copied().chain([ctx.rank]).collect();
+        group.sort_unstable();
+        group.dedup();
+        let mut st = self.state();
+        // The lowest rank of the host makes the segment and hands it over as it connects to the
+        // others (it connects to every one of them: they are all higher).
+        if group.len() > 1 && group[0] == ctx.rank && PAIR_FDS + 1 + group.len() <= fdpass::MAX_FDS
+        {
+            st.segment = Some(HostSegment::create(group.len(), ctx.config.shm_slot_size)?);
+        }
+        st.group = group;
+        Ok(())
+    }
+
     fn properties(&self) -> TransportProperties {
         // A cache line between cores each way; copies at memory speed less the reducing reads.
         TransportProperties {
@@ -144,6 +203,7 @@ impl Transport for ShmTransport {
             .map_err(|e| sys("shared-memory transport: listen", e).rank(ctx.rank))?;
         Ok(Box::new(ShmListener {
             ctx: ctx.clone(),
+            host: self.host.clone(),
             listener: l,
             name,
             acceptor: Acceptor::new(MAGIC, "shared-memory transport"),
@@ -181,13 +241,31 @@ impl Transport for ShmTransport {
         handshake::check_ack(&MAGIC, &ack, peer)
             .map_err(|m| fail(Error::remote(format!("{}: {m}", what()))))?;
         let seg = Segment::create(ctx.config.shm_ring_size).map_err(fail)?;
-        let mut setup = [0u8; 16];
+        let mut setup = [0u8; SETUP_LEN];
         setup[..8].copy_from_slice(&SETUP_MAGIC);
-        setup[8..].copy_from_slice(&(seg.cap as u64).to_le_bytes());
-        let fds: Vec<BorrowedFd<'_>> = std::iter::once(seg.file.fd())
+        setup[8..16].copy_from_slice(&(seg.cap as u64).to_le_bytes());
+        let mut fds: Vec<BorrowedFd<'_>> = std::iter::once(seg.file.fd())
             .chain(seg.events.iter().map(|e| e.as_fd()))
             .collect();
+        let st = self.state();
+        // Only the lowest rank of the host hands the segment on; the others hold one they
+        // received.
+        let leader = st.group.first() == Some(&ctx.rank);
+        if let (Some(host), true) = (&st.segment, leader) {
+            let index = st.group.iter().position(|&r| r == peer).ok_or_else(|| {
+                fail(Error::internal(format!(
+                    "peer {peer} is not in this host's group"
+                )))
+            })?;
+            let share = host.share();
+            setup[16..20].copy_from_slice(&(share.ranks as u32).to_le_bytes());
+            setup[20..24].copy_from_slice(&(index as u32).to_le_bytes());
+            setup[24..32].copy_from_slice(&(share.slot as u64).to_le_bytes());
+            fds.push(share.file);
+            fds.extend(share.events);
+        }
         fdpass::send(&s, &setup, &fds).map_err(|e| fail(sys(what(), e)))?;
+        drop(st);
         let mut ready = [0u8; 8];
         net::read_exact_by(&mut s, &mut ready, deadline, &what)
             .map_err(|e| fail(e.context("the peer could not map the shared memory")))?;
@@ -203,6 +281,7 @@ impl Transport for ShmTransport {
 
 struct ShmListener {
     ctx: ConnectContext,
+    host: Arc<Mutex<HostState>>,
     listener: UnixListener,
     name: Vec<u8>,
     acceptor: Acceptor<UnixStream>,
@@ -246,8 +325,8 @@ impl Listener for ShmListener {
         let left = net::remaining(deadline, what).map_err(fail)?;
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .map_err(|e| fail(sys(what(), e)))?;
-        let mut setup = [0u8; 16];
-        let fds = fdpass::recv(&s, &mut setup).map_err(|e| {
+        let mut setup = [0u8; SETUP_LEN];
+        let mut fds = fdpass::recv(&s, &mut setup).map_err(|e| {
             fail(Error::io(
                 ErrorKind::Remote,
                 format!("{}: no shared-memory set-up", what()),
@@ -260,7 +339,27 @@ impl Listener for ShmListener {
                 what()
             ))));
         }
-        let cap = u64::from_le_bytes(setup[8..].try_into().expect("8 bytes")) as usize;
+        let word = |a: usize, b: usize| -> usize {
+            let mut v = [0u8; 8];
+            v[..b - a].copy_from_slice(&setup[a..b]);
+            u64::from_le_bytes(v) as usize
+        };
+        let (cap, host_ranks, index, slot) =
+            (word(8, 16), word(16, 20), word(20, 24), word(24, 32));
+        if host_ranks > 0 {
+            if fds.len() != PAIR_FDS + 1 + host_ranks {
+                return Err(fail(Error::remote(format!(
+                    "{}: the host segment came with {} descriptors",
+                    what(),
+                    fds.len()
+                ))));
+            }
+            let events = fds.split_off(PAIR_FDS + 1);
+            let file = fds.pop().expect("counted");
+            let seg = HostSegment::open(file, events, host_ranks, slot, index)
+                .map_err(|e| fail(e.context(what())))?;
+            self.host.lock().unwrap_or_else(|p| p.into_inner()).segment = Some(seg);
+        }
         let seg = Segment::open(fds, cap).map_err(|e| fail(e.context(what())))?;
         net::write_all_by(&mut s, &READY_MAGIC, deadline, &what).map_err(fail)?;
         ccl_trace!(Some(rank), "shared-memory transport: accepted peer {peer}");
@@ -313,7 +412,7 @@ impl Segment {
         if cap < 4096 || cap % PAGE != 0 || cap > 1 << 30 {
             return Err(Error::remote(format!("bad shared ring size {cap}")));
         }
-        let Ok([file, a, b, c, d]) = <[OwnedFd; 5]>::try_from(fds) else {
+        let Ok([file, a, b, c, d]) = <[OwnedFd; PAIR_FDS]>::try_from(fds) else {
             return Err(Error::remote(
                 "shared-memory set-up carried the wrong number of descriptors",
             ));

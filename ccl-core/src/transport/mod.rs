@@ -137,6 +137,13 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// Latency and bandwidth for the cost model, and the spin its waits want.
     fn properties(&self) -> TransportProperties;
 
+    /// Called once before any connection is made, with the peers this transport will connect
+    /// this rank to (higher and lower). Shared memory uses it to set up memory for the whole
+    /// host; most transports need nothing.
+    fn prepare(&self, _ctx: &ConnectContext, _peers: &[usize]) -> Result<()> {
+        Ok(())
+    }
+
     /// Starts listening for connections from peers.
     fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>>;
 
