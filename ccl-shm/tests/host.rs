@@ -37,9 +37,9 @@ fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
                 s.spawn(move || (0..r).map(|_| l.accept(deadline).unwrap()).collect::<Vec<_>>())
             })
             .collect();
-        for r in 0..n {
-            for p in r + 1..n {
-                eps.push(ts[r].connect(&ctx(r, n), p, &handles[p], deadline).unwrap());
+        for (r, t) in ts.iter().enumerate() {
+            for (p, h) in handles.iter().enumerate().skip(r + 1) {
+                eps.push(t.connect(&ctx(r, n), p, h, deadline).unwrap());
             }
         }
         for a in accepts {
