@@ -19,7 +19,8 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::{TopoFile, Topology};
 use crate::trace::{Meta, Recorder};
-use crate::transport::{ConnectContext, Endpoint, Handle, MAX_HANDLE_LEN, Transport};
+use crate::transport::{ConnectContext, Endpoint, Handle, Transport};
+use crate::wireup::{self, HostId, Record};
 use crate::{ccl_info, ccl_warn, net};
 
 pub mod wait;
@@ -64,7 +65,9 @@ pub struct Comm {
     rank: usize,
     size: usize,
     config: Config,
-    transport_name: &'static str,
+    transport_name: String,
+    peer_transports: Vec<Option<&'static str>>,
+    summary: String,
     transport_props: crate::transport::TransportProperties,
     /// CPUs of this machine (0: unknown).
     cpus: usize,
@@ -101,13 +104,12 @@ impl Links {
 }
 
 impl Comm {
-    /// Connects to every peer, using `bootstrap` to agree on a transport and exchange handles,
-    /// then releases the bootstrap.
+    /// Connects to every peer, using `bootstrap` to exchange where each rank runs and a handle
+    /// for each of its transports, then releases the bootstrap.
     ///
-    /// `candidates` are the transports usable on this rank, most preferred first; the ranks pick
-    /// the first one that every rank has (so `auto` on a mix of RDMA and plain hosts falls back to
-    /// TCP everywhere instead of failing). Lower ranks connect to higher ones and accept from lower
-    /// ones; a connect only waits for a higher rank, so the waits form no cycle.
+    /// `candidates` are the transports usable on this rank, most preferred first; each pair of
+    /// ranks uses the first one that both have and that can connect them ([`wireup::choose`]):
+    /// shared memory within a host, verbs or TCP across.
     pub fn connect(
         mut bootstrap: Bootstrap,
         candidates: Vec<Arc<dyn Transport>>,
@@ -120,46 +122,12 @@ impl Comm {
                 "{var} is set but is not a ccl setting (see docs/env.md)"
             );
         }
-        // Read the topology file before any exchange, so a bad file fails here, on every rank. A
-        // topology given in code takes precedence.
-        if let Some(t) = &config.topology
-            && t.size() != size
-        {
-            return Err(Error::invalid_argument(format!(
-                "the topology given describes {} ranks but the world has {size}",
-                t.size()
-            ))
-            .rank(rank));
-        }
-        let topo_file = match (&config.topology, &config.topo_file) {
-            (None, Some(path)) => {
-                Some(TopoFile::read(std::path::Path::new(path)).map_err(|e| e.rank(rank))?)
-            }
-            _ => None,
-        };
-        let mine: Vec<&str> = candidates.iter().map(|t| t.name()).collect();
-        let offers = bootstrap.allgather(mine.join(",").as_bytes())?;
-        let offers: Vec<String> = offers
-            .iter()
-            .map(|o| String::from_utf8_lossy(o).into_owned())
-            .collect();
-        let transport = candidates
-            .iter()
-            .find(|t| offers.iter().all(|o| o.split(',').any(|n| n == t.name())))
-            .cloned()
-            .ok_or_else(|| {
-                let who: Vec<String> = offers.iter().enumerate().map(|(r, o)| format!("rank {r}: {o}")).collect();
-                Error::invalid_usage(format!(
-                    "the ranks have no transport in common ({}); set CCL_TRANSPORT alike on every rank",
-                    who.join("; ")
-                ))
-                .rank(rank)
-            })?;
+        // Read the topology file before any exchange, so a bad file fails here, on every rank.
+        let topo_file = read_topology(&config, size, rank)?;
         let local_ip = match &config.socket_ifname {
             Some(spec) => net::pick_local_ip(Some(spec)).map_err(|e| e.rank(rank))?,
             None => bootstrap.local_ip()?,
         };
-        let bootstrap_secret = bootstrap.secret();
         let ctx = ConnectContext {
             rank,
             size,
@@ -167,98 +135,75 @@ impl Comm {
             local_ip,
             config: config.clone(),
         };
-        let mut listener = if size > 1 {
-            Some(transport.listen(&ctx)?)
-        } else {
-            None
-        };
-        // Each rank's blob: [hosts the root?][handle length][handle][topology file fingerprint]
-        // [host name].
-        let mut blob = Vec::with_capacity(2 + MAX_HANDLE_LEN + 8 + 64);
-        let handle = listener.as_ref().map(|l| l.handle());
-        let hb = handle.as_ref().map(|h| h.as_bytes()).unwrap_or(&[]);
-        blob.push(u8::from(crate::bootstrap::root_is_local(bootstrap.root())));
-        blob.push(hb.len() as u8);
-        blob.extend_from_slice(hb);
+        let listeners = candidates
+            .iter()
+            .map(|t| (size > 1).then(|| t.listen(&ctx)).transpose())
+            .collect::<Result<Vec<_>>>()?;
         let fp = match (&config.topology, &topo_file) {
             (Some(t), _) => t.fingerprint().max(1),
             (None, Some(f)) => f.fingerprint(),
             (None, None) => 0,
         };
-        blob.extend_from_slice(&fp.to_le_bytes());
-        blob.extend_from_slice(crate::log::hostname().as_bytes());
-        let all = bootstrap.allgather(&blob)?;
-        let mut handles = Vec::with_capacity(size);
-        let mut hosts = Vec::with_capacity(size);
-        let mut root_host = None;
-        for (r, b) in all.iter().enumerate() {
-            let bad =
-                || Error::remote(format!("malformed bootstrap record from rank {r}")).rank(rank);
-            let (&flag, rest) = b.split_first().ok_or_else(bad)?;
-            let (&n, rest) = rest.split_first().ok_or_else(bad)?;
-            let n = n as usize;
-            if rest.len() < n + 8 {
-                return Err(bad());
-            }
-            if flag == 1 {
-                root_host = Some(r);
-            }
-            handles.push(Handle::new(&rest[..n]).map_err(|e| e.rank(rank).peer(r))?);
-            let their_fp = u64::from_le_bytes(rest[n..n + 8].try_into().expect("8 bytes"));
-            if their_fp != fp {
-                return Err(Error::invalid_usage(format!(
-                    "the topology (CCL_TOPO_FILE) differs between this rank ({}) and rank {r} \
-                     ({}); every rank must use the same",
-                    if fp == 0 { "unset" } else { "set" },
-                    if their_fp == 0 { "unset" } else { "set" }
-                ))
-                .rank(rank));
-            }
-            hosts.push(String::from_utf8_lossy(&rest[n + 8..]).into_owned());
-        }
+        let record = Record {
+            runs_root: crate::bootstrap::root_is_local(bootstrap.root()),
+            topo_fp: fp,
+            host: HostId::current(),
+            offers: candidates
+                .iter()
+                .zip(&listeners)
+                .map(|(t, l)| {
+                    (
+                        t.name().to_string(),
+                        l.as_ref()
+                            .map_or_else(|| Handle::new(&[]).expect("empty"), |l| l.handle()),
+                    )
+                })
+                .collect(),
+        };
+        let records = bootstrap
+            .allgather(&record.encode())?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| Record::decode(b, r).map_err(|e| e.rank(rank)))
+            .collect::<Result<Vec<_>>>()?;
+        check_fingerprints(&records, fp, rank)?;
+        let hosts: Vec<String> = records.iter().map(|r| r.host.name.clone()).collect();
         let topology = match (&config.topology, &topo_file) {
             (Some(t), _) => t.clone(),
             (None, Some(f)) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
             (None, None) => Topology::from_hosts(&hosts),
         };
-        let deadline = Instant::now() + config.timeout;
-        let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..size).map(|_| None).collect();
-        for peer in rank + 1..size {
-            let ep = transport
-                .connect(&ctx, peer, &handles[peer], deadline)
-                .map_err(|e| {
-                    e.rank(rank)
-                        .peer(peer)
-                        .context(format!("connecting to peer {peer}"))
-                })?;
-            endpoints[peer] = Some(ep);
-        }
-        if let Some(l) = listener.as_mut() {
-            for _ in 0..rank {
-                let (peer, ep) = l
-                    .accept(deadline)
-                    .map_err(|e| e.rank(rank).context("waiting for lower ranks to connect"))?;
-                if peer >= rank || endpoints[peer].is_some() {
-                    return Err(Error::remote(format!(
-                        "unexpected connection claiming rank {peer}"
-                    ))
-                    .rank(rank)
-                    .peer(peer));
-                }
-                endpoints[peer] = Some(ep);
-            }
-        }
-        // A rank alone has nobody to tell; otherwise keep the line to the root open.
+        let chosen = wireup::choose(rank, &records, &candidates)?;
+        let root_host = records.iter().position(|r| r.runs_root);
+        // From here on the root passes failures on: a rank that dies or fails while the others
+        // connect is named to them at once. A rank alone has nobody to tell.
         let monitor = if size > 1 {
             Some(bootstrap.into_monitor()?)
         } else {
             bootstrap.finish()?;
             None
         };
+        let watch = |awaited: &[usize]| setup_watch(monitor.as_ref(), rank, root_host, awaited);
+        let deadline = Instant::now() + config.timeout;
+        let endpoints = wireup::connect_all(
+            &ctx,
+            &candidates,
+            listeners,
+            &chosen,
+            &records,
+            deadline,
+            &watch,
+        )
+        .inspect_err(|e| {
+            // Tell the others, unless the failure is one they told us about.
+            if let (Some(m), false) = (&monitor, e.message().contains("during set-up")) {
+                m.report(&e.to_string());
+            }
+        })?;
+        let summary = wireup::summary(&records, rank, &chosen, &candidates);
         ccl_info!(
             Some(rank),
-            "communicator ready: {size} ranks over {} (listening on {local_ip})",
-            transport.name()
+            "communicator ready: {size} ranks, {summary} (listening on {local_ip})"
         );
         if let (Some(path), true, 0) = (&config.topo_file, topo_file.is_some(), rank) {
             let sm = topology.summary();
@@ -272,14 +217,27 @@ impl Comm {
                 sm.zones
             );
         }
-        let tag = comm_tag(&bootstrap_secret);
+        let peer_transports: Vec<Option<&'static str>> = chosen
+            .iter()
+            .map(|c| c.map(|t| candidates[t].name()))
+            .collect();
+        let used: Vec<&Arc<dyn Transport>> = candidates
+            .iter()
+            .enumerate()
+            .filter(|(t, _)| chosen.contains(&Some(*t)))
+            .map(|(_, t)| t)
+            .collect();
+        let props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
+        let tag = comm_tag(&ctx.secret);
         let trace_buffer = config.trace_buffer;
         let comm = Comm {
             rank,
             size,
             config,
-            transport_name: transport.name(),
-            transport_props: transport.properties(),
+            transport_name: transport_label(&used, &candidates),
+            peer_transports,
+            summary,
+            transport_props: props,
             cpus: online_cpus(),
             topology,
             local_ip,
@@ -312,8 +270,20 @@ impl Comm {
         &self.config
     }
 
-    pub fn transport_name(&self) -> &'static str {
-        self.transport_name
+    /// The transport every pair uses (`shm`, `tcp`, `ib`, `local`), or the ones in use joined by
+    /// `+` (`shm+tcp`) when pairs differ.
+    pub fn transport_name(&self) -> &str {
+        &self.transport_name
+    }
+
+    /// The transport this rank uses with `peer` (`None` for itself).
+    pub fn peer_transport(&self, peer: usize) -> Option<&'static str> {
+        self.peer_transports.get(peer).copied().flatten()
+    }
+
+    /// What connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across`.
+    pub fn transport_summary(&self) -> &str {
+        &self.summary
     }
 
     /// What the transport says of itself (the cost model adjusts it for shared CPUs).
@@ -603,6 +573,88 @@ impl SlowTracker {
             ops: 0,
             report: Vec::new(),
         }
+    }
+}
+
+/// Reads `CCL_TOPO_FILE` unless a topology was given in code; checks a given one's size.
+fn read_topology(config: &Config, size: usize, rank: usize) -> Result<Option<TopoFile>> {
+    if let Some(t) = &config.topology {
+        if t.size() != size {
+            return Err(Error::invalid_argument(format!(
+                "the topology given describes {} ranks but the world has {size}",
+                t.size()
+            ))
+            .rank(rank));
+        }
+        return Ok(None);
+    }
+    config
+        .topo_file
+        .as_ref()
+        .map(|path| TopoFile::read(std::path::Path::new(path)).map_err(|e| e.rank(rank)))
+        .transpose()
+}
+
+/// Fails when, during set-up, the root has announced another rank's failure, or when the rank
+/// that ran the root, which this rank still waits for, has gone.
+fn setup_watch(
+    monitor: Option<&Monitor>,
+    rank: usize,
+    root_host: Option<usize>,
+    awaited: &[usize],
+) -> Result<()> {
+    let Some(m) = monitor else { return Ok(()) };
+    if let Some(n) = m.poll() {
+        let what = if n.died { "died" } else { "failed" };
+        return Err(Error::remote(format!(
+            "rank {} {what} during set-up: {}",
+            n.rank, n.message
+        ))
+        .rank(rank)
+        .peer(n.rank));
+    }
+    match root_host {
+        Some(h) if awaited.contains(&h) && m.root_gone() => Err(Error::remote(format!(
+            "rank {h} died or exited during set-up: the job's rendezvous, which it ran, closed"
+        ))
+        .rank(rank)
+        .peer(h)),
+        _ => Ok(()),
+    }
+}
+
+/// Every rank must use the same topology.
+fn check_fingerprints(records: &[Record], fp: u64, rank: usize) -> Result<()> {
+    let set = |f: u64| if f == 0 { "unset" } else { "set" };
+    match records.iter().position(|r| r.topo_fp != fp) {
+        None => Ok(()),
+        Some(r) => Err(Error::invalid_usage(format!(
+            "the topology (CCL_TOPO_FILE) differs between this rank ({}) and rank {r} ({}); \
+             every rank must use the same",
+            set(fp),
+            set(records[r].topo_fp)
+        ))
+        .rank(rank)),
+    }
+}
+
+/// The transport with the lowest bandwidth among those in use (what bounds an algorithm whose
+/// steps cross every kind of link), with the longest spin any of them wants.
+fn slowest(used: &[&Arc<dyn Transport>]) -> Option<crate::transport::TransportProperties> {
+    let spin = used.iter().map(|t| t.properties().spin).max()?;
+    used.iter()
+        .map(|t| t.properties())
+        .min_by(|a, b| a.bandwidth.total_cmp(&b.bandwidth))
+        // A rank waits on peers of every transport at once: it spins as long as the one that
+        // wants it longest.
+        .map(|p| crate::transport::TransportProperties { spin, ..p })
+}
+
+/// `tcp`, or `shm+tcp` when pairs use different transports (in preference order).
+fn transport_label(used: &[&Arc<dyn Transport>], candidates: &[Arc<dyn Transport>]) -> String {
+    match used {
+        [] => candidates.first().map_or("none", |t| t.name()).to_string(),
+        _ => used.iter().map(|t| t.name()).collect::<Vec<_>>().join("+"),
     }
 }
 

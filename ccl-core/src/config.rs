@@ -67,7 +67,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "CCL_TRANSPORT",
         default: "auto",
-        help: "data transport: auto, tcp, local (in-process), ib",
+        help: "data transport for every pair of ranks: auto (shared memory within a host, ib or tcp across), shm, ib, tcp, local (in-process)",
     },
     Setting {
         name: "CCL_SOCKET_IFNAME",
@@ -88,6 +88,21 @@ pub const SETTINGS: &[Setting] = &[
         name: "CCL_SOCKET_BUFFER",
         default: "4194304",
         help: "SO_SNDBUF/SO_RCVBUF of TCP data connections in bytes (0 = kernel default)",
+    },
+    Setting {
+        name: "CCL_SHM_DISABLE",
+        default: "0",
+        help: "1: ranks on one host talk through the network transport instead of shared memory",
+    },
+    Setting {
+        name: "CCL_SHM_RING_SIZE",
+        default: "1M",
+        help: "bytes of each direction's ring between two ranks of one host (64K-256M, whole pages)",
+    },
+    Setting {
+        name: "CCL_SHM_SLOT_SIZE",
+        default: "2M",
+        help: "bytes of each rank's slot in its host's shared segment, which collectives among the ranks of a host run on (64K-256M, whole pages)",
     },
     Setting {
         name: "CCL_ALGO",
@@ -242,6 +257,8 @@ pub enum TransportKind {
     Local,
     /// Verbs (RoCE) through the ibverbs transport.
     Ib,
+    /// Shared memory: every rank on one host.
+    Shm,
 }
 
 impl std::str::FromStr for TransportKind {
@@ -252,8 +269,9 @@ impl std::str::FromStr for TransportKind {
             "tcp" | "socket" => Ok(TransportKind::Tcp),
             "local" | "inproc" => Ok(TransportKind::Local),
             "ib" | "verbs" | "rdma" => Ok(TransportKind::Ib),
+            "shm" | "shared" => Ok(TransportKind::Shm),
             _ => Err(format!(
-                "unknown transport '{s}' (expected auto, tcp, local or ib)"
+                "unknown transport '{s}' (expected auto, shm, ib, tcp or local)"
             )),
         }
     }
@@ -266,6 +284,7 @@ impl TransportKind {
             TransportKind::Tcp => "tcp",
             TransportKind::Local => "local",
             TransportKind::Ib => "ib",
+            TransportKind::Shm => "shm",
         }
     }
 }
@@ -295,6 +314,12 @@ pub struct Config {
     pub chunk_size: usize,
     /// `CCL_SOCKET_BUFFER`
     pub socket_buffer: usize,
+    /// `CCL_SHM_DISABLE`
+    pub shm_disable: bool,
+    /// `CCL_SHM_RING_SIZE`
+    pub shm_ring_size: usize,
+    /// `CCL_SHM_SLOT_SIZE`
+    pub shm_slot_size: usize,
     /// `CCL_ALGO`
     pub algo: Option<String>,
     /// `CCL_TOPO_FILE`
@@ -444,6 +469,9 @@ impl Config {
             spin: Duration::from_micros(parse_num("CCL_SPIN_US", &req("CCL_SPIN_US"))?),
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
             socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
+            shm_disable: parse_bool("CCL_SHM_DISABLE", &req("CCL_SHM_DISABLE"))?,
+            shm_ring_size: parse_pages("CCL_SHM_RING_SIZE", &req("CCL_SHM_RING_SIZE"))?,
+            shm_slot_size: parse_pages("CCL_SHM_SLOT_SIZE", &req("CCL_SHM_SLOT_SIZE"))?,
             algo: get("CCL_ALGO"),
             topo_file: get("CCL_TOPO_FILE"),
             topology: None,
@@ -556,6 +584,28 @@ pub fn parse_size(name: &str, v: &str, min: usize) -> Result<usize> {
         return Err(bad(&format!("must be at least {min}")));
     }
     Ok(bytes)
+}
+
+/// `0`/`1` (also `false`/`true`, `no`/`yes`, `off`/`on`).
+pub fn parse_bool(name: &str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "0" | "false" | "no" | "off" => Ok(false),
+        "1" | "true" | "yes" | "on" => Ok(true),
+        _ => Err(Error::invalid_argument(format!(
+            "{name}='{v}' is not a boolean (expected 0 or 1)"
+        ))),
+    }
+}
+
+/// Shared-memory sizes: whole 4 KiB pages, 64K to 256M.
+fn parse_pages(name: &str, v: &str) -> Result<usize> {
+    let b = parse_size(name, v, 64 << 10)?;
+    if b > 256 << 20 || b % 4096 != 0 {
+        return Err(Error::invalid_argument(format!(
+            "{name}='{v}' must be a multiple of 4K between 64K and 256M"
+        )));
+    }
+    Ok(b)
 }
 
 #[cfg(test)]

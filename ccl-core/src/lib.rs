@@ -14,6 +14,7 @@ pub mod topology;
 pub mod trace;
 pub mod transport;
 pub mod types;
+pub mod wireup;
 
 pub use bootstrap::UniqueId;
 pub use config::Config;

@@ -5,6 +5,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result, classify_io};
@@ -18,9 +19,34 @@ pub fn remaining(deadline: Instant, what: impl FnOnce() -> String) -> Result<Dur
     Ok(deadline - now)
 }
 
+/// A blocking stream whose reads and writes can be bounded in time: TCP for the bootstrap and the
+/// TCP transport, Unix sockets for the shared-memory transport's set-up.
+pub trait TimedStream: Read + Write {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+}
+
+impl TimedStream for TcpStream {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, d)
+    }
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, d)
+    }
+}
+
+impl TimedStream for UnixStream {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, d)
+    }
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, d)
+    }
+}
+
 /// Reads exactly `buf.len()` bytes from a blocking stream, failing at `deadline`.
-pub fn read_exact_by(
-    s: &mut TcpStream,
+pub fn read_exact_by<S: TimedStream + ?Sized>(
+    s: &mut S,
     buf: &mut [u8],
     deadline: Instant,
     what: &dyn Fn() -> String,
@@ -52,8 +78,8 @@ pub fn read_exact_by(
 }
 
 /// Writes all of `buf` to a blocking stream, failing at `deadline`.
-pub fn write_all_by(
-    s: &mut TcpStream,
+pub fn write_all_by<S: TimedStream + ?Sized>(
+    s: &mut S,
     buf: &[u8],
     deadline: Instant,
     what: &dyn Fn() -> String,
@@ -85,6 +111,25 @@ pub fn connect_by(
     deadline: Instant,
     what: &dyn Fn() -> String,
 ) -> Result<TcpStream> {
+    connect_with(addr, deadline, what, true)
+}
+
+/// Connects to a listener known to be up (its address was published after it started
+/// listening): a refused connection means its process is gone, a remote error at once.
+pub fn connect_to_listening(
+    addr: SocketAddr,
+    deadline: Instant,
+    what: &dyn Fn() -> String,
+) -> Result<TcpStream> {
+    connect_with(addr, deadline, what, false)
+}
+
+fn connect_with(
+    addr: SocketAddr,
+    deadline: Instant,
+    what: &dyn Fn() -> String,
+    retry_refused: bool,
+) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(5);
     loop {
         let left = remaining(deadline, || {
@@ -92,6 +137,16 @@ pub fn connect_by(
         })?;
         match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
             Ok(s) => return Ok(s),
+            Err(e) if !retry_refused && e.kind() == io::ErrorKind::ConnectionRefused => {
+                return Err(Error::io(
+                    ErrorKind::Remote,
+                    format!(
+                        "{}: {addr} refused the connection (did the process exit?)",
+                        what()
+                    ),
+                    e,
+                ));
+            }
             Err(e) => {
                 let retry = matches!(
                     e.kind(),

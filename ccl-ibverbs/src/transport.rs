@@ -115,7 +115,9 @@ impl Listener for IbListener {
 
     fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)> {
         let (peer, side) = self.tcp.accept(deadline)?;
-        let ep = establish(&self.dev, &self.ctx, peer, side, deadline)?;
+        // `deadline` bounds the wait for a peer; set-up gets the communicator's timeout.
+        let setup = Instant::now() + self.ctx.config.timeout;
+        let ep = establish(&self.dev, &self.ctx, peer, side, setup)?;
         Ok((peer, ep))
     }
 }

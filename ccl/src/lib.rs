@@ -187,9 +187,16 @@ impl Communicator {
         self.s.size()
     }
 
-    /// The transport in use (`tcp`, `local`, `ib`).
-    pub fn transport_name(&self) -> &'static str {
+    /// The transport every pair of ranks uses (`shm`, `tcp`, `ib`, `local`), or those in use
+    /// joined by `+` (`shm+tcp`: shared memory within hosts, TCP across).
+    pub fn transport_name(&self) -> &str {
         self.s.comm.transport_name()
+    }
+
+    /// What connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across (as seen
+    /// from rank 0)`.
+    pub fn transport_summary(&self) -> &str {
+        self.s.comm.transport_summary()
     }
 
     /// Host name of every rank.
@@ -484,17 +491,26 @@ impl Drop for Communicator {
     }
 }
 
-/// The transports this rank can use for `config.transport`, most preferred first.
+/// The transports this rank can use for `config.transport`, most preferred first. Each pair of
+/// ranks then takes the first one both have that can connect them: shared memory within a host
+/// (unless `CCL_SHM_DISABLE`), verbs, TCP.
 fn transports(config: &Config, rank: usize) -> Result<Vec<Arc<dyn Transport>>> {
     let tcp: Arc<dyn Transport> = Arc::new(TcpTransport::new());
+    let shm: Arc<dyn Transport> = Arc::new(ccl_shm::ShmTransport::new());
     Ok(match config.transport {
         TransportKind::Tcp => vec![tcp],
         TransportKind::Local => vec![Arc::new(LocalTransport::new())],
+        TransportKind::Shm => vec![shm],
         TransportKind::Ib => vec![ib_transport(config).map_err(|e| e.rank(rank))?],
-        TransportKind::Auto => match auto_ib(config, rank) {
-            Some(ib) => vec![ib, tcp],
-            None => vec![tcp],
-        },
+        TransportKind::Auto => {
+            let mut v = Vec::with_capacity(3);
+            if !config.shm_disable {
+                v.push(shm);
+            }
+            v.extend(auto_ib(config, rank));
+            v.push(tcp);
+            v
+        }
     })
 }
 

@@ -14,7 +14,7 @@
 //! arrived, so a job with a missing rank fails with a message naming it instead of hanging.
 
 pub mod env;
-mod wire;
+pub(crate) mod wire;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -348,7 +348,7 @@ impl Root {
                     continue;
                 }
             };
-            if !crate::transport::tcp::secrets_equal(&h.secret, &self.secret) {
+            if !crate::transport::handshake::secrets_equal(&h.secret, &self.secret) {
                 ccl_warn!(
                     None,
                     "bootstrap root {}: dropped connection from {from} claiming rank {}: wrong secret (another job?)",

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use super::tcp::secrets_equal;
+use super::handshake::secrets_equal;
 use super::{ConnectContext, Endpoint, Handle, Interest, Listener, Transport, TransportProperties};
 use crate::ccl_warn;
 use crate::error::{Error, ErrorKind, Result};
@@ -184,6 +184,10 @@ fn decode_handle(h: &Handle) -> Result<u64> {
 impl Transport for LocalTransport {
     fn name(&self) -> &'static str {
         "local"
+    }
+
+    fn scope(&self) -> super::Scope {
+        super::Scope::Process
     }
 
     fn properties(&self) -> TransportProperties {

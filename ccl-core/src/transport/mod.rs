@@ -20,6 +20,8 @@
 //! the descriptors from [`wait_fds`](Endpoint::wait_fds), so idle ranks do not burn the cores that
 //! their peers (or a software RDMA device) need.
 
+pub mod conformance;
+pub mod handshake;
 pub mod local;
 pub mod tcp;
 
@@ -109,13 +111,38 @@ pub struct TransportProperties {
     pub spin: Duration,
 }
 
+/// Which pairs of ranks a transport can connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Any two ranks that can reach each other over the network.
+    Any,
+    /// Ranks of one host that can share memory (same host name, same boot, same network
+    /// namespace).
+    Host,
+    /// Threads of one process.
+    Process,
+}
+
 /// A way of connecting ranks. Object-safe: chosen at run time.
 pub trait Transport: Send + Sync + fmt::Debug {
-    /// Short name for logs and the benchmark (`tcp`, `local`, `ib`).
+    /// Short name for logs and the benchmark (`tcp`, `local`, `ib`, `shm`).
     fn name(&self) -> &'static str;
+
+    /// Which pairs it can connect; a communicator picks, per pair, the first transport both
+    /// ranks have whose scope includes them.
+    fn scope(&self) -> Scope {
+        Scope::Any
+    }
 
     /// Latency and bandwidth for the cost model, and the spin its waits want.
     fn properties(&self) -> TransportProperties;
+
+    /// Called once before any connection is made, with the peers this transport will connect
+    /// this rank to (higher and lower). Shared memory uses it to set up memory for the whole
+    /// host; most transports need nothing.
+    fn prepare(&self, _ctx: &ConnectContext, _peers: &[usize]) -> Result<()> {
+        Ok(())
+    }
 
     /// Starts listening for connections from peers.
     fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>>;
@@ -137,6 +164,10 @@ pub trait Listener: Send {
 
     /// Waits for the next authenticated connection and returns it with the peer's rank.
     /// Connections that fail authentication are logged and dropped, not returned.
+    ///
+    /// `deadline` bounds the wait for a peer to connect (a timeout error when it passes); once a
+    /// peer has authenticated, the rest of its set-up is bounded by the communicator's timeout
+    /// instead, so a caller may poll with short deadlines without losing a connection.
     fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)>;
 }
 

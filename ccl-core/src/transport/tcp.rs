@@ -11,21 +11,20 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::poll::PollFlags;
 
+use super::handshake::{self, Acceptor, Magic};
 use super::{ConnectContext, Endpoint, Handle, Interest, Listener, Transport, TransportProperties};
+use crate::ccl_trace;
 use crate::error::{Error, ErrorKind, Result, classify_io};
 use crate::net;
-use crate::{ccl_trace, ccl_warn};
 
 const HANDLE_MAGIC: [u8; 2] = *b"CT";
 const HANDLE_VERSION: u8 = 1;
-const HELLO_MAGIC: [u8; 8] = *b"CCLTCP\x01H";
-const ACK_MAGIC: [u8; 8] = *b"CCLTCP\x01A";
-const HELLO_LEN: usize = 8 + 4 + 4 + 32;
-const ACK_LEN: usize = 8 + 4 + 4;
-/// How long an accepted connection may take to present its handshake before it is dropped.
-const HANDSHAKE_GRACE: Duration = Duration::from_secs(10);
+const MAGIC: Magic = Magic {
+    hello: *b"CCLTCP\x01H",
+    ack: *b"CCLTCP\x01A",
+};
 /// Staging for reducing receives: large enough for few syscalls, small enough to stay in L2.
 const STAGE_LEN: usize = 256 << 10;
 /// Most bytes one send call writes. On loopback the sender's write also does the receiver's TCP
@@ -99,40 +98,6 @@ pub fn decode_handle(h: &Handle) -> Result<SocketAddr> {
     }
 }
 
-/// Compares secrets in time independent of where they differ.
-pub(crate) fn secrets_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn hello(ctx: &ConnectContext) -> [u8; HELLO_LEN] {
-    let mut m = [0u8; HELLO_LEN];
-    m[..8].copy_from_slice(&HELLO_MAGIC);
-    m[8..12].copy_from_slice(&(ctx.rank as u32).to_le_bytes());
-    m[12..16].copy_from_slice(&(ctx.size as u32).to_le_bytes());
-    m[16..48].copy_from_slice(&ctx.secret);
-    m
-}
-
-/// Checks a peer's hello; returns its rank, or why it was refused.
-fn check_hello(ctx: &ConnectContext, m: &[u8; HELLO_LEN]) -> std::result::Result<usize, String> {
-    if m[..8] != HELLO_MAGIC {
-        return Err("not a ccl connection (bad magic)".into());
-    }
-    let secret: &[u8; 32] = m[16..48].try_into().expect("fixed size");
-    if !secrets_equal(secret, &ctx.secret) {
-        return Err("wrong secret (a connection from another job?)".into());
-    }
-    let rank = u32::from_le_bytes(m[8..12].try_into().expect("fixed size")) as usize;
-    let size = u32::from_le_bytes(m[12..16].try_into().expect("fixed size")) as usize;
-    if size != ctx.size {
-        return Err(format!("peer says world size {size}, ours is {}", ctx.size));
-    }
-    if rank >= ctx.size || rank == ctx.rank {
-        return Err(format!("peer claims rank {rank}"));
-    }
-    Ok(rank)
-}
-
 fn tune(s: &TcpStream, ctx: &ConnectContext) -> io::Result<()> {
     s.set_nodelay(true)?;
     let buf = ctx.config.socket_buffer;
@@ -177,7 +142,7 @@ impl Transport for TcpTransport {
             ctx: ctx.clone(),
             listener: l,
             addr,
-            pending: Vec::new(),
+            acceptor: Acceptor::new(MAGIC, "TCP transport"),
         }))
     }
 
@@ -190,47 +155,35 @@ impl Transport for TcpTransport {
     ) -> Result<Box<dyn Endpoint>> {
         let addr = decode_handle(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
         let what = || format!("TCP connect to peer {peer} at {addr}");
-        let mut s =
-            net::connect_by(addr, deadline, &what).map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        let mut s = net::connect_to_listening(addr, deadline, &what)
+            .map_err(|e| e.rank(ctx.rank).peer(peer))?;
         tune(&s, ctx).map_err(|e| {
             Error::io(ErrorKind::System, what(), e)
                 .rank(ctx.rank)
                 .peer(peer)
         })?;
-        net::write_all_by(&mut s, &hello(ctx), deadline, &what)
+        net::write_all_by(&mut s, &handshake::hello(&MAGIC, ctx), deadline, &what)
             .map_err(|e| e.rank(ctx.rank).peer(peer))?;
-        let mut ack = [0u8; ACK_LEN];
+        let mut ack = [0u8; handshake::ACK_LEN];
         net::read_exact_by(&mut s, &mut ack, deadline, &what).map_err(|e| {
             e.context("no handshake reply (the peer refused our secret or rank?)")
                 .rank(ctx.rank)
                 .peer(peer)
         })?;
-        let acker = u32::from_le_bytes(ack[8..12].try_into().expect("fixed")) as usize;
-        if ack[..8] != ACK_MAGIC || acker != peer {
-            return Err(Error::remote(format!(
-                "{}: unexpected handshake reply (from rank {acker})",
-                what()
-            ))
-            .rank(ctx.rank)
-            .peer(peer));
-        }
+        handshake::check_ack(&MAGIC, &ack, peer).map_err(|m| {
+            Error::remote(format!("{}: {m}", what()))
+                .rank(ctx.rank)
+                .peer(peer)
+        })?;
         TcpEndpoint::boxed(peer, s, addr).map_err(|e| e.rank(ctx.rank))
     }
-}
-
-struct Pending {
-    stream: TcpStream,
-    from: SocketAddr,
-    buf: [u8; HELLO_LEN],
-    got: usize,
-    since: Instant,
 }
 
 struct TcpListenerImpl {
     ctx: ConnectContext,
     listener: TcpListener,
     addr: SocketAddr,
-    pending: Vec<Pending>,
+    acceptor: Acceptor<TcpStream>,
 }
 
 impl Listener for TcpListenerImpl {
@@ -239,117 +192,49 @@ impl Listener for TcpListenerImpl {
     }
 
     fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)> {
-        let rank = self.ctx.rank;
-        loop {
-            // Take every connection waiting in the backlog.
-            loop {
-                match self.listener.accept() {
-                    Ok((stream, from)) => {
-                        stream.set_nonblocking(true).map_err(|e| {
-                            Error::io(ErrorKind::System, "TCP accept", e).rank(rank)
-                        })?;
-                        self.pending.push(Pending {
-                            stream,
-                            from,
-                            buf: [0; HELLO_LEN],
-                            got: 0,
-                            since: Instant::now(),
-                        });
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        return Err(Error::io(ErrorKind::System, "TCP accept", e).rank(rank));
-                    }
+        let listener = &self.listener;
+        let (peer, stream, from) = self.acceptor.accept(
+            &self.ctx,
+            listener.as_fd(),
+            || match listener.accept() {
+                Ok((s, from)) => {
+                    s.set_nonblocking(true)?;
+                    Ok(Some((s, from.to_string())))
                 }
-            }
-            // Advance handshakes; return the first complete, valid one.
-            let mut i = 0;
-            while i < self.pending.len() {
-                let p = &mut self.pending[i];
-                let mut drop_reason = None;
-                match p.stream.read(&mut p.buf[p.got..]) {
-                    Ok(0) => {
-                        drop_reason = Some("closed before completing the handshake".to_string())
-                    }
-                    Ok(n) => p.got += n,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                        ) => {}
-                    Err(e) => drop_reason = Some(format!("read failed: {e}")),
-                }
-                if drop_reason.is_none() && p.got == HELLO_LEN {
-                    match check_hello(&self.ctx, &p.buf) {
-                        Ok(peer) => {
-                            let p = self.pending.swap_remove(i);
-                            return self.finish(p, peer, deadline);
-                        }
-                        Err(why) => drop_reason = Some(why),
-                    }
-                }
-                if drop_reason.is_none() && p.since.elapsed() > HANDSHAKE_GRACE {
-                    drop_reason = Some("no handshake within 10 s".to_string());
-                }
-                if let Some(why) = drop_reason {
-                    ccl_warn!(
-                        Some(rank),
-                        "TCP transport: dropped connection from {}: {why}",
-                        self.pending[i].from
-                    );
-                    self.pending.swap_remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-            let left = net::remaining(deadline, || {
-                format!(
-                    "TCP transport: waiting for peers to connect to {}",
-                    self.addr
-                )
-            })
-            .map_err(|e| e.rank(rank))?;
-            let wait = left.min(Duration::from_millis(500));
-            let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
-            fds.extend(
-                self.pending
-                    .iter()
-                    .map(|p| PollFd::new(p.stream.as_fd(), PollFlags::POLLIN)),
-            );
-            let ms =
-                PollTimeout::try_from(wait.as_millis().max(1) as u64).unwrap_or(PollTimeout::MAX);
-            match nix::poll::poll(&mut fds, ms) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(Error::io(ErrorKind::System, "poll", e.into()).rank(rank)),
-            }
-        }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(e),
+            },
+            deadline,
+        )?;
+        // The caller's deadline bounds the wait for a peer; one that has arrived is set up
+        // within the communicator's timeout (see `Listener::accept`).
+        self.finish(stream, from, peer, Instant::now() + self.ctx.config.timeout)
     }
 }
 
 impl TcpListenerImpl {
     fn finish(
         &self,
-        p: Pending,
+        mut s: TcpStream,
+        from: String,
         peer: usize,
         deadline: Instant,
     ) -> Result<(usize, Box<dyn Endpoint>)> {
         let rank = self.ctx.rank;
-        let mut s = p.stream;
-        let what = || format!("TCP accept from peer {peer} at {}", p.from);
+        let what = || format!("TCP accept from peer {peer} at {from}");
         s.set_nonblocking(false)
             .map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
         tune(&s, &self.ctx).map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
-        let mut ack = [0u8; ACK_LEN];
-        ack[..8].copy_from_slice(&ACK_MAGIC);
-        ack[8..12].copy_from_slice(&(rank as u32).to_le_bytes());
+        let ack = handshake::ack(&MAGIC, rank);
         net::write_all_by(&mut s, &ack, deadline, &what).map_err(|e| e.rank(rank).peer(peer))?;
         ccl_trace!(
             Some(rank),
-            "TCP transport: accepted peer {peer} from {}",
-            p.from
+            "TCP transport: accepted peer {peer} from {from}"
         );
-        let ep = TcpEndpoint::boxed(peer, s, p.from).map_err(|e| e.rank(rank))?;
+        let addr = s
+            .peer_addr()
+            .map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
+        let ep = TcpEndpoint::boxed(peer, s, addr).map_err(|e| e.rank(rank))?;
         Ok((peer, ep))
     }
 }
@@ -632,14 +517,5 @@ mod tests {
         assert_eq!(&peer.join().unwrap(), b"ok!");
         // The stranger with the wrong secret was refused: no handshake reply.
         assert!(stranger.join().unwrap().is_err());
-    }
-
-    #[test]
-    fn secret_comparison() {
-        let a = [7u8; 32];
-        let mut b = a;
-        assert!(secrets_equal(&a, &b));
-        b[31] ^= 1;
-        assert!(!secrets_equal(&a, &b));
     }
 }

@@ -1,0 +1,531 @@
+//! Connecting a communicator's ranks: which transport each pair uses, and the connections.
+//!
+//! Every rank publishes one [`Record`]: where it runs ([`HostId`]) and a connection handle for
+//! each transport it has, most preferred first. For each pair, the first transport in the lower
+//! rank's list that the higher rank also has, and whose [`Scope`] includes the pair, wins (NCCL's
+//! `selectTransport`): shared memory within a host, then verbs, then TCP when the ranks offer
+//! those. Every rank computes the same answer from the same records.
+//!
+//! Then each rank connects to every higher rank, on the calling thread, while one thread per
+//! transport accepts the lower ranks that chose it. Accepting on all transports at once is what
+//! keeps the set-up from deadlocking: a rank that accepted one transport before another could
+//! wait for a peer stuck connecting to a rank that waits for this one on the other transport.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::wire;
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::{ConnectContext, Endpoint, Handle, Listener, Scope, Transport};
+
+/// Where a rank runs, as far as sharing memory goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostId {
+    /// The host name (`gethostname`).
+    pub name: String,
+    /// The kernel's boot id: two machines, or containers on two machines, that share a host name
+    /// still differ here.
+    pub boot_id: String,
+    /// The network namespace (its inode): ranks in different namespaces cannot reach each
+    /// other's Unix sockets, which set up shared memory.
+    pub netns: u64,
+    pub pid: u32,
+}
+
+impl HostId {
+    /// This process's.
+    pub fn current() -> HostId {
+        use std::os::unix::fs::MetadataExt;
+        HostId {
+            name: crate::log::hostname().to_string(),
+            boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            netns: std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino()),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Whether the two can share memory: same host name, same boot, same network namespace.
+    pub fn shares_memory_with(&self, o: &HostId) -> bool {
+        self.name == o.name
+            && !self.boot_id.is_empty()
+            && self.boot_id == o.boot_id
+            && self.netns == o.netns
+    }
+
+    fn in_scope(&self, o: &HostId, scope: Scope) -> bool {
+        match scope {
+            Scope::Any => true,
+            Scope::Host => self.shares_memory_with(o),
+            Scope::Process => self.shares_memory_with(o) && self.pid == o.pid,
+        }
+    }
+}
+
+/// What a rank tells the others before any connection is made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// This rank's process runs the rendezvous root.
+    pub runs_root: bool,
+    /// Fingerprint of the topology file in use (0: none); all ranks must agree.
+    pub topo_fp: u64,
+    pub host: HostId,
+    /// Transport name and connection handle, most preferred first.
+    pub offers: Vec<(String, Handle)>,
+}
+
+/// Blobs before the offers: flag, fingerprint, host name, boot id, network namespace, pid.
+const FIXED_BLOBS: usize = 6;
+
+impl Record {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut blobs = vec![
+            vec![u8::from(self.runs_root)],
+            self.topo_fp.to_le_bytes().to_vec(),
+            self.host.name.as_bytes().to_vec(),
+            self.host.boot_id.as_bytes().to_vec(),
+            self.host.netns.to_le_bytes().to_vec(),
+            self.host.pid.to_le_bytes().to_vec(),
+        ];
+        for (name, h) in &self.offers {
+            blobs.push(name.as_bytes().to_vec());
+            blobs.push(h.as_bytes().to_vec());
+        }
+        wire::encode_blobs(&blobs)
+    }
+
+    /// Decodes rank `from`'s record; anything malformed is an error naming it.
+    pub fn decode(b: &[u8], from: usize) -> Result<Record> {
+        let bad = || Error::remote(format!("malformed set-up record from rank {from}")).peer(from);
+        let blobs = wire::decode_blobs(b).map_err(|_| bad())?;
+        if blobs.len() < FIXED_BLOBS || (blobs.len() - FIXED_BLOBS) % 2 != 0 {
+            return Err(bad());
+        }
+        let text = |v: &[u8]| String::from_utf8(v.to_vec()).map_err(|_| bad());
+        let u64_of = |v: &[u8]| v.try_into().map(u64::from_le_bytes).map_err(|_| bad());
+        let offers = blobs[FIXED_BLOBS..]
+            .chunks(2)
+            .map(|p| Ok((text(&p[0])?, Handle::new(&p[1]).map_err(|_| bad())?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Record {
+            runs_root: blobs[0] == [1],
+            topo_fp: u64_of(&blobs[1])?,
+            host: HostId {
+                name: text(&blobs[2])?,
+                boot_id: text(&blobs[3])?,
+                netns: u64_of(&blobs[4])?,
+                pid: blobs[5]
+                    .as_slice()
+                    .try_into()
+                    .map(u32::from_le_bytes)
+                    .map_err(|_| bad())?,
+            },
+            offers,
+        })
+    }
+
+    fn offers(&self, name: &str) -> Option<&Handle> {
+        self.offers.iter().find(|(n, _)| n == name).map(|(_, h)| h)
+    }
+
+    fn names(&self) -> String {
+        let n: Vec<&str> = self.offers.iter().map(|(n, _)| n.as_str()).collect();
+        if n.is_empty() {
+            "nothing".into()
+        } else {
+            n.join(", ")
+        }
+    }
+}
+
+/// For every peer of `rank`, the index in `mine` (this rank's transports) of the transport the
+/// pair uses (`None` for `rank` itself).
+pub fn choose(
+    rank: usize,
+    records: &[Record],
+    mine: &[Arc<dyn Transport>],
+) -> Result<Vec<Option<usize>>> {
+    (0..records.len())
+        .map(|peer| {
+            if peer == rank {
+                return Ok(None);
+            }
+            let (lo, hi) = (&records[rank.min(peer)], &records[rank.max(peer)]);
+            let pick = lo.offers.iter().find_map(|(name, _)| {
+                let t = mine.iter().position(|t| t.name() == name)?;
+                (hi.offers(name).is_some() && lo.host.in_scope(&hi.host, mine[t].scope()))
+                    .then_some(t)
+            });
+            pick.map(Some).ok_or_else(|| {
+                Error::invalid_usage(format!(
+                    "ranks {} and {} have no transport in common that can connect them (rank {} \
+                     on {} has {}; rank {} on {} has {}); set CCL_TRANSPORT alike on every rank, \
+                     and use shm only when every rank is on one host",
+                    rank.min(peer),
+                    rank.max(peer),
+                    rank.min(peer),
+                    lo.host.name,
+                    lo.names(),
+                    rank.max(peer),
+                    hi.host.name,
+                    hi.names()
+                ))
+                .rank(rank)
+                .peer(peer)
+            })
+        })
+        .collect()
+}
+
+/// One line on what connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across`.
+pub fn summary(
+    records: &[Record],
+    rank: usize,
+    chosen: &[Option<usize>],
+    mine: &[Arc<dyn Transport>],
+) -> String {
+    let mut hosts: Vec<&HostId> = Vec::new();
+    for r in records {
+        if !hosts
+            .iter()
+            .any(|h| h.shares_memory_with(&r.host) && h.name == r.host.name)
+        {
+            hosts.push(&r.host);
+        }
+    }
+    let per_host: Vec<usize> = hosts
+        .iter()
+        .map(|h| {
+            records
+                .iter()
+                .filter(|r| r.host.shares_memory_with(h))
+                .count()
+        })
+        .collect();
+    let (lo, hi) = (
+        per_host.iter().min().copied().unwrap_or(0),
+        per_host.iter().max().copied().unwrap_or(0),
+    );
+    let shape = if lo == hi {
+        format!(
+            "{} host{} x {lo} rank{}",
+            hosts.len(),
+            plural(hosts.len()),
+            plural(lo)
+        )
+    } else {
+        format!("{} hosts x {lo}-{hi} ranks", hosts.len())
+    };
+    let mut within: Vec<&str> = Vec::new();
+    let mut across: Vec<&str> = Vec::new();
+    for (peer, c) in chosen.iter().enumerate() {
+        let Some(t) = c else { continue };
+        let name = mine[*t].name();
+        let list = if records[rank].host.shares_memory_with(&records[peer].host) {
+            &mut within
+        } else {
+            &mut across
+        };
+        if !list.contains(&name) {
+            list.push(name);
+        }
+    }
+    let mut parts = Vec::new();
+    if !within.is_empty() {
+        parts.push(format!("{} within hosts", within.join("+")));
+    }
+    if !across.is_empty() {
+        parts.push(format!("{} across", across.join("+")));
+    }
+    if parts.is_empty() {
+        shape
+    } else {
+        format!("{shape}: {} (as seen from rank {rank})", parts.join(", "))
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// How long one accept call waits before it looks whether set-up was called off.
+const ACCEPT_SLICE: Duration = Duration::from_millis(100);
+
+/// Fails when the set-up should stop: another rank failed or died meanwhile. Called with the
+/// ranks the caller still waits for.
+pub type Watch<'a> = &'a (dyn Fn(&[usize]) -> Result<()> + Sync);
+
+/// Connects to every higher rank and accepts every lower one, each pair over its chosen
+/// transport. `listeners[t]` listens for `mine[t]`; `records` give the peers' handles; `watch`
+/// is asked between waits whether another rank's failure ends the set-up.
+pub fn connect_all(
+    ctx: &ConnectContext,
+    mine: &[Arc<dyn Transport>],
+    listeners: Vec<Option<Box<dyn Listener>>>,
+    chosen: &[Option<usize>],
+    records: &[Record],
+    deadline: Instant,
+    watch: Watch<'_>,
+) -> Result<Vec<Option<Box<dyn Endpoint>>>> {
+    let rank = ctx.rank;
+    for (t, transport) in mine.iter().enumerate() {
+        let peers: Vec<usize> = (0..records.len())
+            .filter(|&p| chosen[p] == Some(t))
+            .collect();
+        if !peers.is_empty() {
+            transport.prepare(ctx, &peers).map_err(|e| e.rank(rank))?;
+        }
+    }
+    let cancel = AtomicBool::new(false);
+    let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..records.len()).map(|_| None).collect();
+    let accepted = std::thread::scope(|s| {
+        let threads: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .filter_map(|(t, l)| {
+                let from: Vec<usize> = (0..rank).filter(|&p| chosen[p] == Some(t)).collect();
+                let mut l = l?;
+                if from.is_empty() {
+                    return None;
+                }
+                let cancel = &cancel;
+                let name = mine[t].name();
+                Some(s.spawn(move || {
+                    accept_from(&mut *l, name, rank, &from, deadline, cancel, watch)
+                }))
+            })
+            .collect();
+        let connected = connect_up(ctx, mine, chosen, records, deadline, &mut endpoints, watch);
+        if connected.is_err() {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        let mut accepted = Vec::new();
+        let mut first_err = connected.err();
+        for th in threads {
+            match th.join() {
+                Ok(Ok(eps)) => accepted.extend(eps),
+                Ok(Err(e)) => {
+                    cancel.store(true, Ordering::Relaxed);
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(Error::internal("a set-up thread panicked").rank(rank));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(accepted),
+        }
+    })?;
+    for (peer, ep) in accepted {
+        endpoints[peer] = Some(ep);
+    }
+    Ok(endpoints)
+}
+
+fn connect_up(
+    ctx: &ConnectContext,
+    mine: &[Arc<dyn Transport>],
+    chosen: &[Option<usize>],
+    records: &[Record],
+    deadline: Instant,
+    endpoints: &mut [Option<Box<dyn Endpoint>>],
+    watch: Watch<'_>,
+) -> Result<()> {
+    let rank = ctx.rank;
+    for peer in rank + 1..records.len() {
+        watch(&[peer])?;
+        let t = &mine[chosen[peer].expect("every peer has a transport")];
+        let handle = records[peer].offers(t.name()).ok_or_else(|| {
+            Error::internal(format!("peer {peer} published no {} handle", t.name())).rank(rank)
+        })?;
+        let ep = t.connect(ctx, peer, handle, deadline).map_err(|e| {
+            e.rank(rank)
+                .peer(peer)
+                .context(format!("connecting to peer {peer} over {}", t.name()))
+        })?;
+        endpoints[peer] = Some(ep);
+    }
+    Ok(())
+}
+
+/// Accepts one connection from each rank in `from` on `l`.
+fn accept_from(
+    l: &mut dyn Listener,
+    name: &str,
+    rank: usize,
+    from: &[usize],
+    deadline: Instant,
+    cancel: &AtomicBool,
+    watch: Watch<'_>,
+) -> Result<Vec<(usize, Box<dyn Endpoint>)>> {
+    let mut got: Vec<(usize, Box<dyn Endpoint>)> = Vec::with_capacity(from.len());
+    while got.len() < from.len() {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(Error::internal("set-up called off").rank(rank));
+        }
+        let missing: Vec<usize> = from
+            .iter()
+            .copied()
+            .filter(|p| !got.iter().any(|(q, _)| q == p))
+            .collect();
+        watch(&missing)?;
+        let slice = deadline.min(Instant::now() + ACCEPT_SLICE);
+        match l.accept(slice) {
+            Ok((peer, ep)) => {
+                if !from.contains(&peer) || got.iter().any(|(p, _)| *p == peer) {
+                    return Err(Error::remote(format!(
+                        "unexpected {name} connection claiming rank {peer}"
+                    ))
+                    .rank(rank)
+                    .peer(peer));
+                }
+                got.push((peer, ep));
+            }
+            Err(e) if e.kind() == ErrorKind::Timeout && Instant::now() < deadline => {}
+            Err(e) => {
+                let missing: Vec<String> = missing.iter().map(|p| p.to_string()).collect();
+                return Err(e.rank(rank).context(format!(
+                    "waiting for rank(s) {} to connect over {name}",
+                    missing.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(name: &str, netns: u64, pid: u32) -> HostId {
+        HostId {
+            name: name.into(),
+            boot_id: "b00t".into(),
+            netns,
+            pid,
+        }
+    }
+
+    fn rec(h: HostId, offers: &[&str]) -> Record {
+        Record {
+            runs_root: false,
+            topo_fp: 0,
+            host: h,
+            offers: offers
+                .iter()
+                .map(|n| (n.to_string(), Handle::new(n.as_bytes()).unwrap()))
+                .collect(),
+        }
+    }
+
+    #[derive(Debug)]
+    struct Fake(&'static str, Scope);
+    impl Transport for Fake {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn scope(&self) -> Scope {
+            self.1
+        }
+        fn properties(&self) -> crate::transport::TransportProperties {
+            crate::transport::TransportProperties {
+                latency: Duration::ZERO,
+                bandwidth: 1.0,
+                spin: Duration::ZERO,
+            }
+        }
+        fn listen(&self, _: &ConnectContext) -> Result<Box<dyn Listener>> {
+            unreachable!()
+        }
+        fn connect(
+            &self,
+            _: &ConnectContext,
+            _: usize,
+            _: &Handle,
+            _: Instant,
+        ) -> Result<Box<dyn Endpoint>> {
+            unreachable!()
+        }
+    }
+
+    fn mine() -> Vec<Arc<dyn Transport>> {
+        vec![
+            Arc::new(Fake("shm", Scope::Host)),
+            Arc::new(Fake("ib", Scope::Any)),
+            Arc::new(Fake("tcp", Scope::Any)),
+        ]
+    }
+
+    #[test]
+    fn records_round_trip_and_garbage_is_refused() {
+        let r = rec(host("a", 7, 9), &["shm", "tcp"]);
+        assert_eq!(Record::decode(&r.encode(), 3).unwrap(), r);
+        let e = Record::decode(b"\x01\x00\x00\x00", 3).unwrap_err();
+        assert!(e.to_string().contains("rank 3"), "{e}");
+        let b = r.encode();
+        for n in 0..b.len() {
+            let _ = Record::decode(&b[..n], 1);
+        }
+    }
+
+    /// Two hosts of two ranks: shared memory within each, the network across; a rank with
+    /// shared memory off talks to its neighbour over the network; containers on one host in two
+    /// network namespaces do not share memory.
+    #[test]
+    fn each_pair_takes_the_first_transport_that_can_connect_it() {
+        let all = ["shm", "tcp"];
+        let recs = vec![
+            rec(host("a", 1, 10), &all),
+            rec(host("a", 1, 11), &all),
+            rec(host("b", 1, 20), &all),
+            rec(host("b", 1, 21), &["tcp"]),
+        ];
+        let names = |rank| -> Vec<&str> {
+            choose(rank, &recs, &mine())
+                .unwrap()
+                .iter()
+                .map(|c| c.map_or("-", |t| mine()[t].name()))
+                .collect()
+        };
+        assert_eq!(names(0), ["-", "shm", "tcp", "tcp"]);
+        assert_eq!(names(1), ["shm", "-", "tcp", "tcp"]);
+        assert_eq!(names(2), ["tcp", "tcp", "-", "tcp"]);
+        assert_eq!(names(3), ["tcp", "tcp", "tcp", "-"]);
+        let s = summary(&recs, 0, &choose(0, &recs, &mine()).unwrap(), &mine());
+        assert!(
+            s.starts_with("2 hosts x 2 ranks: shm within hosts, tcp across"),
+            "{s}"
+        );
+
+        let containers = vec![rec(host("a", 1, 10), &all), rec(host("a", 2, 10), &all)];
+        let c = choose(0, &containers, &mine()).unwrap();
+        assert_eq!(mine()[c[1].unwrap()].name(), "tcp");
+        let mut other_boot = containers.clone();
+        other_boot[1].host.netns = 1;
+        other_boot[1].host.boot_id = "other".into();
+        assert_eq!(
+            mine()[choose(0, &other_boot, &mine()).unwrap()[1].unwrap()].name(),
+            "tcp"
+        );
+    }
+
+    #[test]
+    fn no_common_transport_names_both_ranks_and_what_they_have() {
+        let recs = vec![
+            rec(host("a", 1, 1), &["shm"]),
+            rec(host("b", 1, 2), &["shm"]),
+        ];
+        let e = choose(1, &recs, &mine()).unwrap_err();
+        let s = e.to_string();
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(
+            s.contains("ranks 0 and 1") && s.contains("on a has shm") && s.contains("on b has shm"),
+            "{s}"
+        );
+    }
+}

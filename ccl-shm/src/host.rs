@@ -1,0 +1,345 @@
+//! Memory every rank of one host maps: a slot of data per rank and a counter each rank bumps
+//! when its slot (or its share of the others') is ready.
+//!
+//! This is what the intra-host collectives run on: a rank copies its input into its slot and
+//! posts; once every rank has posted, each reads the others' slots directly (reducing its share,
+//! or copying results out), then posts again. No byte goes through a pipe: a collective among
+//! the ranks of a host reads every input where it lies.
+//!
+//! Counters only grow. A rank waiting for the others first spins (the caller does, polling
+//! [`HostSegment::reached`]), then raises its sleep flag, fences, and looks once more before it
+//! sleeps on its eventfd; a rank that posts fences and then wakes every rank whose flag is up.
+//! The same pattern as the rings ([`crate::ring`]): with both fences, no wake-up is lost.
+//!
+//! Which rank may write which bytes when is the schedule's business: the symbolic checker of
+//! `ccl-algos` verifies that no schedule reads a slot before its owner posted the write, or
+//! writes a slot before every reader posted that it is done.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+use ccl_core::{Error, Result};
+use crossbeam_utils::CachePadded;
+
+use crate::mem::{Mapping, MemFile, PAGE};
+
+const MAGIC: [u8; 8] = *b"CCLHOST1";
+
+/// One rank's counters.
+#[repr(C)]
+struct RankFlags {
+    /// How many times the rank has posted.
+    posted: CachePadded<AtomicU64>,
+    /// The operation the rank is in (a fingerprint; 0 = none yet), for mismatch checks.
+    desc: CachePadded<AtomicU64>,
+    /// Raised while the rank sleeps waiting for others' posts.
+    sleeping: CachePadded<AtomicU32>,
+}
+
+/// Where things are in the file.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    ranks: usize,
+    slot: usize,
+    flags_at: usize,
+    data_at: usize,
+    len: usize,
+}
+
+impl Layout {
+    fn new(ranks: usize, slot: usize) -> Result<Layout> {
+        let flag_bytes = ranks
+            .checked_mul(std::mem::size_of::<RankFlags>())
+            .ok_or_else(|| Error::invalid_argument("too many ranks on one host"))?;
+        let flags_at = PAGE;
+        let data_at = flags_at + flag_bytes.div_ceil(PAGE) * PAGE;
+        let len = slot
+            .checked_mul(ranks)
+            .and_then(|d| d.checked_add(data_at))
+            .ok_or_else(|| Error::invalid_argument("host segment too large"))?;
+        if slot == 0 || slot % PAGE != 0 {
+            return Err(Error::internal(format!(
+                "host slot of {slot} bytes is not whole pages"
+            )));
+        }
+        Ok(Layout {
+            ranks,
+            slot,
+            flags_at,
+            data_at,
+            len,
+        })
+    }
+}
+
+/// What the creating rank hands each other rank of its host: the file, every rank's eventfd,
+/// and the receiver's index.
+#[derive(Debug)]
+pub struct HostShare<'a> {
+    pub file: BorrowedFd<'a>,
+    pub events: Vec<BorrowedFd<'a>>,
+    pub ranks: usize,
+    pub slot: usize,
+}
+
+/// One rank's view of its host's segment.
+#[derive(Debug)]
+pub struct HostSegment {
+    file: MemFile,
+    map: Mapping,
+    layout: Layout,
+    /// This rank's index among the ranks of the host.
+    me: usize,
+    /// Every rank's eventfd, written to wake it.
+    events: Vec<OwnedFd>,
+}
+
+impl HostSegment {
+    /// Creates the segment of `ranks` ranks with `slot` bytes each, as rank 0 of the host.
+    pub fn create(ranks: usize, slot: usize) -> Result<HostSegment> {
+        let layout = Layout::new(ranks, slot)?;
+        let file = MemFile::create("ccl-host", layout.len, "CCL_SHM_SLOT_SIZE")?;
+        let events = (0..ranks)
+            .map(|_| crate::transport::new_eventfd())
+            .collect::<Result<Vec<_>>>()?;
+        let seg = HostSegment::map(file, layout, 0, events)?;
+        let mut head = [0u8; 24];
+        head[..8].copy_from_slice(&MAGIC);
+        head[8..16].copy_from_slice(&(ranks as u64).to_le_bytes());
+        head[16..].copy_from_slice(&(slot as u64).to_le_bytes());
+        // SAFETY: the header lies in the first page, mapped read-write; nobody else has the file
+        // yet.
+        unsafe { std::ptr::copy_nonoverlapping(head.as_ptr(), seg.map.ptr().as_ptr(), 24) };
+        Ok(seg)
+    }
+
+    /// What to pass to another rank of the host.
+    pub fn share(&self) -> HostShare<'_> {
+        HostShare {
+            file: self.file.fd(),
+            events: self.events.iter().map(|e| e.as_fd()).collect(),
+            ranks: self.layout.ranks,
+            slot: self.layout.slot,
+        }
+    }
+
+    /// Opens a segment another rank created, as rank `me` of the host.
+    pub fn open(
+        file: OwnedFd,
+        events: Vec<OwnedFd>,
+        ranks: usize,
+        slot: usize,
+        me: usize,
+    ) -> Result<HostSegment> {
+        if me >= ranks || events.len() != ranks || ranks > 4096 {
+            return Err(Error::remote(format!(
+                "host segment set-up for rank {me} of {ranks} with {} eventfds",
+                events.len()
+            )));
+        }
+        let layout = Layout::new(ranks, slot)?;
+        let file = MemFile::open(file, layout.len)?;
+        let seg = HostSegment::map(file, layout, me, events)?;
+        let mut head = [0u8; 24];
+        // SAFETY: the first page is mapped; its creator wrote the header before sharing the file
+        // and never writes it again.
+        unsafe { std::ptr::copy_nonoverlapping(seg.map.ptr().as_ptr(), head.as_mut_ptr(), 24) };
+        let n = u64::from_le_bytes(head[8..16].try_into().expect("8"));
+        let s = u64::from_le_bytes(head[16..].try_into().expect("8"));
+        if head[..8] != MAGIC || n != ranks as u64 || s != slot as u64 {
+            return Err(Error::remote(
+                "the host memory file is not this host's segment",
+            ));
+        }
+        Ok(seg)
+    }
+
+    fn map(file: MemFile, layout: Layout, me: usize, events: Vec<OwnedFd>) -> Result<HostSegment> {
+        let map = Mapping::new(&file, 0, layout.len)?;
+        Ok(HostSegment {
+            file,
+            map,
+            layout,
+            me,
+            events,
+        })
+    }
+
+    /// Ranks on the host.
+    pub fn ranks(&self) -> usize {
+        self.layout.ranks
+    }
+
+    /// This rank's index among them.
+    pub fn me(&self) -> usize {
+        self.me
+    }
+
+    /// Bytes of each rank's slot.
+    pub fn slot_len(&self) -> usize {
+        self.layout.slot
+    }
+
+    fn flags(&self, r: usize) -> &RankFlags {
+        assert!(r < self.layout.ranks, "host rank {r} out of range");
+        // SAFETY: `flags_at + r * size` lies in the mapped flags area (sized for every rank in
+        // `Layout::new`), aligned for `RankFlags` (a page boundary plus multiples of its size,
+        // itself a multiple of its alignment); the file started zeroed, which is its initial
+        // state, and stays mapped while `self` lives. Only atomics are accessed through it.
+        unsafe {
+            &*self
+                .map
+                .ptr()
+                .as_ptr()
+                .add(self.layout.flags_at + r * std::mem::size_of::<RankFlags>())
+                .cast::<RankFlags>()
+        }
+    }
+
+    /// How many times rank `r` has posted.
+    pub fn posted(&self, r: usize) -> u64 {
+        self.flags(r).posted.load(Ordering::Acquire)
+    }
+
+    /// The operation fingerprint rank `r` announced last.
+    pub fn desc(&self, r: usize) -> u64 {
+        self.flags(r).desc.load(Ordering::Acquire)
+    }
+
+    /// Announces the operation this rank is entering (before its first post in it).
+    pub fn announce(&self, desc: u64) {
+        self.flags(self.me).desc.store(desc, Ordering::Release);
+    }
+
+    /// Publishes that everything this rank wrote before is ready (its counter grows by one),
+    /// and wakes the ranks that sleep.
+    pub fn post(&self) {
+        let f = self.flags(self.me);
+        f.posted.fetch_add(1, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+        for r in 0..self.layout.ranks {
+            let s = &self.flags(r).sleeping;
+            if r != self.me && s.load(Ordering::Relaxed) != 0 && s.swap(0, Ordering::AcqRel) != 0 {
+                let _ = nix::unistd::write(&self.events[r], &1u64.to_ne_bytes());
+            }
+        }
+    }
+
+    /// Whether every rank in `ranks` has posted at least `count` times.
+    pub fn reached(&self, ranks: impl IntoIterator<Item = usize>, count: u64) -> bool {
+        ranks.into_iter().all(|r| self.posted(r) >= count)
+    }
+
+    /// Raises this rank's sleep flag unless `ranks` have reached `count` by now; returns whether
+    /// the caller may sleep (on [`wait_fd`](HostSegment::wait_fd)).
+    pub fn arm(&self, ranks: impl IntoIterator<Item = usize> + Clone, count: u64) -> bool {
+        let mut b = [0u8; 8];
+        let _ = nix::unistd::read(self.events[self.me].as_raw_fd(), &mut b);
+        let s = &self.flags(self.me).sleeping;
+        s.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.reached(ranks, count) {
+            s.store(0, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Readable when another rank posted while this one slept.
+    pub fn wait_fd(&self) -> BorrowedFd<'_> {
+        self.events[self.me].as_fd()
+    }
+
+    /// Rank `r`'s slot. The bytes may change under the caller unless the schedule's posts and
+    /// waits order every write of them before this read (the symbolic checker's job).
+    pub fn slot(&self, r: usize) -> &[u8] {
+        assert!(r < self.layout.ranks, "host rank {r} out of range");
+        // SAFETY: the slot lies inside the mapping (`Layout::new` sized it), which lives as long
+        // as `&self`. Other processes write slots, so this is memory shared across processes:
+        // the schedules order every write of a slot before its reads through posts and waits
+        // (release/acquire on the counters), which the symbolic checker verifies for every
+        // schedule, so no bytes change while this borrow is read.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map
+                    .ptr()
+                    .as_ptr()
+                    .add(self.layout.data_at + r * self.layout.slot),
+                self.layout.slot,
+            )
+        }
+    }
+
+    /// This rank's own slot, to write.
+    pub fn my_slot(&mut self) -> &mut [u8] {
+        let at = self.layout.data_at + self.me * self.layout.slot;
+        // SAFETY: inside the mapping as for `slot`; only this rank writes its slot, `&mut self`
+        // makes this the only borrow of it in this process, and the schedules make other ranks
+        // read it only after this rank posted the write and write it again only after every
+        // reader posted that it is done.
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr().as_ptr().add(at), self.layout.slot) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_see_each_others_slots_and_posts() {
+        let mut a = HostSegment::create(3, PAGE).unwrap();
+        let sh = a.share();
+        let files: Vec<OwnedFd> = (0..2)
+            .map(|_| sh.file.try_clone_to_owned().unwrap())
+            .collect();
+        let ev = |_: usize| -> Vec<OwnedFd> {
+            sh.events
+                .iter()
+                .map(|e| e.try_clone_to_owned().unwrap())
+                .collect()
+        };
+        let (ranks, slot) = (sh.ranks, sh.slot);
+        let mut f = files.into_iter();
+        let mut b = HostSegment::open(f.next().unwrap(), ev(1), ranks, slot, 1).unwrap();
+        let c = HostSegment::open(f.next().unwrap(), ev(2), ranks, slot, 2).unwrap();
+        b.my_slot()[..3].copy_from_slice(b"bee");
+        b.post();
+        assert!(c.reached([1], 1) && !c.reached([0, 1], 1));
+        assert_eq!(&a.slot(1)[..3], b"bee");
+        // Rank 2 sleeps on ranks 0 and 1; rank 0's post wakes it.
+        assert!(c.arm([0, 1], 1));
+        a.my_slot()[0] = 1;
+        a.post();
+        let mut fds = [nix::poll::PollFd::new(
+            c.wait_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        assert_eq!(
+            nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(5000u16)).unwrap(),
+            1
+        );
+        assert!(c.reached([0, 1], 1));
+        assert!(!c.arm([0, 1], 1), "nothing to wait for");
+        a.announce(77);
+        assert_eq!(c.desc(0), 77);
+    }
+
+    #[test]
+    fn a_foreign_or_mismatched_segment_is_refused() {
+        let a = HostSegment::create(2, PAGE).unwrap();
+        let sh = a.share();
+        let ev: Vec<OwnedFd> = sh
+            .events
+            .iter()
+            .map(|e| e.try_clone_to_owned().unwrap())
+            .collect();
+        let e = HostSegment::open(sh.file.try_clone_to_owned().unwrap(), ev, 2, 2 * PAGE, 1);
+        assert!(e.is_err());
+        let ev: Vec<OwnedFd> = sh
+            .events
+            .iter()
+            .map(|e| e.try_clone_to_owned().unwrap())
+            .collect();
+        assert!(HostSegment::open(sh.file.try_clone_to_owned().unwrap(), ev, 2, PAGE, 2).is_err());
+    }
+}

@@ -1,0 +1,634 @@
+//! The shared-memory transport: a pair of rings in one memory file per pair of ranks of a host.
+//!
+//! Set-up, per pair: the listener is a Unix socket in the abstract namespace (so it leaves no
+//! file behind either, and only processes in the same network namespace reach it); the
+//! connector authenticates with the communicator secret, then creates the memory file and four
+//! eventfds and passes them over the socket; the acceptor checks the file and maps it. The
+//! socket stays open: a peer that dies, however it dies, closes it, which wakes a waiting rank.
+//!
+//! The segment: one page of control (a header and the two rings' positions and sleep flags),
+//! then the connector-to-acceptor ring, then the acceptor-to-connector ring, each mapped twice
+//! back to back so every copy and every lent slice is contiguous.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ccl_core::transport::handshake::{self, Acceptor, Magic};
+use ccl_core::transport::{
+    ConnectContext, Endpoint, Handle, Interest, Listener, Scope, Transport, TransportProperties,
+};
+use ccl_core::{Error, ErrorKind, Result, ccl_trace, net};
+use nix::poll::PollFlags;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use crate::fdpass;
+use crate::host::HostSegment;
+use crate::mem::{Mapping, MemFile, Mirror, PAGE, page_size};
+use crate::ring::{Consumer, Producer, RingCtl, RingMem};
+
+const HANDLE_MAGIC: [u8; 2] = *b"CS";
+const HANDLE_VERSION: u8 = 1;
+const MAGIC: Magic = Magic {
+    hello: *b"CCLSHM\x01H",
+    ack: *b"CCLSHM\x01A",
+};
+const SETUP_MAGIC: [u8; 8] = *b"CCLSHM\x01S";
+const READY_MAGIC: [u8; 8] = *b"CCLSHM\x01R";
+const SEGMENT_MAGIC: [u8; 8] = *b"CCLSHMSG";
+/// Where the two rings' control blocks sit in the control page.
+const CTL_OFFSET: [usize; 2] = [128, 128 + std::mem::size_of::<RingCtl>()];
+const _: () = assert!(CTL_OFFSET[1] + std::mem::size_of::<RingCtl>() <= PAGE);
+const _: () = assert!(CTL_OFFSET[1] % std::mem::align_of::<RingCtl>() == 0);
+
+/// The shared-memory transport. One per communicator: it also sets up the host segment that
+/// the communicator's ranks on this host share ([`ShmTransport::take_host`]).
+#[derive(Debug, Default, Clone)]
+pub struct ShmTransport {
+    host: Arc<Mutex<HostState>>,
+}
+
+/// The ranks of this host that talk through shared memory (this rank included, ascending), and
+/// the host segment once made (by the lowest of them) or received (by the others).
+#[derive(Debug, Default)]
+struct HostState {
+    group: Vec<usize>,
+    segment: Option<HostSegment>,
+}
+
+/// The host segment of a communicator's ranks on one host, and which communicator rank each of
+/// its slots belongs to.
+#[derive(Debug)]
+pub struct HostGroup {
+    pub segment: HostSegment,
+    /// Communicator rank of each host index, ascending.
+    pub ranks: Vec<usize>,
+}
+
+impl ShmTransport {
+    pub fn new() -> ShmTransport {
+        ShmTransport::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, HostState> {
+        self.host.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The host segment, once every connection is made (`None` when this rank shares memory with
+    /// no other). Taken once.
+    pub fn take_host(&self) -> Option<HostGroup> {
+        let mut st = self.state();
+        let segment = st.segment.take()?;
+        Some(HostGroup {
+            segment,
+            ranks: std::mem::take(&mut st.group),
+        })
+    }
+}
+
+/// The set-up message: magic, ring size, then the host segment's rank count (0: none), the
+/// acceptor's index in it, and its slot size.
+const SETUP_LEN: usize = 32;
+
+/// Descriptors of a pair's segment: the file and four eventfds.
+const PAIR_FDS: usize = 5;
+
+fn encode_handle(name: &[u8]) -> Handle {
+    let mut b = Vec::with_capacity(4 + name.len());
+    b.extend_from_slice(&HANDLE_MAGIC);
+    b.push(HANDLE_VERSION);
+    b.push(name.len() as u8);
+    b.extend_from_slice(name);
+    Handle::new(&b).expect("shm handle fits")
+}
+
+fn decode_handle(h: &Handle) -> Result<Vec<u8>> {
+    let b = h.as_bytes();
+    if b.len() < 4 || b[..2] != HANDLE_MAGIC {
+        return Err(Error::invalid_argument(
+            "bad shared-memory connection handle (do all ranks use the same transport?)",
+        ));
+    }
+    if b[2] != HANDLE_VERSION {
+        return Err(Error::invalid_argument(format!(
+            "shared-memory handle version {} but this build speaks {HANDLE_VERSION} (mixed library versions?)",
+            b[2]
+        )));
+    }
+    let n = b[3] as usize;
+    if b.len() != 4 + n || n == 0 {
+        return Err(Error::invalid_argument(
+            "bad shared-memory connection handle (length)",
+        ));
+    }
+    Ok(b[4..].to_vec())
+}
+
+fn sys(what: impl Into<String>, e: io::Error) -> Error {
+    Error::io(ErrorKind::System, what, e)
+}
+
+pub(crate) fn new_eventfd() -> Result<OwnedFd> {
+    EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+        .map(OwnedFd::from)
+        .map_err(|e| sys("eventfd", e.into()))
+}
+
+/// Wakes whoever polls `fd`.
+fn signal(fd: &OwnedFd) {
+    // EAGAIN (a full counter) still leaves it readable.
+    let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Clears a pending wake-up.
+fn drain(fd: &OwnedFd) {
+    let mut b = [0u8; 8];
+    let _ = nix::unistd::read(fd.as_raw_fd(), &mut b);
+}
+
+impl Transport for ShmTransport {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Host
+    }
+
+    fn prepare(&self, ctx: &ConnectContext, peers: &[usize]) -> Result<()> {
+        let mut group: Vec<usize> = peers.iter().copied().chain([ctx.rank]).collect();
+        group.sort_unstable();
+        group.dedup();
+        let mut st = self.state();
+        // The lowest rank of the host makes the segment and hands it over as it connects to the
+        // others (it connects to every one of them: they are all higher).
+        if group.len() > 1 && group[0] == ctx.rank && PAIR_FDS + 1 + group.len() <= fdpass::MAX_FDS
+        {
+            st.segment = Some(HostSegment::create(group.len(), ctx.config.shm_slot_size)?);
+        }
+        st.group = group;
+        Ok(())
+    }
+
+    fn properties(&self) -> TransportProperties {
+        // A cache line between cores each way; copies at memory speed less the reducing reads.
+        TransportProperties {
+            latency: Duration::from_nanos(500),
+            bandwidth: 10.0e9,
+            // Waking a sleeper costs one eventfd write: no reason to spin longer than
+            // `CCL_SPIN_US`.
+            spin: Duration::ZERO,
+        }
+    }
+
+    fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>> {
+        if page_size() != PAGE {
+            return Err(Error::invalid_usage(format!(
+                "the shared-memory transport needs 4 KiB pages; this system has {} (set CCL_SHM_DISABLE=1)",
+                page_size()
+            ))
+            .rank(ctx.rank));
+        }
+        let mut rnd = [0u8; 12];
+        getrandom::getrandom(&mut rnd).map_err(|e| Error::internal(format!("getrandom: {e}")))?;
+        let hex: String = rnd.iter().map(|b| format!("{b:02x}")).collect();
+        let name = format!("ccl-shm/{}/{hex}", std::process::id()).into_bytes();
+        let addr = SocketAddr::from_abstract_name(&name)
+            .map_err(|e| sys("shared-memory transport: socket name", e))?;
+        let l = UnixListener::bind_addr(&addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| sys("shared-memory transport: listen", e).rank(ctx.rank))?;
+        Ok(Box::new(ShmListener {
+            ctx: ctx.clone(),
+            host: self.host.clone(),
+            listener: l,
+            name,
+            acceptor: Acceptor::new(MAGIC, "shared-memory transport"),
+        }))
+    }
+
+    fn connect(
+        &self,
+        ctx: &ConnectContext,
+        peer: usize,
+        handle: &Handle,
+        deadline: Instant,
+    ) -> Result<Box<dyn Endpoint>> {
+        let fail = |e: Error| e.rank(ctx.rank).peer(peer);
+        let name = decode_handle(handle).map_err(fail)?;
+        let what = || format!("shared-memory connection to peer {peer}");
+        let addr = SocketAddr::from_abstract_name(&name).map_err(|e| fail(sys(what(), e)))?;
+        let mut s = UnixStream::connect_addr(&addr).map_err(|e| {
+            fail(Error::io(
+                ErrorKind::InvalidUsage,
+                format!(
+                    "{}: its socket cannot be reached; shared memory works between ranks of one \
+                     host in one network namespace (is peer {peer} on another host? \
+                     CCL_TRANSPORT=shm forces shared memory for every pair)",
+                    what()
+                ),
+                e,
+            ))
+        })?;
+        net::write_all_by(&mut s, &handshake::hello(&MAGIC, ctx), deadline, &what).map_err(fail)?;
+        let mut ack = [0u8; handshake::ACK_LEN];
+        net::read_exact_by(&mut s, &mut ack, deadline, &what).map_err(|e| {
+            fail(e.context("no handshake reply (the peer refused our secret or rank?)"))
+        })?;
+        handshake::check_ack(&MAGIC, &ack, peer)
+            .map_err(|m| fail(Error::remote(format!("{}: {m}", what()))))?;
+        let seg = Segment::create(ctx.config.shm_ring_size).map_err(fail)?;
+        let mut setup = [0u8; SETUP_LEN];
+        setup[..8].copy_from_slice(&SETUP_MAGIC);
+        setup[8..16].copy_from_slice(&(seg.cap as u64).to_le_bytes());
+        let mut fds: Vec<BorrowedFd<'_>> = std::iter::once(seg.file.fd())
+            .chain(seg.events.iter().map(|e| e.as_fd()))
+            .collect();
+        let st = self.state();
+        // Only the lowest rank of the host hands the segment on; the others hold one they
+        // received.
+        let leader = st.group.first() == Some(&ctx.rank);
+        if let (Some(host), true) = (&st.segment, leader) {
+            let index = st.group.iter().position(|&r| r == peer).ok_or_else(|| {
+                fail(Error::internal(format!(
+                    "peer {peer} is not in this host's group"
+                )))
+            })?;
+            let share = host.share();
+            setup[16..20].copy_from_slice(&(share.ranks as u32).to_le_bytes());
+            setup[20..24].copy_from_slice(&(index as u32).to_le_bytes());
+            setup[24..32].copy_from_slice(&(share.slot as u64).to_le_bytes());
+            fds.push(share.file);
+            fds.extend(share.events);
+        }
+        fdpass::send(&s, &setup, &fds).map_err(|e| fail(sys(what(), e)))?;
+        drop(st);
+        let mut ready = [0u8; 8];
+        net::read_exact_by(&mut s, &mut ready, deadline, &what)
+            .map_err(|e| fail(e.context("the peer could not map the shared memory")))?;
+        if ready != READY_MAGIC {
+            return Err(fail(Error::remote(format!(
+                "{}: unexpected set-up reply",
+                what()
+            ))));
+        }
+        ShmEndpoint::boxed(peer, seg, 0, s).map_err(fail)
+    }
+}
+
+struct ShmListener {
+    ctx: ConnectContext,
+    host: Arc<Mutex<HostState>>,
+    listener: UnixListener,
+    name: Vec<u8>,
+    acceptor: Acceptor<UnixStream>,
+}
+
+impl Listener for ShmListener {
+    fn handle(&self) -> Handle {
+        encode_handle(&self.name)
+    }
+
+    fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)> {
+        let rank = self.ctx.rank;
+        let listener = &self.listener;
+        let (peer, mut s, _) = self.acceptor.accept(
+            &self.ctx,
+            listener.as_fd(),
+            || match listener.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(true)?;
+                    let who = match nix::sys::socket::getsockopt(
+                        &s,
+                        nix::sys::socket::sockopt::PeerCredentials,
+                    ) {
+                        Ok(c) => format!("pid {}", c.pid()),
+                        Err(_) => "an unknown process".to_string(),
+                    };
+                    Ok(Some((s, who)))
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(e),
+            },
+            deadline,
+        )?;
+        let fail = |e: Error| e.rank(rank).peer(peer);
+        let what = || format!("shared-memory connection from peer {peer}");
+        // The caller's deadline bounds the wait for a peer; one that has arrived is set up
+        // within the communicator's timeout (see `Listener::accept`).
+        let deadline = Instant::now() + self.ctx.config.timeout;
+        s.set_nonblocking(false).map_err(|e| fail(sys(what(), e)))?;
+        net::write_all_by(&mut s, &handshake::ack(&MAGIC, rank), deadline, &what).map_err(fail)?;
+        let left = net::remaining(deadline, what).map_err(fail)?;
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .map_err(|e| fail(sys(what(), e)))?;
+        let mut setup = [0u8; SETUP_LEN];
+        let mut fds = fdpass::recv(&s, &mut setup).map_err(|e| {
+            fail(Error::io(
+                ErrorKind::Remote,
+                format!("{}: no shared-memory set-up", what()),
+                e,
+            ))
+        })?;
+        if setup[..8] != SETUP_MAGIC {
+            return Err(fail(Error::remote(format!(
+                "{}: bad set-up message",
+                what()
+            ))));
+        }
+        let word = |a: usize, b: usize| -> usize {
+            let mut v = [0u8; 8];
+            v[..b - a].copy_from_slice(&setup[a..b]);
+            u64::from_le_bytes(v) as usize
+        };
+        let (cap, host_ranks, index, slot) =
+            (word(8, 16), word(16, 20), word(20, 24), word(24, 32));
+        if host_ranks > 0 {
+            if fds.len() != PAIR_FDS + 1 + host_ranks {
+                return Err(fail(Error::remote(format!(
+                    "{}: the host segment came with {} descriptors",
+                    what(),
+                    fds.len()
+                ))));
+            }
+            let events = fds.split_off(PAIR_FDS + 1);
+            let file = fds.pop().expect("counted");
+            let seg = HostSegment::open(file, events, host_ranks, slot, index)
+                .map_err(|e| fail(e.context(what())))?;
+            self.host.lock().unwrap_or_else(|p| p.into_inner()).segment = Some(seg);
+        }
+        let seg = Segment::open(fds, cap).map_err(|e| fail(e.context(what())))?;
+        net::write_all_by(&mut s, &READY_MAGIC, deadline, &what).map_err(fail)?;
+        ccl_trace!(Some(rank), "shared-memory transport: accepted peer {peer}");
+        Ok((peer, ShmEndpoint::boxed(peer, seg, 1, s).map_err(fail)?))
+    }
+}
+
+/// One pair's shared memory, mapped: the control page and the two rings.
+struct Segment {
+    // Users of the mappings (`Producer`, `Consumer`) live in the endpoint, which drops them
+    // before this.
+    file: MemFile,
+    ctl: Mapping,
+    rings: [Mirror; 2],
+    /// Per ring: data readable (the consumer polls it), space free (the producer polls it).
+    events: [OwnedFd; 4],
+    cap: usize,
+}
+
+impl Segment {
+    fn len(cap: usize) -> Result<usize> {
+        cap.checked_mul(2)
+            .and_then(|b| b.checked_add(PAGE))
+            .ok_or_else(|| Error::invalid_argument("CCL_SHM_RING_SIZE is too large"))
+    }
+
+    fn create(cap: usize) -> Result<Segment> {
+        let file = MemFile::create("ccl-shm", Segment::len(cap)?, "CCL_SHM_RING_SIZE")?;
+        let seg = Segment::map(
+            file,
+            cap,
+            [
+                new_eventfd()?,
+                new_eventfd()?,
+                new_eventfd()?,
+                new_eventfd()?,
+            ],
+        )?;
+        let p = seg.ctl.ptr().as_ptr();
+        // SAFETY: the control page is mapped read-write, this process created it just now and
+        // nobody else has it yet; the header's 16 bytes lie inside the page.
+        unsafe {
+            std::ptr::copy_nonoverlapping(SEGMENT_MAGIC.as_ptr(), p, 8);
+            std::ptr::copy_nonoverlapping((cap as u64).to_le_bytes().as_ptr(), p.add(8), 8);
+        }
+        Ok(seg)
+    }
+
+    fn open(fds: Vec<OwnedFd>, cap: usize) -> Result<Segment> {
+        if cap < 4096 || cap % PAGE != 0 || cap > 1 << 30 {
+            return Err(Error::remote(format!("bad shared ring size {cap}")));
+        }
+        let Ok([file, a, b, c, d]) = <[OwnedFd; PAIR_FDS]>::try_from(fds) else {
+            return Err(Error::remote(
+                "shared-memory set-up carried the wrong number of descriptors",
+            ));
+        };
+        let file = MemFile::open(file, Segment::len(cap)?)?;
+        let seg = Segment::map(file, cap, [a, b, c, d])?;
+        let mut head = [0u8; 16];
+        // SAFETY: the control page is mapped; the connector wrote the header before passing the
+        // file and writes it never again.
+        unsafe { std::ptr::copy_nonoverlapping(seg.ctl.ptr().as_ptr(), head.as_mut_ptr(), 16) };
+        if head[..8] != SEGMENT_MAGIC
+            || u64::from_le_bytes(head[8..].try_into().expect("8")) != cap as u64
+        {
+            return Err(Error::remote("the shared memory file is not a ccl segment"));
+        }
+        Ok(seg)
+    }
+
+    fn map(file: MemFile, cap: usize, events: [OwnedFd; 4]) -> Result<Segment> {
+        let ctl = Mapping::new(&file, 0, PAGE)?;
+        let rings = [
+            Mirror::new(&file, PAGE, cap)?,
+            Mirror::new(&file, PAGE + cap, cap)?,
+        ];
+        Ok(Segment {
+            file,
+            ctl,
+            rings,
+            events,
+            cap,
+        })
+    }
+
+    fn ring(&self, i: usize) -> RingMem {
+        // SAFETY:
+        // - The control blocks lie inside the mapped control page at offsets aligned for
+        //   `RingCtl` (checked at compile time), in a file that started zeroed.
+        // - Ring `i`'s data is a `Mirror` of `cap` bytes.
+        // - Both stay mapped while the segment lives, and the endpoint owning the segment drops
+        //   its producer and consumer first.
+        // - The protocol makes one side the producer and the other the consumer of each ring:
+        //   the connector writes ring 0 and reads ring 1, the acceptor the reverse.
+        unsafe {
+            RingMem::new(
+                self.ctl.ptr().as_ptr().add(CTL_OFFSET[i]).cast(),
+                self.rings[i].ptr().as_ptr(),
+                self.cap,
+            )
+        }
+    }
+}
+
+/// One end of a pair: it writes ring `tx` and reads ring `1 - tx`.
+struct ShmEndpoint {
+    peer: usize,
+    tx: Producer,
+    rx: Consumer,
+    /// Signalled when ring `tx` gets data (the peer waits on it) / when ring `rx` frees space.
+    wake_peer_data: usize,
+    wake_peer_space: usize,
+    /// What this side polls: data in ring `rx`, space in ring `tx`.
+    my_data: usize,
+    my_space: usize,
+    sock: UnixStream,
+    /// Dropped last: the rings above point into it.
+    seg: Segment,
+}
+
+impl ShmEndpoint {
+    fn boxed(peer: usize, seg: Segment, tx: usize, sock: UnixStream) -> Result<Box<dyn Endpoint>> {
+        sock.set_nonblocking(true)
+            .map_err(|e| sys("shared-memory connection", e))?;
+        let rx = 1 - tx;
+        Ok(Box::new(ShmEndpoint {
+            peer,
+            tx: Producer::new(seg.ring(tx)),
+            rx: Consumer::new(seg.ring(rx)),
+            wake_peer_data: 2 * tx,
+            wake_peer_space: 2 * rx + 1,
+            my_data: 2 * rx,
+            my_space: 2 * tx + 1,
+            sock,
+            seg,
+        }))
+    }
+
+    fn closed(&self) -> Error {
+        Error::remote(format!(
+            "shared-memory connection to peer {} was closed by the peer (did it exit or fail?)",
+            self.peer
+        ))
+        .peer(self.peer)
+    }
+
+    /// Whether the peer's process still holds its end of the socket.
+    fn peer_alive(&self) -> bool {
+        let mut b = [0u8; 1];
+        !matches!(
+            nix::sys::socket::recv(
+                self.sock.as_raw_fd(),
+                &mut b,
+                nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            ),
+            Ok(0) | Err(nix::errno::Errno::ECONNRESET)
+        )
+    }
+
+    fn after_read(&self, n: usize) {
+        if n > 0 && self.rx.producer_wants_wake() {
+            signal(&self.seg.events[self.wake_peer_space]);
+        }
+    }
+}
+
+impl Drop for ShmEndpoint {
+    fn drop(&mut self) {
+        // The peer reads what is left, then sees the close; if it sleeps, wake it.
+        self.tx.close();
+        self.rx.close();
+        signal(&self.seg.events[self.wake_peer_data]);
+        signal(&self.seg.events[self.wake_peer_space]);
+    }
+}
+
+impl Endpoint for ShmEndpoint {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn send(&mut self, src: &[u8]) -> Result<usize> {
+        if self.tx.consumer_closed() {
+            return Err(self.closed());
+        }
+        let n = self.tx.push(src);
+        if n > 0 && self.tx.consumer_wants_wake() {
+            signal(&self.seg.events[self.wake_peer_data]);
+        }
+        Ok(n)
+    }
+
+    fn recv(&mut self, dst: &mut [u8]) -> Result<usize> {
+        let n = self.rx.read(dst);
+        if n == 0 && !dst.is_empty() && self.rx.producer_closed() && self.rx.is_empty() {
+            return Err(self.closed());
+        }
+        self.after_read(n);
+        Ok(n)
+    }
+
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize> {
+        let n = self.rx.read_with(max, consume);
+        if n == 0 && max > 0 && self.rx.producer_closed() && self.rx.is_empty() {
+            return Err(self.closed());
+        }
+        self.after_read(n);
+        Ok(n)
+    }
+
+    fn prepare_wait(&mut self, interest: Interest) -> Result<bool> {
+        // Clear old wake-ups first: one that lands after the checks below stays and wakes the
+        // poll.
+        if interest.recv {
+            drain(&self.seg.events[self.my_data]);
+            if !self.rx.arm() {
+                return Ok(false);
+            }
+        }
+        if interest.send {
+            drain(&self.seg.events[self.my_space]);
+            if !self.tx.arm() {
+                return Ok(false);
+            }
+        }
+        if !self.peer_alive() {
+            return Err(Error::remote(format!(
+                "shared-memory peer {} died (its end of the connection closed)",
+                self.peer
+            ))
+            .peer(self.peer));
+        }
+        Ok(true)
+    }
+
+    fn wait_fds<'a>(&'a self, interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
+        if interest.recv {
+            out.push((self.seg.events[self.my_data].as_fd(), PollFlags::POLLIN));
+        }
+        if interest.send {
+            out.push((self.seg.events[self.my_space].as_fd(), PollFlags::POLLIN));
+        }
+        if interest.recv || interest.send {
+            out.push((self.sock.as_fd(), PollFlags::POLLIN));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_round_trip_and_refusals() {
+        let h = encode_handle(b"ccl-shm/1/abc");
+        assert_eq!(decode_handle(&h).unwrap(), b"ccl-shm/1/abc");
+        let mut b = h.as_bytes().to_vec();
+        b[2] = 9;
+        assert!(
+            decode_handle(&Handle::new(&b).unwrap())
+                .unwrap_err()
+                .to_string()
+                .contains("version 9")
+        );
+        assert!(decode_handle(&Handle::new(b"CT\x01\x04").unwrap()).is_err());
+        assert!(decode_handle(&Handle::new(&h.as_bytes()[..5]).unwrap()).is_err());
+        for n in 0..h.as_bytes().len() {
+            let _ = decode_handle(&Handle::new(&h.as_bytes()[..n]).unwrap());
+        }
+    }
+}
