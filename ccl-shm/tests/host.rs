@@ -34,7 +34,11 @@ fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
             .iter_mut()
             .enumerate()
             .map(|(r, l)| {
-                s.spawn(move || (0..r).map(|_| l.accept(deadline).unwrap()).collect::<Vec<_>>())
+                s.spawn(move || {
+                    (0..r)
+                        .map(|_| l.accept(deadline).unwrap())
+                        .collect::<Vec<_>>()
+                })
             })
             .collect();
         for (r, t) in ts.iter().enumerate() {
@@ -46,7 +50,10 @@ fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
             eps.extend(a.join().unwrap().into_iter().map(|(_, e)| e));
         }
     });
-    let mut groups: Vec<_> = ts.iter().map(|t| t.take_host().expect("a host segment")).collect();
+    let mut groups: Vec<_> = ts
+        .iter()
+        .map(|t| t.take_host().expect("a host segment"))
+        .collect();
     for (r, g) in groups.iter().enumerate() {
         assert_eq!(g.ranks, vec![0, 1, 2]);
         assert_eq!(g.segment.me(), r);
