@@ -9,7 +9,7 @@
 //! a zero label is first replaced by a hash of the local and remote QP numbers
 //! ([`kernel_flow_label`]), then the 20-bit label is folded into the low 14 bits of a port at or
 //! above 0xC000 ([`flow_label_to_udp_sport`]). Kernels older than those drivers' adoption of it
-//! (mlx5 before about 5.8) give every QP of a GID one port whatever the label.
+//! (mlx5 before about 5.8) give every QP of a device one port whatever the label.
 //!
 //! Left to that default, the QPs of one connection get ports that are only probably distinct.
 //! The verbs transport instead gives QP `k` of a connection (`k = 0` the control QP, `1..=n` the
