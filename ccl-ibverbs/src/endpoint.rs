@@ -47,9 +47,11 @@ const CARRY_CAP: usize = 64;
 /// reach the peer even when the program exits right after a collective.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
-/// The smallest piece split mode cuts: below it a write costs more than spreading it gains.
+/// The smallest piece split mode cuts, so a small send does not become many tiny writes (each
+/// costs a work request, a completion and a credit whatever its size).
 const MIN_SPLIT_PIECE: usize = 4096;
-/// Split pieces are multiples of this, so they end on element boundaries.
+/// Split pieces are multiples of this, so a piece ends on an element boundary whenever the send
+/// began on one.
 const SPLIT_ALIGN: usize = 64;
 
 /// The largest piece a `send` of `len` bytes stages per RDMA write: a slot (`slot_size`), or
