@@ -11,14 +11,17 @@
 #     allreduce algorithm (the `ib_` tests of ccl's collectives and algos suites: 1-5 ranks,
 #     every dtype, op, placement and root) and ccl-ibverbs' endpoint tests;
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
-#     run a checked allreduce over rxe between the two "hosts"; then, in a second boot, a
-#     checked allreduce with 1% packet loss (netem) each way, and the link set down
-#     mid-run, which must fail both ranks naming the other within the timeout.
+#     run a checked allreduce over rxe between the two "hosts", then in the same boot the
+#     runs of scripts/rxe-entropy.sh (1 and 4 QPs per connection, round-robin and split,
+#     captured with tcpdump: each data QP must leave with its own UDP source port); then,
+#     in a second boot, a checked allreduce with 1% packet loss (netem) each way, and the
+#     link set down mid-run, which must fail both ranks naming the other within the timeout.
 # On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
 # CCL_RXE_TESTS_DIRECT=1 to run step 1 without a VM.
 # The verbs tests are #[ignore]d on a host without a device; step 1 runs them with
 # --include-ignored, and fails if a test binary is missing or runs no test.
-# Ends with "rxe-tests: N passed, M failed", counting the tests of step 1 and the runs of step 2;
+# Ends with "rxe-tests: N passed, M failed", counting the tests of step 1 and the runs of step 2
+# (the two-VM allreduce, each entropy run, the link faults);
 # exit status 0 when everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -125,18 +128,33 @@ log "single-VM tests: $(( $(date +%s) - t0 )) s"
 if [ "$PAIR" = 1 ]; then
   t0=$(date +%s)
   # Rank 0 (the rendezvous root) in VM B, rank 1 in VM A; A's bootstrap retries until B is up.
+  # Then, in the same boot, the source-port captures of scripts/rxe-entropy.sh.
   cmd='export CCL_WORLD_SIZE=2 CCL_COMM_ID=192.0.2.2:29555 CCL_SECRET=rxe-pair CCL_TRANSPORT=ib \
          CCL_SOCKET_IFNAME="=$RXE_NETDEV" CCL_TIMEOUT=120 CCL_DEBUG=info;
        if [ "$RXE_ROLE" = b ]; then export CCL_RANK=0; else export CCL_RANK=1; fi;
        timeout 240 target/release/ccl-bench allreduce -b 8 -e 1M -f 8 -n 2 -w 1 -c 1 > $TMPDIR/out 2> $TMPDIR/err;
        rc=$?; grep -v "is not a ccl setting" $TMPDIR/err | grep -E "ERROR|error|ready|verbs" ; cat $TMPDIR/out;
-       if [ "$CCL_RANK" = 0 ]; then grep -q "Out of bounds values : 0 OK" $TMPDIR/out || rc=1; fi; exit $rc'
-  if CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-600} scripts/rxe-vm-pair.sh "$cmd" "$cmd"; then
+       if [ "$CCL_RANK" = 0 ]; then grep -q "Out of bounds values : 0 OK" $TMPDIR/out || rc=1; fi;
+       echo "RESULT two-VM allreduce: exit $rc";
+       (unset CCL_COMM_ID CCL_SECRET CCL_DEBUG CCL_RANK; scripts/rxe-entropy.sh --guest); e=$?;
+       [ $rc = 0 ] && [ $e = 0 ]'
+  CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm-pair.sh "$cmd" "$cmd" 2>&1 \
+    | tee target/rxe-tests/pair.log
+  pair_rc=${PIPESTATUS[0]}
+  if [ "$(grep -c 'RESULT two-VM allreduce: exit 0$' target/rxe-tests/pair.log)" = 2 ]; then
     pass=$((pass + 1))
   else
     fail=$((fail + 1)); log "two-VM allreduce FAILED"
   fi
-  log "two-VM allreduce: $(( $(date +%s) - t0 )) s"
+  # VM A captured and checked each entropy run; B's side of a run only has to succeed.
+  ep=$(grep -c '^\[A\] PASSED: qps' target/rxe-tests/pair.log)
+  ef=$(grep -c '^\[[AB]\] FAILED: qps' target/rxe-tests/pair.log)
+  if [ "$ep" != 3 ] && [ "$ef" = 0 ]; then
+    ef=1; log "the entropy runs did not all report (exit $pair_rc)"
+  fi
+  pass=$((pass + ep)) fail=$((fail + ef))
+  [ "$ef" = 0 ] || log "entropy runs FAILED: see target/rxe-entropy/"
+  log "two-VM allreduce and entropy: $(( $(date +%s) - t0 )) s"
 
   # Faults on the link between the two VMs (one boot): 1% packet loss each way must leave
   # results correct (RC retransmits); the link set down mid-run must fail both ranks with an

@@ -10,7 +10,8 @@
 #     rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev
 #     perftest; iproute2 (`rdma`), kmod, udev (virtme-ng's guest init needs
 #     systemd-udevd), busybox-static (virtme-ng's initramfs), file, cpio,
-#     zstd, python3-venv, seabios, ipxe-qemu.
+#     zstd, python3-venv, seabios, ipxe-qemu; tcpdump (scripts/rxe-entropy.sh
+#     captures RoCE packets between two VMs).
 #     --with-mpi (or CCL_RXE_VM_WITH_MPI=1) adds openmpi-bin libopenmpi-dev
 #     libucx0 ucx-utils libfabric-bin, to compare against Open MPI + UCX.
 #   * $CCL_RXE_VM_HOME/kernel: Debian's 6.1 kernel image package (the one
@@ -51,7 +52,7 @@ done
 PKGS=(
   rdma-core ibverbs-utils ibverbs-providers libibverbs-dev librdmacm-dev perftest
   iproute2 kmod udev busybox-static file cpio zstd python3-venv
-  seabios ipxe-qemu
+  seabios ipxe-qemu tcpdump
 )
 MPI_PKGS=(openmpi-bin libopenmpi-dev libucx0 ucx-utils libfabric-bin)
 [ "$WITH_MPI" = 1 ] && PKGS+=("${MPI_PKGS[@]}")

@@ -200,6 +200,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "data QPs per peer; pieces go round-robin across them (1-64)",
     },
     Setting {
+        name: "CCL_IB_SPLIT_DATA_ON_QPS",
+        default: "0",
+        help: "0: pieces of up to a slot go round-robin across the data QPs; 1: each send is split evenly across them",
+    },
+    Setting {
         name: "CCL_IB_SLOTS",
         default: "16",
         help: "staging slots per peer and direction; bytes in flight are at most slots x slot size (2-256)",
@@ -376,6 +381,9 @@ pub struct IbConfig {
     pub ctrl_tc: u8,
     /// `CCL_IB_QPS_PER_CONN`
     pub qps_per_conn: usize,
+    /// `CCL_IB_SPLIT_DATA_ON_QPS`: split each send evenly across the data QPs instead of cutting
+    /// it into slot-sized pieces.
+    pub split_data_on_qps: bool,
     /// `CCL_IB_SLOTS`
     pub slots: usize,
     /// `CCL_IB_SLOT_SIZE`
@@ -402,6 +410,7 @@ impl IbConfig {
             tc: int("CCL_IB_TC", 0, 255)? as u8,
             ctrl_tc: int("CCL_IB_CTRL_TC", 0, 255)? as u8,
             qps_per_conn: int("CCL_IB_QPS_PER_CONN", 1, 64)? as usize,
+            split_data_on_qps: int("CCL_IB_SPLIT_DATA_ON_QPS", 0, 1)? == 1,
             spin: Duration::from_micros(int("CCL_IB_SPIN_US", 0, 10_000_000)?),
             slots: int("CCL_IB_SLOTS", 2, 256)? as usize,
             slot_size: parse_size("CCL_IB_SLOT_SIZE", &req("CCL_IB_SLOT_SIZE"), 4096)?,
@@ -671,6 +680,7 @@ mod tests {
             ("CCL_IB_TC", "256"),
             ("CCL_IB_CTRL_TC", "x"),
             ("CCL_IB_QPS_PER_CONN", "0"),
+            ("CCL_IB_SPLIT_DATA_ON_QPS", "2"),
             ("CCL_IB_SLOTS", "1"),
             ("CCL_IB_SLOTS", "257"),
             ("CCL_IB_SLOT_SIZE", "1K"),
@@ -691,6 +701,7 @@ mod tests {
         assert_eq!((d.timeout, d.retry_cnt, d.rnr_retry), (20, 7, 7));
         assert_eq!((d.tc, d.ctrl_tc, d.qps_per_conn), (0, 0, 1));
         assert_eq!((d.slots, d.slot_size), (16, 256 << 10));
+        assert!(!d.split_data_on_qps);
         assert!(d.hca.is_none() && d.gid_index.is_none());
         let c = cfg(&[
             ("CCL_IB_HCA", "^mlx5_1,=rxe0:1"),
@@ -698,6 +709,7 @@ mod tests {
             ("CCL_IB_TC", "106"),
             ("CCL_IB_CTRL_TC", "224"),
             ("CCL_IB_QPS_PER_CONN", "4"),
+            ("CCL_IB_SPLIT_DATA_ON_QPS", "1"),
             ("CCL_IB_SLOTS", "8"),
             ("CCL_IB_SLOT_SIZE", "1M"),
         ])
@@ -706,6 +718,7 @@ mod tests {
         assert_eq!(c.hca.as_deref(), Some("^mlx5_1,=rxe0:1"));
         assert_eq!(c.gid_index, Some(3));
         assert_eq!((c.tc, c.ctrl_tc, c.qps_per_conn), (106, 224, 4));
+        assert!(c.split_data_on_qps);
         assert_eq!((c.slots, c.slot_size), (8, 1 << 20));
     }
 

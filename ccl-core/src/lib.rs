@@ -6,6 +6,7 @@ pub mod bootstrap;
 pub mod check;
 pub mod comm;
 pub mod config;
+pub mod entropy;
 pub mod error;
 pub mod log;
 pub mod net;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ccl_core::config::IbConfig;
+use ccl_core::entropy;
 use ccl_core::transport::{ConnectContext, Endpoint, Interest};
 use ccl_core::{Error, ErrorKind, Result};
 use nix::poll::{PollFd, PollTimeout};
@@ -46,11 +47,13 @@ pub(crate) fn establish(
     })?;
     ccl_core::ccl_trace!(
         Some(ctx.rank),
-        "verbs transport: connected to peer {peer}: {} data QPs, {} x {} B slots, MTU {}",
+        "verbs transport: connected to peer {peer}: {} data QPs, {} x {} B slots, MTU {}; \
+         UDP source ports (local>remote QP:port, control QP first) {}",
         layout.nqp,
         layout.slots,
         layout.slot_size,
-        mtu_bytes(dev.port_attr.active_mtu.min(theirs.mtu))
+        mtu_bytes(dev.port_attr.active_mtu.min(theirs.mtu)),
+        describe_ports(&res, &theirs)
     );
     let remote = Remote {
         ring_addr: theirs.ring_addr,
@@ -128,6 +131,7 @@ fn base_params(dev: &IbDevice, ib: &IbConfig) -> ConnParams {
         remote_lid: 0,
         sgid_index: dev.gid.index as u8,
         traffic_class: 0,
+        flow_label: 0,
         service_level: 0,
         timeout: ib.timeout,
         retry_cnt: ib.retry_cnt,
@@ -185,7 +189,8 @@ fn check_layout(theirs: &QpInfo, layout: &Layout, rank: usize, peer: usize) -> R
 }
 
 /// Moves every QP to RTR and RTS towards its peer QP (`path` holds what all share): the control
-/// QP with `CCL_IB_CTRL_TC`, the data QPs with `CCL_IB_TC`.
+/// QP with `CCL_IB_CTRL_TC`, the data QPs with `CCL_IB_TC`. Each QP gets the flow label of
+/// [`flow_labels`], so the device gives it its own UDP source port.
 fn connect_qps(
     res: &Resources,
     path: &ConnParams,
@@ -193,6 +198,7 @@ fn connect_qps(
     psns: &[u32],
     ib: &IbConfig,
 ) -> Result<()> {
+    let labels = flow_labels(res.qps[0].qpn(), theirs.ctrl.qpn, res.qps.len());
     let pairs = std::iter::once((&res.qps[0], theirs.ctrl, psns[0], ib.ctrl_tc)).chain(
         res.qps[1..]
             .iter()
@@ -200,18 +206,42 @@ fn connect_qps(
             .zip(&psns[1..])
             .map(|((q, t), &psn)| (q, *t, psn, ib.tc)),
     );
-    for (qp, t, psn, tc) in pairs {
+    for ((qp, t, psn, tc), flow_label) in pairs.zip(labels) {
         let p = ConnParams {
             remote_qpn: t.qpn,
             remote_psn: t.psn,
             local_psn: psn,
             traffic_class: tc,
+            flow_label,
             ..*path
         };
         qp.modify(QpState::Rtr, &p)?;
         qp.modify(QpState::Rts, &p)?;
     }
     Ok(())
+}
+
+/// The flow labels of a connection's `nqp_total` QPs (control QP first), by the rule of
+/// [`ccl_core::entropy`]: both ends compute the same ones from the two control QP numbers.
+fn flow_labels(my_ctrl: u32, their_ctrl: u32, nqp_total: usize) -> Vec<u32> {
+    let base = entropy::conn_base(my_ctrl, their_ctrl);
+    (0..nqp_total)
+        .map(|k| entropy::qp_flow_label(base, k))
+        .collect()
+}
+
+/// `local>remote:port` for each QP (control QP first): which UDP source port the device
+/// derives for each QP pair, for the log and for matching a packet capture.
+fn describe_ports(res: &Resources, theirs: &QpInfo) -> String {
+    let labels = flow_labels(res.qps[0].qpn(), theirs.ctrl.qpn, res.qps.len());
+    let remote = std::iter::once(theirs.ctrl.qpn).chain(theirs.data.iter().map(|d| d.qpn));
+    res.qps
+        .iter()
+        .zip(remote)
+        .zip(labels)
+        .map(|((q, r), l)| format!("{}>{}:{}", q.qpn(), r, entropy::flow_label_to_udp_sport(l)))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Sleeps until the side channel is ready for `interest` or 100 ms pass.

@@ -5,9 +5,11 @@
 //!
 //! - **Send.** `send` copies up to `B` bytes of the caller's data into local slot `seq % S` and
 //!   posts one RDMA WRITE_WITH_IMM into the peer's slot `seq % S`; the immediate value carries
-//!   the slot index and the length. Pieces go round-robin over the data QPs. A slot may be
-//!   written only while the sender holds a credit for it (clear to send) and its previous write
-//!   has completed locally, so bytes in flight never exceed `S x B`.
+//!   the slot index and the length. Pieces go round-robin over the data QPs, the rotation
+//!   carrying on from one call to the next; with `CCL_IB_SPLIT_DATA_ON_QPS=1` a call's bytes are
+//!   cut into one piece per data QP instead ([`piece_size`]). A slot may be written only while
+//!   the sender holds a credit for it (clear to send) and its previous write has completed
+//!   locally, so bytes in flight never exceed `S x B`.
 //! - **Receive.** Every data QP keeps a receive posted for each write that can be in flight. A
 //!   completion marks its slot arrived; slots are delivered strictly in sequence order (writes on
 //!   different QPs may complete out of order). `recv` copies out; `recv_with` lends the slot's
@@ -45,6 +47,26 @@ const CARRY_CAP: usize = 64;
 /// reach the peer even when the program exits right after a collective.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
+/// The smallest piece split mode cuts, so a small send does not become many tiny writes (each
+/// costs a work request, a completion and a credit whatever its size).
+const MIN_SPLIT_PIECE: usize = 4096;
+/// Split pieces are multiples of this, so a piece ends on an element boundary whenever the send
+/// began on one.
+const SPLIT_ALIGN: usize = 64;
+
+/// The largest piece a `send` of `len` bytes stages per RDMA write: a slot (`slot_size`), or
+/// with `split` an even share of `len` for each of the `nqp` data QPs, rounded up to
+/// [`SPLIT_ALIGN`] and kept between [`MIN_SPLIT_PIECE`] and a slot. Split mode spreads even a
+/// message smaller than a slot over every QP (every path of the fabric) at the price of smaller
+/// writes, and so fewer bytes in flight (`slots x piece`).
+pub(crate) fn piece_size(len: usize, nqp: usize, slot_size: usize, split: bool) -> usize {
+    if !split || nqp <= 1 {
+        return slot_size;
+    }
+    let share = len.div_ceil(nqp).next_multiple_of(SPLIT_ALIGN);
+    share.clamp(MIN_SPLIT_PIECE.min(slot_size), slot_size)
+}
+
 /// Where the peer's receive ring is.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Remote {
@@ -63,6 +85,8 @@ pub(crate) struct IbEndpoint {
     side: Box<dyn Endpoint>,
     /// How long to wait for a control-queue slot before failing.
     timeout: Duration,
+    /// `CCL_IB_SPLIT_DATA_ON_QPS`.
+    split: bool,
 
     // Sender.
     /// Pieces posted so far.
@@ -116,6 +140,7 @@ impl IbEndpoint {
             remote,
             side,
             timeout: ctx.config.timeout,
+            split: ctx.config.ib.split_data_on_qps,
             send_seq: 0,
             granted: 0,
             last_credit_imm: 0,
@@ -364,6 +389,7 @@ impl Endpoint for IbEndpoint {
     fn send(&mut self, src: &[u8]) -> Result<usize> {
         self.progress()?;
         let (s, b, nqp) = (self.layout.slots, self.layout.slot_size, self.layout.nqp);
+        let piece = piece_size(src.len(), nqp, b, self.split);
         let buf = &self.res.send_buf;
         let (base, lkey) = (buf.as_ptr(), buf.lkey());
         // Stage as many pieces as credits and free local slots allow, then post them with one
@@ -373,7 +399,7 @@ impl Endpoint for IbEndpoint {
         let mut taken = 0;
         while taken < src.len() && self.can_send() {
             let slot = (self.send_seq % s as u64) as usize;
-            let n = (src.len() - taken).min(b);
+            let n = (src.len() - taken).min(piece);
             // SAFETY:
             // - The local slot is not busy: its previous write completed, so the device does
             //   not read it now.
@@ -543,5 +569,37 @@ impl Drop for IbEndpoint {
             std::thread::sleep(Duration::from_micros(100));
         }
         // Dropping `res` then tears the connection down.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::piece_size;
+
+    #[test]
+    fn round_robin_pieces_are_slots() {
+        for len in [1, 4096, 1 << 20, 100 << 20] {
+            assert_eq!(piece_size(len, 4, 256 << 10, false), 256 << 10);
+            // One QP: nothing to split across.
+            assert_eq!(piece_size(len, 1, 256 << 10, true), 256 << 10);
+        }
+    }
+
+    #[test]
+    fn split_gives_each_qp_an_even_share() {
+        let slot = 256 << 10;
+        // 64 KiB over 4 QPs: four 16 KiB pieces.
+        assert_eq!(piece_size(64 << 10, 4, slot, true), 16 << 10);
+        // Shares are rounded up to 64 B, so four pieces still cover the message.
+        let p = piece_size(100_003, 4, slot, true);
+        assert_eq!(p % 64, 0);
+        assert!(4 * p >= 100_003 && 3 * p < 100_003, "{p}");
+        // Never above a slot: a big message still fills slots (and round-robins them).
+        assert_eq!(piece_size(64 << 20, 4, slot, true), slot);
+        // Never tiny: small messages take fewer, 4 KiB pieces.
+        assert_eq!(piece_size(5000, 4, slot, true), 4096);
+        assert_eq!(piece_size(1, 16, slot, true), 4096);
+        // Unless the slot itself is smaller.
+        assert_eq!(piece_size(1 << 20, 4, 4096, true), 4096);
     }
 }

@@ -35,7 +35,8 @@
 //!
 //! `CCL_IB_HCA` (device/port filter, NCCL syntax), `CCL_IB_GID_INDEX`, `CCL_IB_TIMEOUT`,
 //! `CCL_IB_RETRY_CNT`, `CCL_IB_RNR_RETRY`, `CCL_IB_TC`, `CCL_IB_CTRL_TC`, `CCL_IB_QPS_PER_CONN`,
-//! `CCL_IB_SLOTS`, `CCL_IB_SLOT_SIZE`, `CCL_IB_SPIN_US`; `docs/env.md` describes each.
+//! `CCL_IB_SPLIT_DATA_ON_QPS`, `CCL_IB_SLOTS`, `CCL_IB_SLOT_SIZE`, `CCL_IB_SPIN_US`;
+//! `docs/env.md` describes each.
 //!
 //! ## Design points
 //!
@@ -52,6 +53,10 @@
 //!   `gid_attrs/types`, preferring RoCE v2 with an IPv4-mapped address, skipping link-local and
 //!   zero GIDs, scanning a short prefix of the table; `CCL_IB_GID_INDEX` overrides.
 //! - **QP transitions** ([`qp::transition`]) are a pure function of the connection parameters.
+//! - **ECMP entropy.** Every QP of a connection is given its own GRH flow label by the rule of
+//!   [`ccl_core::entropy`], so devices that derive the RoCE v2 UDP source port from it (rxe,
+//!   mlx5) send each QP's packets from a distinct port, and switches may hash them onto distinct
+//!   paths. At `CCL_DEBUG=trace` the connection's log line lists each QP pair's port.
 //! - **Flow control** ([`endpoint`](crate::endpoint)): bytes in flight per peer and direction are
 //!   at most `CCL_IB_SLOTS x CCL_IB_SLOT_SIZE`; CQs and receive queues are sized from that bound.
 //! - **Liveness.** The TCP connection used to exchange QP information stays open; a dead peer is

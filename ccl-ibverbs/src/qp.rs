@@ -72,6 +72,9 @@ pub struct ConnParams {
     pub remote_lid: u16,
     pub sgid_index: u8,
     pub traffic_class: u8,
+    /// GRH flow label (20 bits; 0 lets the device choose): devices derive the RoCE v2 UDP source
+    /// port from it, see [`ccl_core::entropy`].
+    pub flow_label: u32,
     pub service_level: u8,
     /// `CCL_IB_TIMEOUT`: 4.096 us x 2^timeout.
     pub timeout: u8,
@@ -104,6 +107,7 @@ pub struct Transition {
     pub sgid_index: u8,
     pub hop_limit: u8,
     pub traffic_class: u8,
+    pub flow_label: u32,
     pub dlid: u16,
     pub sl: u8,
 }
@@ -143,6 +147,7 @@ pub fn transition(to: QpState, p: &ConnParams) -> Transition {
             sgid_index: p.sgid_index,
             hop_limit: 255,
             traffic_class: p.traffic_class,
+            flow_label: p.flow_label,
             dlid: p.remote_lid,
             sl: p.service_level,
             port: p.port,
@@ -192,6 +197,7 @@ fn to_attr(to: QpState, t: &Transition) -> ibv_qp_attr {
     a.ah_attr.grh.sgid_index = t.sgid_index;
     a.ah_attr.grh.hop_limit = t.hop_limit;
     a.ah_attr.grh.traffic_class = t.traffic_class;
+    a.ah_attr.grh.flow_label = t.flow_label;
     a.ah_attr.dlid = t.dlid;
     a.ah_attr.sl = t.sl;
     a.ah_attr.port_num = t.port;
@@ -422,6 +428,7 @@ mod tests {
             remote_lid: 0,
             sgid_index: 1,
             traffic_class: 106,
+            flow_label: 0x1234,
             service_level: 0,
             timeout: 20,
             retry_cnt: 7,
@@ -460,6 +467,8 @@ mod tests {
         assert!(t.is_global);
         assert_eq!(t.dgid, p.remote_gid);
         assert_eq!((t.sgid_index, t.traffic_class, t.hop_limit), (1, 106, 255));
+        assert_eq!(t.flow_label, 0x1234);
+        assert_eq!(to_attr(QpState::Rtr, &t).ah_attr.grh.flow_label, 0x1234);
         assert_eq!(t.port, 1);
         assert_eq!(t.min_rnr_timer, 12);
         // No send-side fields.
@@ -477,6 +486,7 @@ mod tests {
         assert_eq!(t.max_rd_atomic, 1);
         // No path fields.
         assert!(!t.is_global);
+        assert_eq!(t.flow_label, 0);
         assert_eq!(t.dest_qpn, 0);
     }
 

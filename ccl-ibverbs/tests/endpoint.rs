@@ -3,7 +3,8 @@
 //! there or on a host with an active RoCE port, a test without a device fails. Two endpoints in one process, connected through the transport's own listener:
 //! an ordered byte stream whatever the piece sizes, `recv_with` that takes whole elements only
 //! (a partial element at a slot boundary is offered again, joined with the next bytes), several
-//! data QPs, non-blocking calls with `prepare_wait`, and a peer that goes away.
+//! data QPs (pieces round-robin, or each send split across them), non-blocking calls with
+//! `prepare_wait`, and a peer that goes away.
 
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
@@ -158,6 +159,19 @@ fn byte_stream_with_odd_pieces_four_qps() {
     cfg.ib.qps_per_conn = 4;
     cfg.ib.slots = 8;
     cfg.ib.slot_size = 16 << 10;
+    stream(&cfg, 2_000_003);
+}
+
+/// `CCL_IB_SPLIT_DATA_ON_QPS=1`: every send is cut into one piece per QP (odd sizes give odd
+/// shares, and the 1-byte sends the smallest pieces).
+#[test]
+#[ignore = "needs an RDMA device; scripts/rxe-tests.sh runs it in the SoftRoCE VM"]
+fn byte_stream_split_across_four_qps() {
+    let mut cfg = Config::default();
+    cfg.ib.qps_per_conn = 4;
+    cfg.ib.split_data_on_qps = true;
+    cfg.ib.slots = 8;
+    cfg.ib.slot_size = 64 << 10;
     stream(&cfg, 2_000_003);
 }
 

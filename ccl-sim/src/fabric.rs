@@ -2,8 +2,8 @@
 //! spine switches) with aggregation switches between zones, link speeds and oversubscription
 //! per tier, and the path every QP takes through it.
 //!
-//! Paths are chosen per QP and per tier by hashing the QP's 5-tuple (the UDP source port comes
-//! from [`udp_source_port`]) with a per-switch seed, as ECMP does; [`Hashing::DestQp`] adds the
+//! Paths are chosen per QP and per tier by hashing the QP's 5-tuple (the UDP source port is the
+//! one the verbs transport gives the QP: [`ccl_core::entropy::qp_udp_sport`]) with a per-switch seed, as ECMP does; [`Hashing::DestQp`] adds the
 //! destination QP number to the hash (enhanced ECMP) and [`Hashing::Spray`] spreads every
 //! connection evenly over all equal-cost paths (ideal per-packet spraying).
 //!
@@ -13,10 +13,11 @@
 use std::fmt;
 use std::str::FromStr;
 
+use ccl_core::entropy;
 use serde::Serialize;
 
-/// RoCEv2's UDP destination port.
-pub const ROCE_PORT: u16 = 4791;
+/// The index [`Fabric`]'s QP numbering gives a connection's control QP (data QPs are `0..qps`).
+const CTRL_QP: usize = 0xFFFF;
 
 /// How switches pick among equal-cost next hops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -58,7 +59,8 @@ impl fmt::Display for Hashing {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Ports {
-    /// One per QP, from the QP numbers ([`udp_source_port`]).
+    /// One per QP, as the verbs transport sets them: consecutive flow labels from a base drawn
+    /// from the control QPs' numbers ([`ccl_core::entropy`]).
     PerQp,
     /// All QPs of a connection share the port of its first QP (a transport or device that gives
     /// a connection one flow label).
@@ -101,21 +103,6 @@ impl FromStr for Placement {
             )),
         }
     }
-}
-
-/// The UDP source port of QP `local_qpn` talking to `remote_qpn`: the rule this simulator
-/// assumes every QP follows, one port per QP. It is Linux's rule for RoCEv2 when the flow label
-/// is 0 (`rdma_calc_flow_label` then `rdma_flow_label_to_udp_sport`): a 20-bit flow label from
-/// the product of the two QP numbers, folded into 14 bits above 0xC000. A transport that sets
-/// the flow label of each QP itself should set this value, so that QPs of one connection reach
-/// switches with distinct ports.
-pub fn udp_source_port(local_qpn: u32, remote_qpn: u32) -> u16 {
-    let mut fl = u64::from(local_qpn) * u64::from(remote_qpn);
-    fl ^= fl >> 20;
-    fl ^= fl >> 40;
-    let fl = (fl & 0xF_FFFF) as u32;
-    let low = (fl & 0x3FFF) ^ ((fl & 0xF_C000) >> 14);
-    (low | 0xC000) as u16
 }
 
 /// A 64-bit mixer (splitmix64's finalizer): deterministic, well spread.
@@ -655,7 +642,7 @@ impl Network {
         ((s.host as u64) << 8) | s.nic as u64
     }
 
-    /// QP number of QP `i` of the connection `src -> dst` at `src`'s end (seeded, as a device
+    /// QP number of data QP `i` (or [`CTRL_QP`]) of the connection `src -> dst` at `src`'s end (seeded, as a device
     /// hands them out: unpredictable to the application).
     fn qpn(&self, src: usize, dst: usize, i: usize) -> u32 {
         (mix(self.fabric.seed ^ ((src as u64) << 40) ^ ((dst as u64) << 16) ^ i as u64) & 0xFF_FFFF)
@@ -709,12 +696,13 @@ impl Network {
                 links.push(((rack_down + b.rack * s + spine2) as u32, w));
             }
         };
+        let base = entropy::conn_base(self.qpn(src, dst, CTRL_QP), self.qpn(dst, src, CTRL_QP));
         for i in 0..q {
-            let lq = self.qpn(src, dst, i);
             let rq = self.qpn(dst, src, i);
+            // Data QP `i` is the transport's QP `1 + i` (its QP 0 carries credits).
             let port = match f.ports {
-                Ports::PerQp => udp_source_port(lq, rq),
-                Ports::PerConn => udp_source_port(self.qpn(src, dst, 0), self.qpn(dst, src, 0)),
+                Ports::PerQp => entropy::qp_udp_sport(base, 1 + i),
+                Ports::PerConn => entropy::qp_udp_sport(base, 1),
             };
             ports.push(port);
             if f.hashing == Hashing::Spray {
@@ -722,7 +710,7 @@ impl Network {
             }
             let mut key = mix(self.ip(&a))
                 ^ mix(self.ip(&b) << 1)
-                ^ mix(((port as u64) << 16 | ROCE_PORT as u64) << 8 | 17);
+                ^ mix(((port as u64) << 16 | entropy::ROCE_V2_DPORT as u64) << 8 | 17);
             if f.hashing == Hashing::DestQp {
                 key ^= mix(0xD0_0000_0000 | rq as u64);
             }
@@ -778,18 +766,6 @@ impl Network {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn source_ports_follow_the_kernel_rule() {
-        // Worked by hand: 0x12 * 0x34 = 0x3a8; no high bits to fold.
-        assert_eq!(udp_source_port(0x12, 0x34), 0xC000 | 0x3a8);
-        // Bits 14..19 of the flow label fold into the low ones.
-        let fl = 0x1_C000u64; // lqpn * rqpn below 2^20
-        assert_eq!(udp_source_port(fl as u32, 1), 0xC000 | 0x7);
-        for (l, r) in [(1, 1), (0xFF_FFFF, 0xFF_FFFF), (77, 1 << 23)] {
-            assert!(udp_source_port(l, r) >= 0xC000);
-        }
-    }
 
     #[test]
     fn ecmp_is_deterministic_with_a_seed_and_qps_spread() {

@@ -5,7 +5,8 @@
 //!
 //! Coverage: 2 and 4 ranks; 1 and 4 data QPs per peer; counts 0, 1, 7 for every dtype, op and
 //! placement; 1M+3 elements for every dtype (sum) and every op (float), in and out of place;
-//! 64 MiB in and out of place; a peer that goes away mid-collective.
+//! 64 MiB in and out of place; sends split across the QPs (`CCL_IB_SPLIT_DATA_ON_QPS`), also
+//! with ranks that disagree on it; a peer that goes away mid-collective.
 
 #![cfg(feature = "ib")]
 
@@ -163,6 +164,49 @@ fn ib_64_mib() {
                 t0.elapsed().as_secs_f64()
             );
         }
+    }
+}
+
+/// Split mode changes only how a sender cuts its pieces; the receiver takes any, so ranks may
+/// even disagree on it.
+#[test]
+#[ignore = "needs an RDMA device; scripts/rxe-tests.sh runs it in the SoftRoCE VM"]
+fn ib_split_data_on_qps() {
+    require_ib();
+    for (n, mixed) in [(2, false), (3, false), (3, true)] {
+        let t0 = Instant::now();
+        let cfg = ib_config(4);
+        let wrong = failures(run_ranks_with(
+            n,
+            cfg,
+            move |rank, c| {
+                c.ib.split_data_on_qps = !mixed || rank % 2 == 0;
+            },
+            |comm| {
+                let mut wrong = Vec::new();
+                for count in [1, 7, 5000, (1 << 20) + 3] {
+                    for in_place in [false, true] {
+                        let w = allreduce_case::<f32>(&comm, count, ReduceOp::Sum, in_place);
+                        if w > 0 {
+                            wrong.push(format!(
+                                "rank {} count {count} in_place={in_place}: {w} wrong",
+                                comm.rank()
+                            ));
+                        }
+                    }
+                }
+                wrong
+            },
+        ));
+        assert!(
+            wrong.is_empty(),
+            "{n} ranks, mixed={mixed}:\n{}",
+            wrong.join("\n")
+        );
+        eprintln!(
+            "split: {n} ranks, mixed={mixed}: {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
     }
 }
 

@@ -27,10 +27,22 @@ pub fn run_ranks<R: Send + 'static>(
     cfg: Config,
     f: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
 ) -> Vec<R> {
+    run_ranks_with(n, cfg, |_, _| {}, f)
+}
+
+/// As [`run_ranks`], with `tweak(rank, &mut cfg)` applied to each rank's settings first (ranks
+/// that disagree on a setting).
+pub fn run_ranks_with<R: Send + 'static>(
+    n: usize,
+    cfg: Config,
+    tweak: impl Fn(usize, &mut Config),
+    f: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
+) -> Vec<R> {
     let id = UniqueId::new_at(LOOPBACK, &cfg).expect("unique id");
     let hs: Vec<_> = (0..n)
         .map(|rank| {
-            let (id, cfg, f) = (id.clone(), cfg.clone(), f.clone());
+            let (id, mut cfg, f) = (id.clone(), cfg.clone(), f.clone());
+            tweak(rank, &mut cfg);
             std::thread::Builder::new()
                 .name(format!("rank{rank}"))
                 .spawn(move || {
