@@ -152,7 +152,11 @@ class ProcessGroupCCL(dist.ProcessGroup):
         return _Done(output_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        # c10d's layout: output_lists[r][j] receives input j of rank r (allgather's is the
+        # transpose, output_tensors[j][r]).
+        per_input = [[outs[j] for outs in output_lists] for j in range(len(input_list))]
+        self.allgather(per_input, input_list, opts)
+        return _Done(output_lists)
 
     def all_gather_single(self, output, input, opts=None):
         with _Contig(output) as o:
