@@ -43,6 +43,9 @@ __all__ = [
     "MAX",
     "MIN",
     "AVG",
+    "BAND",
+    "BOR",
+    "BXOR",
     "Work",
     "get_unique_id",
     "group",
@@ -64,16 +67,20 @@ SPLIT_NOCOLOR = -1
 
 
 class ReduceOp(enum.IntEnum):
-    """Reduction operators (cclRedOp_t)."""
+    """Reduction operators (cclRedOp_t). The bitwise ones take integer arrays only."""
 
     SUM = 0
     PROD = 1
     MAX = 2
     MIN = 3
     AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
 
 
 SUM, PROD, MAX, MIN, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG
+BAND, BOR, BXOR = ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR
 
 # cclDataType_t by dtype name (numpy's names; torch's without the "torch." prefix).
 DTYPES = {
