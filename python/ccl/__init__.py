@@ -311,14 +311,34 @@ def _uid_struct(uid):
     return _l.UniqueIdStruct.from_buffer_copy(uid)
 
 
+def _timeout_ms(timeout):
+    secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    ms = int(round(secs * 1000))
+    if not 0 < ms < 2**31:
+        raise _invalid(f"timeout {timeout!r} must be between 1 ms and 24 days")
+    return ms
+
+
 class Communicator:
     """A group of ranks running collectives together (a ``cclComm_t``)."""
 
-    def __init__(self, rank, size, uid):
+    def __init__(self, rank, size, uid, timeout=None):
         """Joins the communicator of `uid` (from ``get_unique_id()``) as `rank` of `size`;
-        blocks until every rank has joined."""
+        blocks until every rank has joined. `timeout` (seconds, or a ``datetime.timedelta``) is
+        how long any wait of this communicator may go without progress; by default
+        ``CCL_TIMEOUT``'s."""
         h = ctypes.c_void_p()
-        _check(_lib.cclCommInitRank(ctypes.byref(h), int(size), _uid_struct(uid), int(rank)))
+        uid = _uid_struct(uid)
+        if timeout is None:
+            _check(_lib.cclCommInitRank(ctypes.byref(h), int(size), uid, int(rank)))
+        else:
+            cfg = _l.config(version())
+            cfg.timeoutMs = _timeout_ms(timeout)
+            _check(
+                _lib.cclCommInitRankConfig(
+                    ctypes.byref(h), int(size), uid, int(rank), ctypes.byref(cfg)
+                )
+            )
         self._h = h
         self._fill()
 
