@@ -25,6 +25,7 @@ How it fits into PyTorch (see docs/torch.md for what each operation does and wha
   or before the group's next other operation (see ``_P2P``).
 """
 
+import ctypes
 import queue
 import threading
 import time
@@ -68,6 +69,22 @@ _REDUCIBLE = {
     for n in _ccl.DTYPES
     if isinstance(getattr(torch, n, None), torch.dtype)
 }
+
+
+# The common case, dispatched without the general path's bookkeeping: a contiguous tensor of a
+# type the library reduces natively, an op it has (RedOpType's value -> cclRedOp_t).
+_FAST_DTYPES = {
+    getattr(torch, n): code
+    for n, code in _ccl.DTYPES.items()
+    if isinstance(getattr(torch, n, None), torch.dtype)
+}
+_FAST_OPS = {k.value: v for k, v in _OPS.items()}
+_lib = _ccl._lib
+
+
+def _wait_request(req):
+    """cclWait on a request handle; raises the library's error."""
+    _ccl._check(_lib.cclWait(req))
 
 
 def _fail(code, msg):
@@ -157,6 +174,12 @@ def _from_bytes(dst, src):
         dst.copy_(src.view(dst.dtype).view(dst.shape))
 
 
+# A work's states: nobody runs its completion yet, a thread does, it is done. Transitions take
+# _STATE (one lock for all works: the sections are a few attribute writes).
+_PENDING, _CLAIMED, _DONE = 0, 1, 2
+_STATE = threading.Lock()
+
+
 class _Work(dist.Work):
     """A torch work over library requests, completed by whichever thread gets to it first.
 
@@ -170,26 +193,28 @@ class _Work(dist.Work):
     ``get_future()``, so ``is_completed()`` on it stays False; ``get_future().done()`` tells.
     """
 
-    def __init__(self, name, drive, result, completer=None):
+    def __init__(self, name, drive, result, completer=None, in_flight=True):
         super().__init__()
+        self._in_flight = in_flight
         self._name = name
         self._drive = drive
         self._result = result
         self._completer = completer
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        self._claimed = drive is None
-        self._finished = drive is None
         self._error = None
         self._src = self._fut = None
         if drive is None:
-            self._event.set()
+            self._state, self._gate = _DONE, None
+        else:
+            # Held until the work is done; a waiter with a deadline acquires it with a timeout.
+            # (A plain lock: a threading.Event costs more than the operation at 8 bytes.)
+            self._state, self._gate = _PENDING, threading.Lock()
+            self._gate.acquire()
 
     def _claim(self):
-        with self._lock:
-            if self._claimed:
+        with _STATE:
+            if self._state != _PENDING:
                 return False
-            self._claimed = True
+            self._state = _CLAIMED
             return True
 
     def _complete(self):
@@ -199,25 +224,32 @@ class _Work(dist.Work):
             self._drive()
         except BaseException as e:  # noqa: BLE001 - every failure goes to the waiters
             err = self._completer.describe(self._name, e) if self._completer else e
-        with self._lock:
-            self._error, self._finished, src = err, True, self._src
+        with _STATE:
+            self._error, self._state, src = err, _DONE, self._src
             self._drive = None
-        self._event.set()
+        self._gate.release()
         if src is not None:
             src.set_result(None)
 
+    def _await(self, secs):
+        """Waits until another thread completed the work; False at the deadline."""
+        if not self._gate.acquire(timeout=secs if secs > 0 else -1):
+            return False
+        self._gate.release()
+        return True
+
     def wait(self, timeout=timedelta(0)):
-        if not self._event.is_set():
+        if self._state != _DONE:
             secs = timeout.total_seconds() if timeout else 0.0
             if secs <= 0:
                 if self._claim():
                     self._complete()
                 else:
-                    self._event.wait()
+                    self._await(0)
             else:
                 if self._claim():
                     self._completer.put(self)
-                if not self._event.wait(secs):
+                if not self._await(secs):
                     raise RuntimeError(
                         f"ccl {self._name}: Timed out waiting {int(secs * 1000)}ms for the "
                         "operation to complete (it goes on; the group's timeout ends it)"
@@ -227,7 +259,7 @@ class _Work(dist.Work):
         return True
 
     def get_future(self):
-        with self._lock:
+        with _STATE:
             if self._fut is not None:
                 return self._fut
             # The caller's Future is a continuation of `src`: an exception raised in a callback
@@ -236,9 +268,9 @@ class _Work(dist.Work):
             # leave the exception object as the value there.
             self._src = src = torch.futures.Future()
             self._fut = fut = src.then(self._outcome)
-            finished, hand_off = self._finished, not self._claimed
+            finished, hand_off = self._state == _DONE, self._state == _PENDING
             if hand_off:
-                self._claimed = True
+                self._state = _CLAIMED
         if finished:
             src.set_result(None)
         elif hand_off:
@@ -253,6 +285,16 @@ class _Work(dist.Work):
     def result(self):
         self.wait()
         return self._result
+
+    def __del__(self):
+        # The library may still be writing into the tensors this work keeps alive: a work over
+        # library requests dropped unwaited finishes first (as the package's Work does). A
+        # recorded send or receive stays recorded (_P2P keeps its tensor).
+        try:
+            if self._in_flight and self._state == _PENDING and self._claim():
+                self._complete()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
 
 
 def _finished(result):
@@ -353,7 +395,7 @@ class _P2P:
                 self._flush_locked()
             self._batch.append(t)
             self._peers.add((kind, peer))
-        return _Work(kind, lambda: self._wait(t), [tensor], self._pg._completer)
+        return _Work(kind, lambda: self._wait(t), [tensor], self._pg._completer, in_flight=False)
 
     def _wait(self, t):
         if not t.done:
@@ -533,9 +575,41 @@ class ProcessGroupCCL(_Backend):
 
         return _Work(name, drive, result, self._completer)
 
+    def _fast(self, name, opts, call, call_async, args, result):
+        """An operation that is one library call on the caller's buffers, straight through
+        ctypes: inline when blocking, else a request the work waits for."""
+        comm = self._live_comm(name)
+        try:
+            if not opts.asyncOp:
+                _ccl._check(call(*args, comm._h))
+                return _finished(result)
+            req = ctypes.c_void_p()
+            _ccl._check(call_async(*args, comm._h, ctypes.byref(req)))
+        except _ccl.CclError as e:
+            raise self._describe(name, e) from None
+        return _Work(name, lambda: _wait_request(req), result, self._completer)
+
+    def _fast_buffer(self, tensors, opts):
+        """The one tensor of a call the fast path can take, or None."""
+        if len(tensors) != 1 or opts is None or self._p2p._batch:
+            return None
+        t = tensors[0]
+        if t.is_sparse or not t.is_contiguous():
+            return None
+        return t
+
     # -- reductions --
 
     def allreduce(self, tensors, opts=None):
+        t = self._fast_buffer(tensors, opts)
+        if t is not None:
+            dt, op = _FAST_DTYPES.get(t.dtype), _FAST_OPS.get(opts.reduceOp.op.value)
+            if dt is not None and op is not None:
+                p = t.data_ptr()
+                args = (p, p, t.numel(), dt, op)
+                return self._fast(
+                    "allreduce", opts, _lib.cclAllReduce, _lib.cclAllReduceAsync, args, tensors
+                )
         op, factor = _reduction("allreduce", opts.reduceOp if opts is not None else _R.SUM)
         if any(t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, op, factor)
@@ -586,7 +660,9 @@ class ProcessGroupCCL(_Backend):
                 # Scaled into a copy: ranks other than the root keep their tensor.
                 src = buf * factor
                 calls.append(
-                    lambda c, a, s=src, b=buf: c.reduce(s, op=_ccl.SUM, root=root, out=b, async_op=a)
+                    lambda c, a, s=src, b=buf: c.reduce(
+                        s, op=_ccl.SUM, root=root, out=b, async_op=a
+                    )
                 )
             outs.append(o)
         return self._run("reduce", opts, calls, _copy_back(outs), tensors)
@@ -675,6 +751,13 @@ class ProcessGroupCCL(_Backend):
 
     def broadcast(self, tensors, opts):
         root = opts.rootRank
+        t = self._fast_buffer(tensors, opts)
+        if t is not None:
+            p = t.data_ptr()
+            args = (p, p, _nbytes(t), _ccl.DTYPES["uint8"], root)
+            return self._fast(
+                "broadcast", opts, _lib.cclBroadcast, _lib.cclBroadcastAsync, args, tensors
+            )
         calls, outs = [], []
         for t in tensors:
             o = _Out(t)
@@ -719,7 +802,9 @@ class ProcessGroupCCL(_Backend):
         # c10d's layout: output_lists[r][j] receives input j of rank r. One library call: the
         # inputs' bytes back to back, gathered, then copied out.
         if len(output_lists) != self._size:
-            raise _invalid(f"allgather_coalesced: {len(output_lists)} output lists for {self._size} ranks")
+            raise _invalid(
+                f"allgather_coalesced: {len(output_lists)} output lists for {self._size} ranks"
+            )
         sizes = [_nbytes(t) for t in input_list]
         for r, outs in enumerate(output_lists):
             if [_nbytes(o) for o in outs] != sizes:
@@ -774,7 +859,10 @@ class ProcessGroupCCL(_Backend):
     def alltoall(self, output_tensors, input_tensors, opts=None):
         n = self._size
         if len(output_tensors) != n or len(input_tensors) != n:
-            raise _invalid(f"alltoall: {len(input_tensors)} inputs and {len(output_tensors)} outputs for {n} ranks")
+            raise _invalid(
+                f"alltoall: {len(input_tensors)} inputs and {len(output_tensors)} outputs for "
+                f"{n} ranks"
+            )
         sizes = {_nbytes(t) for t in output_tensors} | {_nbytes(t) for t in input_tensors}
         if len(sizes) == 1:
             k = sizes.pop()
@@ -932,7 +1020,7 @@ def _split_rows(what, t, splits, b, n):
 
 
 def _store_wait(store, key, timeout):
-    """Whether `key` appears in `store` within `timeout` (0 means now, not the store's default)."""
+    """Whether `key` appears in `store` within `timeout` (0: now, not the store's default)."""
     if store.check([key]):
         return True
     if timeout <= timedelta(0):
