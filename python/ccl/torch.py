@@ -462,6 +462,7 @@ class ProcessGroupCCL(_Backend):
             uid = store.get(_UID_KEY)
         self.comm = _ccl.Communicator(rank, size, uid, timeout=self._timeout)
         self._gone = None
+        self._seq = 0
         self._completer = _Completer(self._describe)
         self._p2p = _P2P(self)
         self._monitored = 0
@@ -537,6 +538,14 @@ class ProcessGroupCCL(_Backend):
             c.destroy()
         self._completer.stop(timeout=self._timeout.total_seconds())
 
+    # Collectives issued so far: torch's debug wrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) and
+    # its logging compare these across ranks.
+    def _set_sequence_number_for_group(self):
+        self._seq = 0
+
+    def _get_sequence_number_for_group(self):
+        return self._seq
+
     def _set_default_timeout(self, timeout):
         # The communicator's deadline is fixed when it connects (cclCommInitRankConfig); a new
         # one applies to what this backend waits for itself (monitored barriers).
@@ -555,6 +564,7 @@ class ProcessGroupCCL(_Backend):
         the last call (copies into the caller's tensors)."""
         comm = self._live_comm(name)
         self._p2p.flush()
+        self._seq += 1
         result = [] if result is None else result
         try:
             if opts is not None and not getattr(opts, "asyncOp", True):
@@ -579,6 +589,7 @@ class ProcessGroupCCL(_Backend):
         """An operation that is one library call on the caller's buffers, straight through
         ctypes: inline when blocking, else a request the work waits for."""
         comm = self._live_comm(name)
+        self._seq += 1
         try:
             if not opts.asyncOp:
                 _ccl._check(call(*args, comm._h))
@@ -730,6 +741,7 @@ class ProcessGroupCCL(_Backend):
             raise _unsupported("allreduce", "sparse tensors reduce one at a time, with sum only")
         comm = self._live_comm("allreduce")
         self._p2p.flush()
+        self._seq += 1
         t = tensors[0]
         s = t.coalesce()
         idx, val = s.indices().contiguous(), s.values().contiguous()
