@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the Python environment the Python tests run in: a venv with numpy, pytest
-# and PyTorch (PyPI's wheel), then installs the ccl package from python/ into it (which builds
-# libccl.so with cargo). Prints the venv's path on stdout as its last line.
+# and PyTorch (PyPI's wheel, plus expecttest for PyTorch's own tests), then installs the ccl
+# package from python/ into it (which builds libccl.so with cargo). Prints the venv's path on
+# stdout as its last line.
 #
 #   CCL_VENV   where the venv lives (default: ~/.cache/ccl/venv, kept between runs: torch is
 #              several gigabytes)
@@ -27,6 +28,8 @@ need=()
 "$vpy" -c "import pytest" 2>/dev/null || need+=("pytest>=7")
 "$vpy" -c "import setuptools, wheel" 2>/dev/null || need+=(setuptools wheel)
 if [ "$torch_req" != none ]; then
+  # PyTorch's own distributed tests (torch.testing._internal) import expecttest.
+  "$vpy" -c "import expecttest" 2>/dev/null || need+=("expecttest>=0.2")
   have=$("$vpy" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
   case "$torch_req" in
     torch==*) [ "$have" = "${torch_req#torch==}" ] || need+=("$torch_req") ;;

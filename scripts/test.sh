@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, in-process multi-rank, and multi-process tests (the C ABI through
 # the header from C, the Rust training example), then the Python package, the torch.distributed
-# backend and DDP under torchrun, then the verbs transport on real SoftRoCE in a VM (one boot,
-# then two VMs linked); installing what they need first. Release mode: the tests move hundreds
-# of megabytes.
+# backend, DDP under torchrun and a named subset of PyTorch's own distributed tests
+# (python/tests/test_torch_conformance.py; the whole class is scripts/torch-conformance.sh),
+# then the verbs transport on real SoftRoCE in a VM (one boot, then two VMs linked); installing
+# what they need first. Release mode: the tests move hundreds of megabytes.
 #
 #   CCL_SKIP_PYTHON=1   skip the Python part (it installs PyTorch, several GB, into CCL_VENV)
 #   CCL_SKIP_RXE=1      skip the SoftRoCE VM part (it downloads a kernel and qemu once)
@@ -17,7 +18,7 @@ echo "== simulator: one small experiment"
 scripts/sim-smoke.sh
 
 python_tests() {
-echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun)"
+echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun, PyTorch's tests)"
 cargo build --release --workspace
 venv=$(CCL_LIBRARY="$PWD/target/release/libccl.so" scripts/python-setup.sh | tail -n 1)
 # Tests talk to loopback only. torch's TCP store (torchrun's) resolves addresses by name, so

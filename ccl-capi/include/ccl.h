@@ -23,6 +23,7 @@
 #ifndef CCL_H_
 #define CCL_H_
 
+#include <limits.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -40,8 +41,21 @@ extern "C" {
 typedef struct cclComm* cclComm_t;
 /* A non-blocking operation in flight: an opaque handle, finished by cclWait or cclTest. */
 typedef struct cclRequest* cclRequest_t;
-/* Reserved for communicator settings; pass NULL (settings come from CCL_* variables). */
-typedef struct cclConfig cclConfig_t;
+/* Settings of one communicator, for cclCommInitRankConfig (NCCL's ncclConfig_t shape). Declare
+ * it as `cclConfig_t config = CCL_CONFIG_INITIALIZER;` and set the fields wanted: a field left at
+ * CCL_CONFIG_UNDEF_INT takes its CCL_* variable, or its default. size, magic and version let the
+ * library tell which fields the caller's header had; do not change them. */
+typedef struct cclConfig {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  /* Milliseconds any wait of the communicator may go without progress before it fails with
+   * cclTimeout, as CCL_TIMEOUT (which is in seconds) does for the others. */
+  int timeoutMs;
+} cclConfig_t;
+#define CCL_CONFIG_MAGIC 0xcc1c0f16
+#define CCL_CONFIG_UNDEF_INT INT_MIN
+#define CCL_CONFIG_INITIALIZER { sizeof(cclConfig_t), CCL_CONFIG_MAGIC, CCL_VERSION_CODE, CCL_CONFIG_UNDEF_INT }
 
 /* cclCommSplit color of a rank that joins no new communicator. */
 #define CCL_SPLIT_NOCOLOR -1
@@ -86,15 +100,20 @@ typedef enum {
   cclNumTypes = 10
 } cclDataType_t;
 
-/* Reduction operators, numbered as NCCL's ncclRedOp_t. Integer sum and product wrap; avg is
- * the sum divided by the number of ranks (integers truncate toward zero). */
+/* Reduction operators, numbered as NCCL's ncclRedOp_t; the bitwise ones, which NCCL lacks,
+ * follow. Integer sum and product wrap; avg is the sum divided by the number of ranks (integers
+ * truncate toward zero). Bitwise and, or and exclusive or are defined for the integer types
+ * only: with a float type they are cclInvalidArgument. */
 typedef enum {
   cclSum = 0,
   cclProd = 1,
   cclMax = 2,
   cclMin = 3,
   cclAvg = 4,
-  cclNumOps = 5
+  cclBAnd = 5,
+  cclBOr = 6,
+  cclBXor = 7,
+  cclNumOps = 8
 } cclRedOp_t;
 
 /* ---- Library and errors ---------------------------------------------------------------- */
@@ -123,13 +142,19 @@ cclResult_t cclGetUniqueId(cclUniqueId* uniqueId);
  * (or CCL_TIMEOUT passes). Settings come from CCL_* environment variables. */
 cclResult_t cclCommInitRank(cclComm_t* comm, int nranks, cclUniqueId commId, int rank);
 
+/* cclCommInitRank with the settings of config (see cclConfig_t) on top of the CCL_*
+ * variables; config may be NULL. A config with a wrong size or magic, or a timeoutMs that is not
+ * positive, is cclInvalidArgument. */
+cclResult_t cclCommInitRankConfig(cclComm_t* comm, int nranks, cclUniqueId commId, int rank,
+                                  cclConfig_t* config);
+
 /* Joins the job described by launcher variables (torchrun, mpirun, srun or CCL_RANK,
  * CCL_WORLD_SIZE and CCL_UNIQUE_ID / CCL_COMM_ID / MASTER_ADDR). */
 cclResult_t cclCommInitFromEnv(cclComm_t* comm);
 
 /* Collective over comm: ranks with the same color form a new communicator, ordered by key then
  * by their rank in comm. A rank passing CCL_SPLIT_NOCOLOR takes part and gets *newcomm = NULL.
- * config must be NULL. */
+ * config must be NULL: the new communicator has comm's settings. */
 cclResult_t cclCommSplit(cclComm_t comm, int color, int key, cclComm_t* newcomm,
                          cclConfig_t* config);
 

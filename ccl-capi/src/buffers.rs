@@ -218,6 +218,7 @@ pub(crate) fn prepare(
         Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => op_of(op)?,
         _ => ReduceOp::Sum,
     };
+    op.check(dtype)?;
     let root = match coll {
         Collective::Broadcast | Collective::Reduce => match usize::try_from(root) {
             Ok(r) if r < n => r,

@@ -10,9 +10,10 @@
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, c_uint};
+use std::time::Duration;
 
-use ccl::{Communicator, UniqueId};
+use ccl::{Communicator, Config, UniqueId};
 
 mod buffers;
 mod colls;
@@ -57,14 +58,18 @@ pub const cclDouble: cclDataType_t = 8;
 pub const cclBfloat16: cclDataType_t = 9;
 pub const cclNumTypes: cclDataType_t = 10;
 
-/// `cclRedOp_t`: NCCL's numbering, taken as a plain `int`.
+/// `cclRedOp_t`: NCCL's numbering, taken as a plain `int`; the bitwise operators (which NCCL
+/// lacks) follow NCCL's five.
 pub type cclRedOp_t = c_int;
 pub const cclSum: cclRedOp_t = 0;
 pub const cclProd: cclRedOp_t = 1;
 pub const cclMax: cclRedOp_t = 2;
 pub const cclMin: cclRedOp_t = 3;
 pub const cclAvg: cclRedOp_t = 4;
-pub const cclNumOps: cclRedOp_t = 5;
+pub const cclBAnd: cclRedOp_t = 5;
+pub const cclBOr: cclRedOp_t = 6;
+pub const cclBXor: cclRedOp_t = 7;
+pub const cclNumOps: cclRedOp_t = 8;
 
 /// `CCL_SPLIT_NOCOLOR`.
 pub const CCL_SPLIT_NOCOLOR: c_int = -1;
@@ -96,11 +101,80 @@ pub struct cclRequest {
 /// `cclRequest_t`.
 pub type cclRequest_t = *mut cclRequest;
 
-/// `cclConfig_t`: reserved, only NULL is accepted.
+/// `cclConfig_t`: settings of one communicator for [`cclCommInitRankConfig`], shaped like
+/// NCCL's `ncclConfig_t`: `size`, `magic` and `version` come from `CCL_CONFIG_INITIALIZER`, so a
+/// library can tell which fields a caller's header had; a field left at `CCL_CONFIG_UNDEF_INT`
+/// takes its `CCL_*` variable (or default).
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct cclConfig_t {
-    _opaque: [u8; 0],
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    /// Milliseconds any wait of this communicator may go without progress (`CCL_TIMEOUT`).
+    pub timeoutMs: c_int,
+}
+
+/// `CCL_CONFIG_MAGIC`: marks a `cclConfig_t` made by `CCL_CONFIG_INITIALIZER`.
+pub const CCL_CONFIG_MAGIC: c_uint = 0xcc1c_0f16;
+/// `CCL_CONFIG_UNDEF_INT` (`INT_MIN`): a field left to its `CCL_*` variable.
+pub const CCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
+
+/// The caller's `cclConfig_t` as this library's struct: `size` bytes of it, the fields past that
+/// (from a newer library than the caller's header) left undefined.
+fn read_config(p: *const cclConfig_t) -> Result<cclConfig_t, Fail> {
+    let mut c = cclConfig_t {
+        size: std::mem::size_of::<cclConfig_t>(),
+        magic: CCL_CONFIG_MAGIC,
+        version: 0,
+        timeoutMs: CCL_CONFIG_UNDEF_INT,
+    };
+    // SAFETY: `p` is not NULL (the caller checked) and the header requires it to point to a
+    // `cclConfig_t` made by CCL_CONFIG_INITIALIZER, whose first field is its size; the read
+    // makes no alignment assumption.
+    let size = unsafe { std::ptr::read_unaligned(p.cast::<usize>()) };
+    let head = std::mem::offset_of!(cclConfig_t, timeoutMs);
+    if size < head || size > 1 << 16 {
+        return Err(Fail::arg(format!(
+            "config->size is {size}: initialize the config with CCL_CONFIG_INITIALIZER"
+        )));
+    }
+    let n = size.min(std::mem::size_of::<cclConfig_t>());
+    // SAFETY: the caller's struct is `size >= n` bytes (its own `size` field says so, and the
+    // header makes that the caller's promise); `c` is a plain-old-data struct of at least `n`
+    // bytes, so copying `n` bytes over its start leaves every field initialized; the regions
+    // are distinct (one is a local).
+    unsafe {
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&raw mut c).cast::<u8>(), n);
+    }
+    if c.magic != CCL_CONFIG_MAGIC {
+        return Err(Fail::arg(format!(
+            "config->magic is {:#x}, not CCL_CONFIG_MAGIC: initialize the config with \
+             CCL_CONFIG_INITIALIZER",
+            c.magic
+        )));
+    }
+    Ok(c)
+}
+
+/// Settings from the environment with a config's defined fields on top.
+fn settings(config: *const cclConfig_t) -> Result<Config, Fail> {
+    let mut s = Config::from_env()?;
+    if config.is_null() {
+        return Ok(s);
+    }
+    let c = read_config(config)?;
+    match c.timeoutMs {
+        CCL_CONFIG_UNDEF_INT => {}
+        t if t > 0 => s.timeout = Duration::from_millis(t as u64),
+        t => {
+            return Err(Fail::arg(format!(
+                "config->timeoutMs is {t}: a timeout is a positive number of milliseconds \
+                 (or CCL_CONFIG_UNDEF_INT for CCL_TIMEOUT)"
+            )));
+        }
+    }
+    Ok(s)
 }
 
 /// The version as NCCL encodes it: `major * 10000 + minor * 100 + patch`.
@@ -173,22 +247,48 @@ pub extern "C" fn cclCommInitRank(
     rank: c_int,
 ) -> cclResult_t {
     guard("cclCommInitRank", || {
-        if comm.is_null() {
-            return Err(Fail::arg("comm is NULL"));
-        }
-        if nranks < 1 {
-            return Err(Fail::arg(format!("nranks is {nranks}, must be at least 1")));
-        }
-        if rank < 0 || rank >= nranks {
-            return Err(Fail::arg(format!(
-                "rank {rank} is out of range for {nranks} ranks"
-            )));
-        }
-        let bytes: Vec<u8> = commId.internal.iter().map(|&c| c as u8).collect();
-        let id = UniqueId::from_bytes(&bytes)?;
-        let c = Communicator::init(&id, rank as usize, nranks as usize)?;
-        publish(comm, "comm", c)
+        init_rank(comm, nranks, commId, rank, std::ptr::null())
     })
+}
+
+/// Joins a communicator by unique id with the settings of `config` (NULL: as cclCommInitRank).
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommInitRankConfig(
+    comm: *mut cclComm_t,
+    nranks: c_int,
+    commId: cclUniqueId,
+    rank: c_int,
+    config: *mut cclConfig_t,
+) -> cclResult_t {
+    guard("cclCommInitRankConfig", || {
+        init_rank(comm, nranks, commId, rank, config)
+    })
+}
+
+/// cclCommInitRank and cclCommInitRankConfig: checks, then joins.
+fn init_rank(
+    comm: *mut cclComm_t,
+    nranks: c_int,
+    commId: cclUniqueId,
+    rank: c_int,
+    config: *const cclConfig_t,
+) -> Result<(), Fail> {
+    if comm.is_null() {
+        return Err(Fail::arg("comm is NULL"));
+    }
+    if nranks < 1 {
+        return Err(Fail::arg(format!("nranks is {nranks}, must be at least 1")));
+    }
+    if rank < 0 || rank >= nranks {
+        return Err(Fail::arg(format!(
+            "rank {rank} is out of range for {nranks} ranks"
+        )));
+    }
+    let settings = settings(config)?;
+    let bytes: Vec<u8> = commId.internal.iter().map(|&c| c as u8).collect();
+    let id = UniqueId::from_bytes(&bytes)?;
+    let c = Communicator::init_with_config(&id, rank as usize, nranks as usize, settings)?;
+    publish(comm, "comm", c)
 }
 
 /// Joins the job described by launcher variables.
@@ -219,7 +319,7 @@ pub extern "C" fn cclCommSplit(
         }
         if !config.is_null() {
             return Err(Fail::arg(
-                "config must be NULL (settings come from CCL_* variables)",
+                "config must be NULL (a split communicator has its parent's settings)",
             ));
         }
         let color = match color {

@@ -43,6 +43,13 @@ fn abort_from_another_thread_ends_a_blocked_collective() {
 }
 
 #[test]
+fn config_timeout_is_the_communicators_deadline() {
+    let mut cmd = Command::new(shared_exe());
+    cmd.args(["timeout", "2"]);
+    run_checked(cmd, " passed, 0 failed");
+}
+
+#[test]
 fn header_compiles_as_cpp_and_links() {
     let dir = lib_dir();
     let src = Path::new(env!("CARGO_TARGET_TMPDIR")).join("from_cpp.cpp");

@@ -155,6 +155,15 @@ fn prototypes_match_the_exports() {
     }
 }
 
+/// A decimal or `0x` hexadecimal integer literal (Rust digit separators allowed).
+fn number(v: &str) -> Option<i64> {
+    let v = v.replace('_', "");
+    match v.strip_prefix("0x") {
+        Some(h) => i64::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
 /// `name = value` pairs of the header's enums and `#define NAME number` macros.
 fn header_constants() -> BTreeMap<String, i64> {
     let code = header_code();
@@ -164,12 +173,12 @@ fn header_constants() -> BTreeMap<String, i64> {
         if let Some(rest) = l.strip_prefix("#define ") {
             let mut it = rest.split_whitespace();
             if let (Some(n), Some(v), None) = (it.next(), it.next(), it.next())
-                && let Ok(v) = v.parse::<i64>()
+                && let Some(v) = number(v)
             {
                 m.insert(n.to_string(), v);
             }
         } else if let Some((n, v)) = l.split_once(" = ")
-            && let Ok(v) = v.trim().parse::<i64>()
+            && let Some(v) = number(v.trim())
         {
             m.insert(n.trim().to_string(), v);
         }
@@ -187,7 +196,7 @@ fn rust_constants() -> BTreeMap<String, i64> {
         };
         let (name, rest) = rest.split_once(':').unwrap();
         let v = rest.split_once('=').unwrap().1.trim().trim_end_matches(';');
-        if let Ok(v) = v.parse::<i64>() {
+        if let Some(v) = number(v) {
             m.insert(name.trim().to_string(), v);
         }
     }
@@ -224,6 +233,9 @@ fn constants_match() {
     assert_eq!(h["cclNumOps"], ccl::ReduceOp::ALL.len() as i64);
     assert_eq!(h["cclBfloat16"], ccl::DataType::Bf16 as i64);
     assert_eq!(h["cclAvg"], ccl::ReduceOp::Avg as i64);
+    assert_eq!(h["cclBAnd"], ccl::ReduceOp::BAnd as i64);
+    assert_eq!(h["cclBXor"], ccl::ReduceOp::BXor as i64);
+    assert!(r.contains_key("CCL_CONFIG_MAGIC"), "the magic is compared");
 }
 
 #[test]

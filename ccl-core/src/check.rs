@@ -3,7 +3,8 @@
 //!
 //! Rank `r`'s input at element `i` is a small integer (1..=4, or 1..=2 for products), so sums,
 //! products over up to eight ranks, minima, maxima and averages are exact in every data type and
-//! the expected result of element `i` is known without any communication.
+//! the expected result of element `i` is known without any communication. The bitwise operators
+//! (integer types only) get values in 0..127 with varied bits, which every integer type holds.
 
 use half::{bf16, f16};
 
@@ -13,6 +14,7 @@ use crate::types::{DataType, Element, ReduceOp};
 pub fn input(op: ReduceOp, r: usize, i: usize) -> i64 {
     match op {
         ReduceOp::Prod => 1 + ((r + i) % 2) as i64,
+        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => ((r * 37 + i * 11 + 90) % 127) as i64,
         _ => 1 + ((r * 3 + i) % 4) as i64,
     }
 }
@@ -79,6 +81,9 @@ pub fn expected<T: CheckValue>(op: ReduceOp, n: usize, i: usize) -> T {
         ReduceOp::Min => T::from_i64(vals.min().unwrap_or(0)),
         ReduceOp::Max => T::from_i64(vals.max().unwrap_or(0)),
         ReduceOp::Avg => T::avg(vals.sum(), n),
+        ReduceOp::BAnd => T::from_i64(vals.fold(127, |a, v| a & v)),
+        ReduceOp::BOr => T::from_i64(vals.fold(0, |a, v| a | v)),
+        ReduceOp::BXor => T::from_i64(vals.fold(0, |a, v| a ^ v)),
     }
 }
 
@@ -148,6 +153,11 @@ mod tests {
         assert_eq!(expected::<i32>(ReduceOp::Max, 3, 0), 4);
         assert_eq!(expected::<i32>(ReduceOp::Avg, 3, 0), 2);
         assert_eq!(expected::<f32>(ReduceOp::Avg, 3, 0), 8.0 / 3.0);
+        // Element 0 bitwise inputs over 3 ranks: 90, 0, 37.
+        assert_eq!(expected::<u8>(ReduceOp::BAnd, 3, 0), 0);
+        assert_eq!(expected::<i8>(ReduceOp::BOr, 3, 0), 90 | 37);
+        assert_eq!(expected::<i64>(ReduceOp::BXor, 2, 0), 90);
+        assert_eq!(expected::<u32>(ReduceOp::BAnd, 1, 0), 90);
         let mut b = vec![0u8; 12];
         fill_bytes(DataType::F32, &mut b, ReduceOp::Sum, 0);
         assert_eq!(count_wrong_bytes(DataType::F32, &b, ReduceOp::Sum, 1), 0);

@@ -50,8 +50,9 @@ pub enum Order {
 /// once in [`finish_avg`].
 ///
 /// # Panics
-/// If `acc.len() != src.len()` or the length is not a multiple of `dtype.size()`; callers validate
-/// user input before reaching the data path.
+/// If `acc.len() != src.len()`, the length is not a multiple of `dtype.size()`, or `op` is a
+/// bitwise operator and `dtype` a float type ([`ReduceOp::check`]); callers validate user input
+/// before reaching the data path.
 pub fn reduce_inplace(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
     check_len(dtype, acc.len(), src.len());
     match dtype {
@@ -71,7 +72,8 @@ pub fn reduce_inplace(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8],
 /// `dst[i] = a[i] (op) b[i]`, with `a` as the first operand; same rules as [`reduce_inplace`].
 ///
 /// # Panics
-/// If the three lengths differ or are not a multiple of `dtype.size()`.
+/// If the three lengths differ or are not a multiple of `dtype.size()`, or `op` is not defined for
+/// `dtype` ([`ReduceOp::check`]).
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
     check_len(dtype, dst.len(), a.len());
     check_len(dtype, dst.len(), b.len());
@@ -226,6 +228,9 @@ struct Sum;
 struct Prod;
 struct Min;
 struct Max;
+struct BAnd;
+struct BOr;
+struct BXor;
 
 #[inline(always)]
 fn apply_inplace<T: Copy, O: BinOp<T>>(acc: &mut [T], src: &[T], order: Order) {
@@ -252,7 +257,9 @@ fn apply_into<T: Copy, O: BinOp<T>>(dst: &mut [T], a: &[T], b: &[T]) {
 }
 
 macro_rules! native_kernel {
-    ($($t:ty),*) => {$(
+    // `$bitwise` is the arm for the bitwise operators: their loops for integers, a panic for
+    // floats (the entry points refuse that pairing first, with `ReduceOp::check`).
+    ($($t:ty => $bitwise:ident),*) => {$(
         impl Kernel for $t {
             fn inplace(op: ReduceOp, acc: &mut [Self], src: &[Self], order: Order) {
                 match op.combiner() {
@@ -260,6 +267,9 @@ macro_rules! native_kernel {
                     ReduceOp::Prod => apply_inplace::<$t, Prod>(acc, src, order),
                     ReduceOp::Min => apply_inplace::<$t, Min>(acc, src, order),
                     ReduceOp::Max => apply_inplace::<$t, Max>(acc, src, order),
+                    b @ (ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor) => {
+                        $bitwise!($t, b, apply_inplace(acc, src, order))
+                    }
                 }
             }
 
@@ -269,6 +279,9 @@ macro_rules! native_kernel {
                     ReduceOp::Prod => apply_into::<$t, Prod>(dst, a, b),
                     ReduceOp::Min => apply_into::<$t, Min>(dst, a, b),
                     ReduceOp::Max => apply_into::<$t, Max>(dst, a, b),
+                    o @ (ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor) => {
+                        $bitwise!($t, o, apply_into(dst, a, b))
+                    }
                 }
             }
 
@@ -279,7 +292,36 @@ macro_rules! native_kernel {
     )*};
 }
 
-native_kernel!(i8, u8, i32, u32, i64, u64, f32, f64);
+/// The bitwise loops of an integer type.
+macro_rules! int_bitwise {
+    ($t:ty, $op:expr, $apply:ident ( $($arg:expr),* )) => {
+        match $op {
+            ReduceOp::BAnd => $apply::<$t, BAnd>($($arg),*),
+            ReduceOp::BOr => $apply::<$t, BOr>($($arg),*),
+            _ => $apply::<$t, BXor>($($arg),*),
+        }
+    };
+}
+
+/// Bitwise operators on a float type: unreachable through the public entry points.
+macro_rules! no_bitwise {
+    ($t:ty, $op:expr, $apply:ident ( $($arg:expr),* )) => {
+        no_bitwise_on_floats($op, <$t as Element>::DTYPE)
+    };
+}
+
+#[cold]
+fn no_bitwise_on_floats(op: ReduceOp, dtype: DataType) -> ! {
+    panic!(
+        "reduce: {op} is defined for integer types only, not {dtype} (callers check \
+         ReduceOp::check before reducing)"
+    )
+}
+
+native_kernel!(
+    i8 => int_bitwise, u8 => int_bitwise, i32 => int_bitwise, u32 => int_bitwise,
+    i64 => int_bitwise, u64 => int_bitwise, f32 => no_bitwise, f64 => no_bitwise
+);
 
 macro_rules! int_ops {
     ($($t:ty),*) => {$(
@@ -298,6 +340,18 @@ macro_rules! int_ops {
         impl BinOp<$t> for Max {
             #[inline(always)]
             fn apply(a: $t, b: $t) -> $t { a.max(b) }
+        }
+        impl BinOp<$t> for BAnd {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a & b }
+        }
+        impl BinOp<$t> for BOr {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a | b }
+        }
+        impl BinOp<$t> for BXor {
+            #[inline(always)]
+            fn apply(a: $t, b: $t) -> $t { a ^ b }
         }
     )*};
 }
@@ -465,6 +519,9 @@ macro_rules! half_kernel {
                     ReduceOp::Prod => Self::arith_inplace::<Prod>(acc, src, order),
                     ReduceOp::Min => apply_inplace::<$t, Min>(acc, src, order),
                     ReduceOp::Max => apply_inplace::<$t, Max>(acc, src, order),
+                    o @ (ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor) => {
+                        no_bitwise_on_floats(o, <$t as Element>::DTYPE)
+                    }
                 }
             }
 
@@ -474,6 +531,9 @@ macro_rules! half_kernel {
                     ReduceOp::Prod => Self::arith_into::<Prod>(dst, a, b),
                     ReduceOp::Min => apply_into::<$t, Min>(dst, a, b),
                     ReduceOp::Max => apply_into::<$t, Max>(dst, a, b),
+                    o @ (ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor) => {
+                        no_bitwise_on_floats(o, <$t as Element>::DTYPE)
+                    }
                 }
             }
 

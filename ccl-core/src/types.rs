@@ -128,6 +128,10 @@ impl FromStr for DataType {
 ///   bf16 through f32). Integers take the wrapping sum and divide with truncation toward zero, as C
 ///   integer division does; so `Avg` of `[1, 2]` over two ranks is `1`, and a sum that wrapped
 ///   gives the wrapped value divided.
+/// - `BAnd`, `BOr` and `BXor` are bitwise and, or and exclusive or, for integer types only (as
+///   in PyTorch's `ReduceOp.BAND`/`BOR`/`BXOR`); a float buffer is refused with an error (see
+///   [`ReduceOp::check`]). NCCL has no bitwise operators, so they are numbered after `Avg`: the
+///   number travels in operation headers, and the first five keep NCCL's values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReduceOp {
@@ -136,11 +140,26 @@ pub enum ReduceOp {
     Max = 2,
     Min = 3,
     Avg = 4,
+    BAnd = 5,
+    BOr = 6,
+    BXor = 7,
 }
 
 impl ReduceOp {
-    /// Every operator, in NCCL's numbering order.
-    pub const ALL: [ReduceOp; 5] = [
+    /// Every operator, in numbering order.
+    pub const ALL: [ReduceOp; 8] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+        ReduceOp::BAnd,
+        ReduceOp::BOr,
+        ReduceOp::BXor,
+    ];
+
+    /// The operators defined for every data type (NCCL's five).
+    pub const ARITHMETIC: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Prod,
         ReduceOp::Max,
@@ -148,7 +167,7 @@ impl ReduceOp {
         ReduceOp::Avg,
     ];
 
-    /// The nccl-tests spelling.
+    /// The nccl-tests spelling (`band`, `bor`, `bxor` for the bitwise operators).
     pub const fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -156,7 +175,31 @@ impl ReduceOp {
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
             ReduceOp::Avg => "avg",
+            ReduceOp::BAnd => "band",
+            ReduceOp::BOr => "bor",
+            ReduceOp::BXor => "bxor",
         }
+    }
+
+    /// Whether this is one of the bitwise operators.
+    pub const fn is_bitwise(self) -> bool {
+        matches!(self, ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor)
+    }
+
+    /// Whether the operator is defined for `dtype`: the bitwise ones are not for floats.
+    pub const fn supports(self, dtype: DataType) -> bool {
+        !(self.is_bitwise() && dtype.is_float())
+    }
+
+    /// An invalid-argument error when the operator is not defined for `dtype`; every entry point
+    /// that takes an operator and a type checks this before any byte moves.
+    pub fn check(self, dtype: DataType) -> crate::Result<()> {
+        if self.supports(dtype) {
+            return Ok(());
+        }
+        Err(crate::Error::invalid_argument(format!(
+            "reduce op {self} is bitwise and defined for integer types only, not {dtype}"
+        )))
     }
 
     /// Decodes NCCL's numeric value.
@@ -190,8 +233,11 @@ impl FromStr for ReduceOp {
             "max" => Ok(ReduceOp::Max),
             "min" => Ok(ReduceOp::Min),
             "avg" | "mean" => Ok(ReduceOp::Avg),
+            "band" => Ok(ReduceOp::BAnd),
+            "bor" => Ok(ReduceOp::BOr),
+            "bxor" => Ok(ReduceOp::BXor),
             _ => Err(format!(
-                "unknown reduce op '{s}' (expected one of sum prod max min avg)"
+                "unknown reduce op '{s}' (expected one of sum prod max min avg band bor bxor)"
             )),
         }
     }
@@ -223,7 +269,8 @@ mod tests {
 
     #[test]
     fn numbering_matches_nccl() {
-        // ncclInt8=0 ... ncclBfloat16=9; ncclSum=0, ncclProd=1, ncclMax=2, ncclMin=3, ncclAvg=4.
+        // ncclInt8=0 ... ncclBfloat16=9; ncclSum=0, ncclProd=1, ncclMax=2, ncclMin=3, ncclAvg=4;
+        // the bitwise operators follow.
         for (i, d) in DataType::ALL.iter().enumerate() {
             assert_eq!(*d as usize, i);
             assert_eq!(DataType::from_u8(i as u8), Some(*d));
@@ -233,7 +280,9 @@ mod tests {
             assert_eq!(*o as usize, i);
             assert_eq!(ReduceOp::from_u8(i as u8), Some(*o));
         }
-        assert_eq!(ReduceOp::from_u8(5), None);
+        assert_eq!(ReduceOp::from_u8(8), None);
+        assert_eq!(ReduceOp::BXor as u8, 7);
+        assert_eq!(ReduceOp::ARITHMETIC, ReduceOp::ALL[..5]);
     }
 
     #[test]
@@ -251,6 +300,23 @@ mod tests {
                 .contains("float128")
         );
         assert!("xor".parse::<ReduceOp>().unwrap_err().contains("xor"));
+    }
+
+    #[test]
+    fn bitwise_ops_refuse_floats() {
+        for op in ReduceOp::ALL {
+            for d in DataType::ALL {
+                let ok = !(op.is_bitwise() && d.is_float());
+                assert_eq!(op.supports(d), ok, "{op} {d}");
+                assert_eq!(op.check(d).is_ok(), ok, "{op} {d}");
+            }
+        }
+        let e = ReduceOp::BXor.check(DataType::Bf16).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string().contains("bxor") && e.to_string().contains("bfloat16"),
+            "{e}"
+        );
     }
 
     #[test]

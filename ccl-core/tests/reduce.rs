@@ -40,6 +40,9 @@ macro_rules! int_ref {
                     ReduceOp::Prod => a.wrapping_mul(b),
                     ReduceOp::Min => if a < b { a } else { b },
                     ReduceOp::Max => if a > b { a } else { b },
+                    ReduceOp::BAnd => a & b,
+                    ReduceOp::BOr => a | b,
+                    ReduceOp::BXor => a ^ b,
                     ReduceOp::Avg => unreachable!(),
                 }
             }
@@ -95,7 +98,10 @@ macro_rules! float_ref {
                     ReduceOp::Prod => a * b,
                     ReduceOp::Min => canon(ref_minimum(a.into(), b.into())),
                     ReduceOp::Max => canon(ref_maximum(a.into(), b.into())),
-                    ReduceOp::Avg => unreachable!(),
+                    // Refused for floats; `ops` leaves them out.
+                    ReduceOp::Avg | ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+                        unreachable!()
+                    }
                 }
             }
             fn avg(x: Self, n: usize) -> Self {
@@ -173,6 +179,11 @@ macro_rules! for_all_types {
     };
 }
 
+/// The operators defined for `T`: all of them for integers, all but the bitwise ones for floats.
+fn ops<T: Element>() -> impl Iterator<Item = ReduceOp> {
+    ReduceOp::ALL.into_iter().filter(|o| o.supports(T::DTYPE))
+}
+
 /// Lengths around the block sizes the kernels use internally (256 and 512 elements).
 const LENGTHS: [usize; 10] = [0, 1, 3, 8, 17, 255, 256, 257, 513, 1300];
 
@@ -213,7 +224,7 @@ fn assert_same<T: Element>(got: &[T], want: &[T], what: &str) {
 
 fn check_against_reference<T: Ref>() {
     let mut rng = Rng(0x5EED ^ T::DTYPE as u64);
-    for op in ReduceOp::ALL {
+    for op in ops::<T>() {
         for n in LENGTHS {
             let a = random_vec::<T>(&mut rng, n);
             let b = random_vec::<T>(&mut rng, n);
@@ -294,7 +305,7 @@ fn avg_over_ranks_matches_reference() {
 
 fn check_order_agrees<T: Ref>() {
     let mut rng = Rng(0x0DE ^ T::DTYPE as u64);
-    for op in ReduceOp::ALL {
+    for op in ops::<T>() {
         let a = random_vec::<T>(&mut rng, 700);
         let b = random_vec::<T>(&mut rng, 700);
         let mut acc_first = a.clone();
@@ -324,7 +335,7 @@ fn order_does_not_matter_without_nan() {
 
 fn check_into_equals_copy_then_inplace<T: Ref>() {
     let mut rng = Rng(0x1270 ^ T::DTYPE as u64);
-    for op in ReduceOp::ALL {
+    for op in ops::<T>() {
         for n in LENGTHS {
             let a = random_vec::<T>(&mut rng, n);
             let b = random_vec::<T>(&mut rng, n);
@@ -356,7 +367,7 @@ fn reduce_into_equals_copy_then_inplace() {
 
 fn check_typed_wrapper<T: Ref>() {
     let mut rng = Rng(0x7E ^ T::DTYPE as u64);
-    for op in ReduceOp::ALL {
+    for op in ops::<T>() {
         for order in [Order::AccFirst, Order::SrcFirst] {
             let a = random_vec::<T>(&mut rng, 300);
             let b = random_vec::<T>(&mut rng, 300);
@@ -375,7 +386,7 @@ fn reduce_slice_equals_byte_api() {
 }
 
 fn check_empty<T: Ref>() {
-    for op in ReduceOp::ALL {
+    for op in ops::<T>() {
         reduce_inplace(T::DTYPE, op, &mut [], &[], Order::AccFirst);
         reduce_inplace(T::DTYPE, op, &mut [], &[], Order::SrcFirst);
         reduce_into(T::DTYPE, op, &mut [], &[], &[]);
@@ -420,7 +431,7 @@ fn check_unaligned<T: Ref>() {
     let a = random_vec::<T>(&mut rng, n);
     let b = random_vec::<T>(&mut rng, n);
     let small: Vec<T> = (0..n).map(|_| T::small(&mut rng)).collect();
-    for op in ReduceOp::ALL {
+    for op in ops::<T>() {
         let mut want_inplace = a.clone();
         reduce_inplace(
             T::DTYPE,
@@ -901,4 +912,58 @@ fn finish_avg_partial_element_panics() {
 #[should_panic(expected = "zero ranks")]
 fn finish_avg_zero_ranks_panics() {
     finish_avg(DataType::I32, &mut [0; 4], 0);
+}
+
+#[test]
+fn bitwise_ops_on_integers() {
+    let mut acc = [0b1100u8, 0xFF, 0];
+    reduce_slice(
+        ReduceOp::BAnd,
+        &mut acc,
+        &[0b1010, 0x0F, 0xFF],
+        Order::AccFirst,
+    );
+    assert_eq!(acc, [0b1000, 0x0F, 0]);
+    let mut acc = [0b1100i32, -1, 0];
+    reduce_slice(
+        ReduceOp::BOr,
+        &mut acc,
+        &[0b1010, 0, i32::MIN],
+        Order::SrcFirst,
+    );
+    assert_eq!(acc, [0b1110, -1, i32::MIN]);
+    let mut dst = [0u64; 2];
+    reduce_into(
+        DataType::U64,
+        ReduceOp::BXor,
+        bytemuck::cast_slice_mut(&mut dst),
+        bytemuck::cast_slice(&[u64::MAX, 5u64]),
+        bytemuck::cast_slice(&[1u64, 5]),
+    );
+    assert_eq!(dst, [u64::MAX - 1, 0]);
+}
+
+/// Every entry point checks `ReduceOp::check` first; the kernels themselves refuse loudly.
+#[test]
+#[should_panic(expected = "band is defined for integer types only, not float")]
+fn bitwise_on_floats_panics_in_the_kernel() {
+    reduce_inplace(
+        DataType::F32,
+        ReduceOp::BAnd,
+        &mut [0; 8],
+        &[0; 8],
+        Order::AccFirst,
+    );
+}
+
+#[test]
+#[should_panic(expected = "bxor is defined for integer types only, not bfloat16")]
+fn bitwise_on_half_floats_panics_in_the_kernel() {
+    reduce_into(
+        DataType::Bf16,
+        ReduceOp::BXor,
+        &mut [0; 4],
+        &[0; 4],
+        &[0; 4],
+    );
 }

@@ -98,6 +98,15 @@ impl Shared {
         if root >= n {
             return Err(bad(format!("root {root} is out of range for {n} ranks")));
         }
+        if matches!(
+            coll,
+            Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+        ) && !op.supports(dtype)
+        {
+            return Err(bad(format!(
+                "reduce op {op} is bitwise and defined for integer types only, not {dtype}"
+            )));
+        }
         let lens = coll
             .buffer_lens(count, n)
             .ok()

@@ -24,7 +24,7 @@ fn sweep(transport: TransportKind, sizes: std::ops::RangeInclusive<usize>) {
                     if algo.is_some() && count > 1023 {
                         continue;
                     }
-                    for op in ReduceOp::ALL {
+                    for op in ReduceOp::ARITHMETIC {
                         for in_place in [false, true] {
                             for (dtype, w) in all_dtypes(&comm, count, op, in_place) {
                                 if w > 0 {

@@ -173,7 +173,7 @@ fn sweep(transport: TransportKind, colls: &[Collective]) {
                         Collective::Reduce | Collective::ReduceScatter | Collective::AllReduce
                     );
                     let ops: &[ReduceOp] = if reduces {
-                        &ReduceOp::ALL
+                        &ReduceOp::ARITHMETIC
                     } else {
                         &[ReduceOp::Sum]
                     };
@@ -370,4 +370,62 @@ fn bad_collective_arguments() {
             comm.barrier().unwrap();
         },
     );
+}
+
+/// The bitwise operators through every reducing collective and algorithm on every integer type;
+/// on a float type they are an argument error that leaves the communicator usable.
+#[test]
+fn bitwise_ops_on_integers_refused_on_floats() {
+    const REDUCING: [Collective; 3] = [
+        Collective::AllReduce,
+        Collective::Reduce,
+        Collective::ReduceScatter,
+    ];
+    for n in [1, 2, 3, 5] {
+        let wrong = run_ranks(
+            n,
+            config(TransportKind::Local, Duration::from_secs(120)),
+            move |comm| {
+                let mut wrong = Vec::new();
+                for coll in REDUCING {
+                    for &algo in coll.algos() {
+                        comm.set_algorithm(coll, Some(algo)).unwrap();
+                        for c in COUNTS {
+                            for dtype in DataType::ALL.into_iter().filter(|d| !d.is_float()) {
+                                for op in [ReduceOp::BAnd, ReduceOp::BOr, ReduceOp::BXor] {
+                                    for in_place in [false, true] {
+                                        let w = run_dtype(&comm, dtype, coll, c, op, in_place, 0);
+                                        if w > 0 {
+                                            wrong.push(format!(
+                                                "rank {} {coll} {algo} count {c} {dtype} {op} \
+                                                 in_place={in_place}: {w} wrong",
+                                                comm.rank()
+                                            ));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                let mut x = vec![1.0f32; 2 * n];
+                let mut out = vec![0.0f32; 2];
+                for e in [
+                    comm.all_reduce_in_place(&mut x, ReduceOp::BOr).unwrap_err(),
+                    comm.reduce_in_place(&mut x, ReduceOp::BAnd, 0).unwrap_err(),
+                    comm.reduce_scatter(&x, &mut out, ReduceOp::BXor)
+                        .unwrap_err(),
+                ] {
+                    assert_eq!(e.kind(), ccl::ErrorKind::InvalidArgument, "{e}");
+                    assert!(e.to_string().contains("integer types only"), "{e}");
+                    assert!(e.to_string().contains("float"), "{e}");
+                }
+                comm.all_reduce_in_place(&mut x, ReduceOp::Max).unwrap();
+                assert!(comm.error().is_none());
+                wrong
+            },
+        );
+        let wrong: Vec<String> = wrong.into_iter().flatten().collect();
+        assert!(wrong.is_empty(), "{n} ranks:\n{}", wrong.join("\n"));
+    }
 }

@@ -9,6 +9,10 @@ bit-identical weights; exits non-zero otherwise.
 
 Rendezvous: torch's env:// variables by default (torchrun sets them); --init-method file:///path
 uses a file instead (RANK and WORLD_SIZE still come from the environment).
+
+--time-steps N measures instead of training to convergence: a wider, deeper model (--width,
+--depth), a few warm-up steps, then N timed steps; prints the time per step (the slowest rank's
+mean). --backend gloo runs the same on PyTorch's Gloo backend, for comparison.
 """
 
 import argparse
@@ -39,13 +43,17 @@ def main():
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--init-method", default="env://")
     p.add_argument("--save", help="write this rank's final weights to SAVE.format(rank=...)")
+    p.add_argument("--backend", default="ccl", help="torch.distributed backend (ccl or gloo)")
+    p.add_argument("--width", type=int, default=32, help="hidden layer width")
+    p.add_argument("--depth", type=int, default=1, help="hidden layers")
+    p.add_argument("--time-steps", type=int, default=0, help="time this many steps instead")
     args = p.parse_args()
 
     kw = {}
     if not args.init_method.startswith("env://"):
         # Other rendezvous need rank and size given; torchrun and friends set these.
         kw = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
-    dist.init_process_group("ccl", init_method=args.init_method, **kw)
+    dist.init_process_group(args.backend, init_method=args.init_method, **kw)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     x, y = synthetic(args.samples, 16, seed=7)
@@ -53,10 +61,16 @@ def main():
 
     # Different initial weights per rank on purpose: DDP's broadcast makes them equal.
     torch.manual_seed(1000 + rank)
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 2))
+    layers = [nn.Linear(16, args.width), nn.Tanh()]
+    for _ in range(args.depth - 1):
+        layers += [nn.Linear(args.width, args.width), nn.Tanh()]
+    model = nn.Sequential(*layers, nn.Linear(args.width, 2))
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
+
+    if args.time_steps:
+        return time_steps(args, ddp, opt, loss_fn, x, y, rank, world)
 
     losses = []
     for epoch in range(args.epochs):
@@ -87,6 +101,36 @@ def main():
         print(f"weights bit-identical on all {world} ranks: {same}", flush=True)
     dist.destroy_process_group()
     return 0 if same and fell else 1
+
+
+def time_steps(args, ddp, opt, loss_fn, x, y, rank, world):
+    """Mean time of one training step (forward, backward with DDP's allreduces, optimizer) over
+    --time-steps steps after 3 warm-up steps, the slowest rank's; gradient bytes for context."""
+    import time
+
+    def step(i):
+        idx = torch.arange(i * args.batch, (i + 1) * args.batch) % len(x)
+        opt.zero_grad()
+        loss_fn(ddp(x[idx]), y[idx]).backward()
+        opt.step()
+
+    for i in range(3):
+        step(i)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for i in range(args.time_steps):
+        step(i)
+    mean = torch.tensor([(time.perf_counter() - t0) / args.time_steps], dtype=torch.float64)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
+    grad_bytes = sum(q.numel() * q.element_size() for q in ddp.parameters())
+    if rank == 0:
+        print(
+            f"step_ms {mean.item() * 1e3:.3f} backend {args.backend} ranks {world} "
+            f"gradient_bytes {grad_bytes} batch {args.batch}",
+            flush=True,
+        )
+    dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ __all__ = [
     "MAX",
     "MIN",
     "AVG",
+    "BAND",
+    "BOR",
+    "BXOR",
     "Work",
     "get_unique_id",
     "group",
@@ -64,16 +67,20 @@ SPLIT_NOCOLOR = -1
 
 
 class ReduceOp(enum.IntEnum):
-    """Reduction operators (cclRedOp_t)."""
+    """Reduction operators (cclRedOp_t). The bitwise ones take integer arrays only."""
 
     SUM = 0
     PROD = 1
     MAX = 2
     MIN = 3
     AVG = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
 
 
 SUM, PROD, MAX, MIN, AVG = ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG
+BAND, BOR, BXOR = ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR
 
 # cclDataType_t by dtype name (numpy's names; torch's without the "torch." prefix).
 DTYPES = {
@@ -304,14 +311,34 @@ def _uid_struct(uid):
     return _l.UniqueIdStruct.from_buffer_copy(uid)
 
 
+def _timeout_ms(timeout):
+    secs = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    ms = int(round(secs * 1000))
+    if not 0 < ms < 2**31:
+        raise _invalid(f"timeout {timeout!r} must be between 1 ms and 24 days")
+    return ms
+
+
 class Communicator:
     """A group of ranks running collectives together (a ``cclComm_t``)."""
 
-    def __init__(self, rank, size, uid):
+    def __init__(self, rank, size, uid, timeout=None):
         """Joins the communicator of `uid` (from ``get_unique_id()``) as `rank` of `size`;
-        blocks until every rank has joined."""
+        blocks until every rank has joined. `timeout` (seconds, or a ``datetime.timedelta``) is
+        how long any wait of this communicator may go without progress; by default
+        ``CCL_TIMEOUT``'s."""
         h = ctypes.c_void_p()
-        _check(_lib.cclCommInitRank(ctypes.byref(h), int(size), _uid_struct(uid), int(rank)))
+        uid = _uid_struct(uid)
+        if timeout is None:
+            _check(_lib.cclCommInitRank(ctypes.byref(h), int(size), uid, int(rank)))
+        else:
+            cfg = _l.config(version())
+            cfg.timeoutMs = _timeout_ms(timeout)
+            _check(
+                _lib.cclCommInitRankConfig(
+                    ctypes.byref(h), int(size), uid, int(rank), ctypes.byref(cfg)
+                )
+            )
         self._h = h
         self._fill()
 

@@ -16,6 +16,26 @@ class UniqueIdStruct(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_ubyte * UNIQUE_ID_BYTES)]
 
 
+class ConfigStruct(ctypes.Structure):
+    """cclConfig_t; made as CCL_CONFIG_INITIALIZER does by ``config()``."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("timeoutMs", ctypes.c_int),
+    ]
+
+
+CONFIG_MAGIC = 0xCC1C0F16
+CONFIG_UNDEF_INT = -(2**31)
+
+
+def config(version):
+    """A cclConfig_t with every field left to its CCL_* variable."""
+    return ConfigStruct(ctypes.sizeof(ConfigStruct), CONFIG_MAGIC, version, CONFIG_UNDEF_INT)
+
+
 # Handles are opaque pointers (cclComm_t, cclRequest_t).
 Handle = c_void_p
 Handle_p = ctypes.POINTER(c_void_p)
@@ -27,6 +47,10 @@ PROTOTYPES = {
     "cclGetLastError": (ctypes.c_char_p, [Handle]),
     "cclGetUniqueId": (c_int, [ctypes.POINTER(UniqueIdStruct)]),
     "cclCommInitRank": (c_int, [Handle_p, c_int, UniqueIdStruct, c_int]),
+    "cclCommInitRankConfig": (
+        c_int,
+        [Handle_p, c_int, UniqueIdStruct, c_int, ctypes.POINTER(ConfigStruct)],
+    ),
     "cclCommInitFromEnv": (c_int, [Handle_p]),
     "cclCommSplit": (c_int, [Handle, c_int, c_int, Handle_p, c_void_p]),
     "cclCommDestroy": (c_int, [Handle]),

@@ -131,6 +131,32 @@ def test_process_group_three_ranks(tmp_path):
     run_ranks(process_group, 3, str(tmp_path / "store"))
 
 
+def gather_shapes(rank, size, uid, store_file):
+    """all_gather_coalesced pairs outputs as c10d does (output_lists[r][j] is input j of rank
+    r), with tensors of different shapes and empty ones; all_gather of empty tensors."""
+    import torch.distributed as dist
+
+    import ccl.torch  # noqa: F401
+
+    dist.init_process_group("ccl", init_method="file://" + store_file, rank=rank, world_size=size)
+    shapes = [(2, 2), (0,), (3, 3, 3), (0,), (5,)]
+    inputs = [torch.full(s, float(10 * rank + j)) for j, s in enumerate(shapes)]
+    outputs = [[torch.full(s, -1.0) for s in shapes] for _ in range(size)]
+    dist.all_gather_coalesced(outputs, inputs)
+    for r in range(size):
+        for j, s in enumerate(shapes):
+            assert outputs[r][j].shape == s, (r, j, outputs[r][j].shape)
+            assert (outputs[r][j] == 10 * r + j).all(), (r, j, outputs[r][j])
+    empty = [torch.empty(0) for _ in range(size)]
+    dist.all_gather(empty, torch.empty(0))
+    assert all(e.numel() == 0 for e in empty)
+    dist.destroy_process_group()
+
+
+def test_all_gather_coalesced_and_empty_tensors(tmp_path):
+    run_ranks(gather_shapes, 2, str(tmp_path / "store"))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

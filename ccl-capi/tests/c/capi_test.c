@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,6 +142,9 @@ static double expect(cclRedOp_t op, cclDataType_t t, int n, size_t i) {
       case cclProd: acc *= x; break;
       case cclMax: acc = x > acc ? x : acc; break;
       case cclMin: acc = x < acc ? x : acc; break;
+      case cclBAnd: acc = (double)((long long)acc & (long long)x); break;
+      case cclBOr: acc = (double)((long long)acc | (long long)x); break;
+      case cclBXor: acc = (double)((long long)acc ^ (long long)x); break;
       default: break;
     }
   }
@@ -168,6 +172,12 @@ static void test_allreduce(cclComm_t comm, int rank, int n) {
     char* send = malloc(count * sz);
     char* recv = malloc(count * sz);
     for (int op = 0; op < cclNumOps; op++) {
+      int bitwise = op == cclBAnd || op == cclBOr || op == cclBXor;
+      if (bitwise && is_float((cclDataType_t)t)) {
+        FAILS(cclAllReduce(send, recv, count, (cclDataType_t)t, (cclRedOp_t)op, comm),
+              cclInvalidArgument, "integer types only");
+        continue;
+      }
       for (int inplace = 0; inplace < 2; inplace++) {
         fill(send, (cclDataType_t)t, count, rank);
         memset(recv, 0xee, count * sz);
@@ -420,6 +430,19 @@ static void test_errors(cclComm_t comm, int rank, int n) {
   FAILS(cclCommInitRank(&c2, 2, zero, -1), cclInvalidArgument, "rank -1");
   FAILS(cclCommInitRank(&c2, 2, zero, 0), cclInvalidArgument, "malformed unique id");
   FAILS(cclCommInitFromEnv(NULL), cclInvalidArgument, "comm is NULL");
+  cclConfig_t cfg = CCL_CONFIG_INITIALIZER;
+  CHECK(cfg.size == sizeof(cclConfig_t) && cfg.timeoutMs == CCL_CONFIG_UNDEF_INT, "initializer");
+  cfg.timeoutMs = 0;
+  FAILS(cclCommInitRankConfig(&c2, 1, zero, 0, &cfg), cclInvalidArgument, "timeoutMs is 0");
+  cfg.timeoutMs = 1000;
+  cfg.magic = 7;
+  FAILS(cclCommInitRankConfig(&c2, 1, zero, 0, &cfg), cclInvalidArgument, "CCL_CONFIG_INITIALIZER");
+  cfg.magic = CCL_CONFIG_MAGIC;
+  cfg.size = 3;
+  FAILS(cclCommInitRankConfig(&c2, 1, zero, 0, &cfg), cclInvalidArgument, "config->size is 3");
+  cfg.size = sizeof(cclConfig_t);
+  FAILS(cclCommInitRankConfig(&c2, 1, zero, 0, &cfg), cclInvalidArgument, "malformed unique id");
+  FAILS(cclCommInitRankConfig(NULL, 1, zero, 0, &cfg), cclInvalidArgument, "comm is NULL");
 
   /* Bad enums, counts, roots, peers, buffers. */
   FAILS(cclAllReduce(buf, buf2, 4, (cclDataType_t)42, cclSum, comm), cclInvalidArgument, "datatype 42");
@@ -696,9 +719,72 @@ static int aborts(void) {
   return g_failed == 0 ? 0 : 1;
 }
 
+/* ---- a communicator's own timeout ---- */
+
+struct targ2 {
+  int rank;
+  cclUniqueId id;
+  cclComm_t comm;
+  cclResult_t res;
+  double seconds;
+  char msg[512];
+  pthread_barrier_t* done;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void* timeout_rank(void* p) {
+  struct targ2* a = p;
+  cclConfig_t cfg = CCL_CONFIG_INITIALIZER;
+  cfg.timeoutMs = 700;
+  a->res = cclCommInitRankConfig(&a->comm, 2, a->id, a->rank, &cfg);
+  if (a->res == cclSuccess && a->rank == 0) {
+    /* Rank 1 never joins: the barrier ends at the config's deadline, not CCL_TIMEOUT's. */
+    double t0 = now_s();
+    a->res = cclBarrier(a->comm);
+    a->seconds = now_s() - t0;
+    snprintf(a->msg, sizeof a->msg, "%s", cclGetLastError(NULL));
+  }
+  pthread_barrier_wait(a->done); /* rank 1 stays connected until rank 0 has timed out */
+  if (a->comm != NULL) cclCommDestroy(a->comm);
+  return NULL;
+}
+
+/* cclCommInitRankConfig's timeoutMs is the communicator's deadline (the test runs with a long
+ * CCL_TIMEOUT, so only the config can make the barrier end early). */
+static int timeouts(void) {
+  g_rank = 0;
+  struct targ2 a[2];
+  pthread_t t[2];
+  pthread_barrier_t done;
+  pthread_barrier_init(&done, NULL, 2);
+  cclUniqueId id;
+  OK(cclGetUniqueId(&id));
+  for (int r = 0; r < 2; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    a[r].rank = r;
+    a[r].id = id;
+    a[r].done = &done;
+    pthread_create(&t[r], NULL, timeout_rank, &a[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+  pthread_barrier_destroy(&done);
+  CHECK(a[0].res == cclTimeout && strstr(a[0].msg, "timeout") != NULL &&
+            strstr(a[0].msg, "peer 1") != NULL,
+        "lone barrier -> %d (%s)", (int)a[0].res, a[0].msg);
+  /* Generous on a loaded machine; CCL_TIMEOUT (set by the test) is far longer. */
+  CHECK(a[0].seconds >= 0.6 && a[0].seconds < 60, "timed out after %.2f s", a[0].seconds);
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc != 3 || atoi(argv[2]) < 1 || atoi(argv[2]) > 64) {
-    fprintf(stderr, "usage: %s procs|threads N (1..64)\n", argv[0]);
+    fprintf(stderr, "usage: %s procs|threads|abort|timeout N (1..64)\n", argv[0]);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -708,6 +794,10 @@ int main(int argc, char** argv) {
   if (strcmp(argv[1], "abort") == 0) {
     alarm(120);
     return aborts();
+  }
+  if (strcmp(argv[1], "timeout") == 0) {
+    alarm(120);
+    return timeouts();
   }
   fprintf(stderr, "unknown mode %s\n", argv[1]);
   return 2;

@@ -1,0 +1,364 @@
+"""torch.distributed through the ccl backend beside Gloo: all_reduce latency and bus bandwidth,
+and DDP training steps. Not a test: numbers, written as JSON lines, summarized as tables.
+
+    python python/bench/torch_bench.py allreduce --backend ccl --ranks 2 --out r.jsonl
+    python python/bench/torch_bench.py ddp --backend gloo --ranks 4 --out r.jsonl
+    python python/bench/torch_bench.py summary r.jsonl
+
+scripts/torch-bench.sh runs both backends in interleaved rounds and prints the summary.
+
+all_reduce follows nccl-tests: float32 sum, in place (torch's all_reduce has no other form), a
+buffer of zeros so repeated sums stay finite; per size a few warm-up calls, a calibration loop
+(1, 8, 64, ... calls until they take 20 ms), then enough calls to fill --seconds, timed after a
+barrier; time per call is the slowest rank's mean; algbw = bytes / time, busbw = algbw x 2(n-1)/n
+(GB = 1e9 B). Each size is checked once afterwards (rank r contributes r + 1). The ranks are
+processes of this script meeting through a file:// store (torch's TCP store does reverse-DNS
+lookups); Gloo is pinned to loopback with GLOO_SOCKET_IFNAME=lo, ccl with CCL_SOCKET_IFNAME=lo.
+
+ddp runs examples/python/ddp_train.py --time-steps (a model wide enough that its gradient
+allreduces matter) and records its time per step.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parse_size(s):
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    s = s.strip().lower()
+    return int(float(s[:-1]) * mult[s[-1]]) if s[-1] in mult else int(s)
+
+
+def sizes(lo, hi, factor):
+    out, b = [], lo
+    while b <= hi:
+        out.append(b)
+        b *= factor
+    if out[-1] != hi:
+        out.append(hi)
+    return out
+
+
+def load():
+    """Other processes' CPU share over the last minute (1-minute load average / cores)."""
+    try:
+        return round(os.getloadavg()[0] / os.cpu_count(), 2)
+    except OSError:
+        return None
+
+
+# ---- one rank ---------------------------------------------------------------------------
+
+
+def rank_main(args):
+    import torch
+    import torch.distributed as dist
+
+    if args.backend == "ccl":
+        import ccl.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        args.backend, init_method="file://" + args.store, rank=rank, world_size=n
+    )
+
+    def slowest(x, op=dist.ReduceOp.MAX):
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=op)
+        return t.item()
+
+    ladder = sizes(parse_size(args.b), parse_size(args.e), args.f)
+    buf = torch.zeros(max(1, ladder[-1] // 4), dtype=torch.float32)
+    rows = []
+    for nbytes in ladder:
+        count = max(1, nbytes // 4)
+        view = buf[:count]
+        for _ in range(2 if nbytes >= 64 << 20 else args.warmup):
+            dist.all_reduce(view)
+        k = 1
+        while True:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(k):
+                dist.all_reduce(view)
+            took = slowest(time.perf_counter() - t0)
+            if took >= 0.02 or k >= 1 << 20:
+                break
+            k *= 8
+        iters = int(slowest(min(max(args.seconds / max(took / k, 1e-9), 5), 1e6)))
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(view)
+        per = (time.perf_counter() - t0) / iters
+        tmax = slowest(per)
+        view.fill_(float(rank + 1))
+        dist.all_reduce(view)
+        wrong = int((view != n * (n + 1) / 2).sum())
+        view.zero_()
+        wrong = int(slowest(wrong, dist.ReduceOp.SUM))
+        algbw = count * 4 / tmax / 1e9
+        rows.append(
+            {
+                "kind": "allreduce",
+                "backend": args.backend,
+                "ranks": n,
+                "bytes": count * 4,
+                "iters": iters,
+                "time_us": tmax * 1e6,
+                "algbw": algbw,
+                "busbw": algbw * 2 * (n - 1) / n,
+                "wrong": wrong,
+            }
+        )
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(args.rows, "w") as f:
+            json.dump(rows, f)
+
+
+# ---- launching ranks -----------------------------------------------------------------
+
+
+def launch(cmd_for_rank, n, extra_env=None, timeout=3600):
+    """Runs n processes (one per rank) on loopback; returns rank 0's stdout."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "WORLD_SIZE": str(n),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "CCL_SOCKET_IFNAME": "=lo",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO / "python"), env.get("PYTHONPATH")) if p
+            ),
+        }
+    )
+    env.update(extra_env or {})
+    procs = []
+    for r in range(n):
+        e = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+        out = subprocess.PIPE if r == 0 else subprocess.DEVNULL
+        procs.append(subprocess.Popen(cmd_for_rank(r), env=e, stdout=out, text=True))
+    try:
+        stdout, _ = procs[0].communicate(timeout=timeout)
+        codes = [procs[0].returncode] + [p.wait(timeout=60) for p in procs[1:]]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(codes):
+        raise SystemExit(f"a rank failed (exit codes {codes})")
+    return stdout
+
+
+def cmd_allreduce(args):
+    with tempfile.TemporaryDirectory(prefix="ccl-torch-bench-") as d:
+        rows = os.path.join(d, "rows.json")
+        argv = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "_rank",
+            "--backend",
+            args.backend,
+            "--store",
+            os.path.join(d, "store"),
+            "--rows",
+            rows,
+            "-b",
+            args.b,
+            "-e",
+            args.e,
+            "-f",
+            str(args.f),
+            "--warmup",
+            str(args.warmup),
+            "--seconds",
+            str(args.seconds),
+        ]
+        before = load()
+        launch(lambda r: argv, args.ranks)
+        with open(rows) as f:
+            out = json.load(f)
+    for row in out:
+        row.update({"round": args.round, "load_before": before, "load_after": load()})
+    emit(args.out, out)
+
+
+def cmd_ddp(args):
+    with tempfile.TemporaryDirectory(prefix="ccl-torch-ddp-") as d:
+        argv = [
+            sys.executable,
+            str(REPO / "examples" / "python" / "ddp_train.py"),
+            "--backend",
+            args.backend,
+            "--init-method",
+            "file://" + os.path.join(d, "store"),
+            "--width",
+            str(args.width),
+            "--depth",
+            str(args.depth),
+            "--batch",
+            str(args.batch),
+            "--time-steps",
+            str(args.steps),
+        ]
+        before = load()
+        stdout = launch(lambda r: argv, args.ranks)
+    line = next(x for x in stdout.splitlines() if x.startswith("step_ms "))
+    f = line.split()
+    row = {
+        "kind": "ddp",
+        "backend": args.backend,
+        "ranks": args.ranks,
+        "step_ms": float(f[1]),
+        "gradient_bytes": int(f[f.index("gradient_bytes") + 1]),
+        "width": args.width,
+        "depth": args.depth,
+        "batch": args.batch,
+        "steps": args.steps,
+        "round": args.round,
+        "load_before": before,
+        "load_after": load(),
+    }
+    emit(args.out, [row])
+
+
+def emit(path, rows):
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if path:
+        with open(path, "a") as f:
+            f.write(text)
+    sys.stdout.write(text)
+
+
+# ---- summary --------------------------------------------------------------------------
+
+
+def fmt_size(b):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k} {unit}"
+    return f"{b} B"
+
+
+def cmd_summary(args):
+    rows = []
+    for p in args.files:
+        with open(p) as f:
+            rows += [json.loads(x) for x in f if x.strip()]
+    med = statistics.median
+    out = []
+    ar = [r for r in rows if r["kind"] == "allreduce"]
+    verdicts = []
+    for n in sorted({r["ranks"] for r in ar}):
+        out.append(f"\n### all_reduce, {n} ranks (float32 sum, in place; median of rounds)\n")
+        out.append(
+            "| size | Gloo time (us) | ccl time (us) | Gloo busbw (GB/s) | ccl busbw (GB/s) "
+            "| ccl / Gloo time | rounds | wrong |"
+        )
+        out.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for b in sorted({r["bytes"] for r in ar if r["ranks"] == n}):
+            g = [r for r in ar if r["ranks"] == n and r["bytes"] == b and r["backend"] == "gloo"]
+            c = [r for r in ar if r["ranks"] == n and r["bytes"] == b and r["backend"] == "ccl"]
+            if not g or not c:
+                continue
+            gt, ct = med(r["time_us"] for r in g), med(r["time_us"] for r in c)
+            gb, cb = med(r["busbw"] for r in g), med(r["busbw"] for r in c)
+            wrong = sum(r["wrong"] for r in g + c)
+            out.append(
+                f"| {fmt_size(b)} | {gt:.1f} | {ct:.1f} | {gb:.3f} | {cb:.3f} | "
+                f"{ct / gt:.2f} | {min(len(g), len(c))} | {wrong} |"
+            )
+            if b == min(r["bytes"] for r in ar):
+                verdicts.append(
+                    f"{n} ranks, {fmt_size(b)}: ccl {ct:.1f} us vs Gloo {gt:.1f} us "
+                    f"({ct / gt:.3f} of Gloo's; target <= 0.1: "
+                    f"{'met' if ct <= gt / 10 else 'NOT met'})"
+                )
+            if cb < gb:
+                verdicts.append(
+                    f"{n} ranks, {fmt_size(b)}: ccl busbw {cb:.3f} < Gloo {gb:.3f} GB/s "
+                    "(target: at least Gloo's at every size: NOT met)"
+                )
+    dd = [r for r in rows if r["kind"] == "ddp"]
+    if dd:
+        out.append("\n### DDP training step (examples/python/ddp_train.py --time-steps)\n")
+        out.append(
+            "| ranks | model | gradient MB | Gloo step (ms) | ccl step (ms) | ccl / Gloo | rounds |"
+        )
+        out.append("|---:|---|---:|---:|---:|---:|---:|")
+        for n in sorted({r["ranks"] for r in dd}):
+            g = [r for r in dd if r["ranks"] == n and r["backend"] == "gloo"]
+            c = [r for r in dd if r["ranks"] == n and r["backend"] == "ccl"]
+            if not g or not c:
+                continue
+            gs, cs = med(r["step_ms"] for r in g), med(r["step_ms"] for r in c)
+            m = c[0]
+            out.append(
+                f"| {n} | MLP width {m['width']} depth {m['depth']}, batch {m['batch']} | "
+                f"{m['gradient_bytes'] / 1e6:.1f} | {gs:.1f} | {cs:.1f} | {cs / gs:.2f} | "
+                f"{min(len(g), len(c))} |"
+            )
+            verdicts.append(
+                f"DDP {n} ranks: ccl {cs:.1f} ms vs Gloo {gs:.1f} ms per step "
+                f"(target <= Gloo's: {'met' if cs <= gs else 'NOT met'})"
+            )
+    loads = [r["load_before"] for r in rows if r.get("load_before") is not None]
+    if loads:
+        out.append(
+            f"\nMachine load (1-min load average per core) before the runs: median "
+            f"{med(loads):.2f}, max {max(loads):.2f}."
+        )
+    out.append("\nTargets:\n" + "\n".join(f"- {v}" for v in verdicts))
+    print("\n".join(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("allreduce", help="all_reduce latency and busbw, 8 B to 64 MiB")
+    d = sub.add_parser("ddp", help="DDP training step time")
+    for p in (a, d):
+        p.add_argument("--backend", choices=["ccl", "gloo"], required=True)
+        p.add_argument("--ranks", type=int, default=2)
+        p.add_argument("--out", help="append JSON lines here")
+        p.add_argument("--round", type=int, default=0)
+    a.add_argument("-b", default="8")
+    a.add_argument("-e", default="64M")
+    a.add_argument("-f", type=int, default=4)
+    a.add_argument("--warmup", type=int, default=5)
+    a.add_argument("--seconds", type=float, default=0.25, help="timed work per size")
+    d.add_argument("--width", type=int, default=2048)
+    d.add_argument("--depth", type=int, default=4)
+    d.add_argument("--batch", type=int, default=64)
+    d.add_argument("--steps", type=int, default=20)
+    s = sub.add_parser("summary", help="tables from JSON lines")
+    s.add_argument("files", nargs="+")
+    r = sub.add_parser("_rank")
+    r.add_argument("--backend", required=True)
+    r.add_argument("--store", required=True)
+    r.add_argument("--rows", required=True)
+    r.add_argument("-b", default="8")
+    r.add_argument("-e", default="64M")
+    r.add_argument("-f", type=int, default=4)
+    r.add_argument("--warmup", type=int, default=5)
+    r.add_argument("--seconds", type=float, default=0.25)
+    args = ap.parse_args()
+    {"allreduce": cmd_allreduce, "ddp": cmd_ddp, "summary": cmd_summary, "_rank": rank_main}[
+        args.cmd
+    ](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# torch.distributed through the ccl backend beside Gloo (not a test: numbers): all_reduce
+# latency and bus bandwidth from 8 B to 64 MiB, and the time per step of DDP training
+# (examples/python/ddp_train.py --time-steps, an MLP whose gradients are 50 MB), with 2 and 4
+# ranks, in interleaved rounds (round 1 of every configuration, then round 2, ...; the backend
+# that goes first alternates) so a burst of outside load hits different configurations; prints tables of the medians and whether the
+# targets are met. About 10 minutes per round on a quiet 2-core machine.
+#
+#   ROUNDS=3        rounds
+#   RANKS="2 4"     world sizes
+#   QUIET=0.5       before each run, wait (up to 120 s) until the 1-minute load average per core
+#                   is below this; the load is recorded with every result either way
+#   OUT=file        JSON lines (default target/torch-bench/<time>.jsonl)
+#   CCL_VENV        the venv (scripts/python-setup.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release -q -p ccl-capi
+venv=$(CCL_LIBRARY="$PWD/target/release/libccl.so" CCL_TORCH="${CCL_TORCH:-torch==2.15.0}" \
+  scripts/python-setup.sh | tail -n 1)
+py="$venv/bin/python"
+export CCL_LIBRARY="$PWD/target/release/libccl.so" PYTHONPATH="$PWD/python"
+out=${OUT:-target/torch-bench/$(date +%Y%m%d-%H%M%S).jsonl}
+mkdir -p "$(dirname "$out")"
+echo "results in $out"
+
+quiet() {
+  local limit=${QUIET:-0.5} waited=0
+  while [ "$waited" -lt 120 ]; do
+    awk -v l="$limit" -v n="$(nproc)" '{ exit !($1 / n < l) }' /proc/loadavg && return 0
+    sleep 5
+    waited=$((waited + 5))
+  done
+  echo "   (machine still busy after 120 s: $(cut -d' ' -f1 /proc/loadavg) load; measuring anyway)"
+}
+
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  # Which backend goes first alternates from round to round.
+  order="gloo ccl"
+  [ $((round % 2)) = 0 ] && order="ccl gloo"
+  for n in ${RANKS:-2 4}; do
+    for b in $order; do
+      quiet
+      echo "== round $round, $n ranks, $b: all_reduce"
+      "$py" python/bench/torch_bench.py allreduce --backend "$b" --ranks "$n" --round "$round" \
+        --out "$out" >/dev/null
+      quiet
+      echo "== round $round, $n ranks, $b: DDP"
+      "$py" python/bench/torch_bench.py ddp --backend "$b" --ranks "$n" --round "$round" \
+        --out "$out" >/dev/null
+    done
+  done
+done
+"$py" python/bench/torch_bench.py summary "$out"
