@@ -10,7 +10,7 @@ OUT=${OUT:-docs/img/scale}
 mkdir -p "$OUT"
 B=target/release/ccl-bench
 F=scripts/sim/zone.fabric
-want() { [ $# -eq 0 ] || [[ " ${NAMES} " == *" $1 "* ]]; }
+want() { [ -z "$NAMES" ] || [[ " ${NAMES} " == *" $1 "* ]]; }
 NAMES="$*"
 run() { # NAME ARGS...: the table, JSON and plot of one sweep
     local name=$1; shift
