@@ -52,7 +52,7 @@ fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
     });
     let mut groups: Vec<_> = ts
         .iter()
-        .map(|t| t.take_host().expect("a host segment"))
+        .map(|t| t.take_host_group().expect("a host segment"))
         .collect();
     for (r, g) in groups.iter().enumerate() {
         assert_eq!(g.ranks, vec![0, 1, 2]);
