@@ -79,6 +79,11 @@ impl Shared {
         self.comm.rank()
     }
 
+    /// Whether the `shm` algorithms can run: every rank shares this host's memory.
+    pub fn has_host_memory(&self) -> bool {
+        self.host_slot > 0
+    }
+
     pub fn size(&self) -> usize {
         self.comm.size()
     }
