@@ -1097,6 +1097,9 @@ impl Run<'_, '_> {
             std::hint::spin_loop();
             return Ok(());
         }
+        if self.crossed_calls()? {
+            return Ok(());
+        }
         let mut waits = std::mem::take(&mut self.st.waits);
         waits.clear();
         waits.extend(
@@ -1113,6 +1116,78 @@ impl Run<'_, '_> {
         comm.block(self.links, &st.waits, host, timeout - idle, || {
             st.sync_trace(comm, sched, st.first_waited_peer(sched))
         })
+    }
+
+    /// Where the ranks of a host meet both in host memory and over connections, a rank in one
+    /// kind of operation would wait for a peer in the other until the deadline: fail at once
+    /// instead, describing both calls. Sound because every connection of a host-memory
+    /// communicator is in the same memory: a peer publishes its bytes before it posts.
+    /// Returns whether something arrived after all (the caller retries).
+    fn crossed_calls(&mut self) -> Result<bool> {
+        let Some(me) = self.host.as_deref().map(|h| h.me()) else {
+            return Ok(false);
+        };
+        let mine = self.header(0, 0);
+        let crossed = |peer: usize, theirs: String| {
+            Error::invalid_usage(format!(
+                "with peer {peer}: mismatched calls: this rank called {}, the peer called {theirs}",
+                mine.describe()
+            ))
+            .peer(peer)
+        };
+        if let Some(target) = self.host_wait() {
+            // In host memory, waiting for posts: a peer that instead sends over its connection
+            // is in another operation (this rank has taken everything earlier ones sent).
+            for (i, &peer) in self.host_ranks().iter().enumerate() {
+                if i == me || self.host.as_deref().is_some_and(|h| h.posted(i) >= target) {
+                    continue;
+                }
+                let mut head = [0u8; HEADER_LEN];
+                let mut got = 0;
+                self.links.get(peer)?.recv_with(HEADER_LEN, &mut |b| {
+                    got = b.len().min(HEADER_LEN);
+                    head[..got].copy_from_slice(&b[..got]);
+                    0
+                })?;
+                if got > 0 {
+                    let theirs = match Header::decode(&head) {
+                        Ok(h) if got == HEADER_LEN => h.describe(),
+                        _ => "an operation over its connection".to_string(),
+                    };
+                    return Err(crossed(peer, theirs));
+                }
+            }
+            return Ok(false);
+        }
+        // Over connections, waiting for a peer's operation header: a peer that has posted in
+        // host memory more often than this rank is in a later operation there, having skipped
+        // this one (it would have sent the header before posting).
+        for pi in 0..self.sched.peers.len() {
+            if !self.st.peers[pi].header_in_pending() {
+                continue;
+            }
+            let peer = self.sched.peers[pi].peer;
+            let Some(i) = self.host_ranks().iter().position(|&r| r == peer) else {
+                continue;
+            };
+            let h = self.host.as_deref().ok_or_else(no_host)?;
+            if h.posted(i) <= h.posted(me) {
+                continue;
+            }
+            let theirs = Header::from_host_desc(h.desc(i), crate::algo::Algo::Shm.id());
+            if self.receive_header(pi)? {
+                return Ok(true);
+            }
+            return Err(crossed(peer, theirs.describe()));
+        }
+        Ok(false)
+    }
+
+    /// Communicator rank of each host index (empty without host memory).
+    fn host_ranks(&self) -> Vec<usize> {
+        self.host
+            .as_deref()
+            .map_or_else(Vec::new, |h| h.ranks().to_vec())
     }
 
     /// What each peer queue is waiting for, for timeout messages.
