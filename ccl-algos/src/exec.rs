@@ -1107,10 +1107,25 @@ impl Run<'_, '_> {
                 .map(|pi| (self.sched.peers[pi].peer, self.interest(pi)))
                 .filter(|(_, i)| i.send || i.recv),
         );
-        self.st.waits = waits;
         let host = self
             .host_wait()
             .and_then(|c| self.host.as_deref().map(|h| (h as &dyn HostMemory, c)));
+        // Waiting in host memory, also watch the connections of the ranks not there yet: a
+        // death (or a crossed call, see `crossed_calls`) shows there first.
+        if let Some((h, target)) = host {
+            waits.extend(
+                (0..h.ranks().len())
+                    .filter(|&i| i != h.me() && h.posted(i) < target)
+                    .map(|i| {
+                        let recv = Interest {
+                            send: false,
+                            recv: true,
+                        };
+                        (h.ranks()[i], recv)
+                    }),
+            );
+        }
+        self.st.waits = waits;
         let (comm, sched, st) = (self.comm, self.sched, &*self.st);
         // About to sleep: this is when a dump (or a hang) needs the recorder current.
         comm.block(self.links, &st.waits, host, timeout - idle, || {
