@@ -112,8 +112,8 @@ fn part(len: usize, parts: usize, j: usize) -> (usize, usize) {
 }
 
 /// Allreduce: small buffers one-shot (every rank reduces all of it, in rank order, so every rank
-/// computes the same bits), large ones two-shot (rank `j` reduces part `j` in its own slot, then
-/// everyone copies every part out).
+/// computes the same bits), large ones two-shot (rank `j` reduces part `j` of the buffer into its
+/// output and publishes it in its slot, then everyone copies the other parts out).
 pub fn allreduce(shape: &Shape) -> Schedule {
     allreduce_with(shape, ONE_SHOT_MAX)
 }
@@ -129,27 +129,39 @@ pub fn allreduce_with(shape: &Shape, one_shot_max: usize) -> Schedule {
     let input = st.input();
     for (k, off, len) in Steps::chunks(c, st.half) {
         let h = st.half_at(k);
-        st.copy(Region::new(input, off, len), slot(me, h, len));
-        st.barrier();
         if one_shot {
+            st.copy(Region::new(input, off, len), slot(me, h, len));
+            st.barrier();
             let out = Region::new(Buf::Recv, off, len);
             st.copy(slot(0, h, len), out);
             for j in 1..n {
                 st.reduce(out, slot(j, h, len));
             }
             st.push(Action::FinishAvg { region: out });
-        } else {
-            let (a, l) = part(len, n, me);
-            let mine = slot(me, h + a, l);
-            for j in (0..n).filter(|&j| j != me) {
-                st.reduce(mine, slot(j, h + a, l));
-            }
-            st.push(Action::FinishAvg { region: mine });
-            st.barrier();
-            for j in 0..n {
-                let (a, l) = part(len, n, j);
-                st.copy(slot(j, h + a, l), Region::new(Buf::Recv, off + a, l));
-            }
+            continue;
+        }
+        // Rank `j` reduces part `j`: the others need only the other parts of this rank's
+        // input, and this rank reduces its part from its own input directly.
+        for j in (0..n).filter(|&j| j != me) {
+            let (a, l) = part(len, n, j);
+            st.copy(Region::new(input, off + a, l), slot(me, h + a, l));
+        }
+        st.barrier();
+        let (a, l) = part(len, n, me);
+        let out = Region::new(Buf::Recv, off + a, l);
+        if !shape.in_place {
+            st.copy(Region::new(input, off + a, l), out);
+        }
+        for j in (0..n).filter(|&j| j != me) {
+            st.reduce(out, slot(j, h + a, l));
+        }
+        st.push(Action::FinishAvg { region: out });
+        // Published where the part would have been.
+        st.copy(out, slot(me, h + a, l));
+        st.barrier();
+        for j in (0..n).filter(|&j| j != me) {
+            let (a, l) = part(len, n, j);
+            st.copy(slot(j, h + a, l), Region::new(Buf::Recv, off + a, l));
         }
     }
     st.finish()
