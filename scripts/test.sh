@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, in-process multi-rank, and multi-process tests (the C ABI through
-# the header from C, the Rust training example), then the Python package, the torch.distributed
+# the header from C, the Rust training example), a small simulator run, two "hosts" on this
+# machine (shared memory within, TCP across), then the Python package, the torch.distributed
 # backend, DDP under torchrun and a named subset of PyTorch's own distributed tests
 # (python/tests/test_torch_conformance.py; the whole class is scripts/torch-conformance.sh),
 # then the verbs transport on real SoftRoCE in a VM (one boot, then two VMs linked); installing
@@ -16,6 +17,9 @@ echo "== cargo test (workspace, release)"
 cargo test --release --workspace
 echo "== simulator: one small experiment"
 scripts/sim-smoke.sh
+echo "== two hosts on one machine (UTS namespaces): shm within hosts, tcp across"
+rc=0; scripts/two-hosts.sh || rc=$?
+if [ "$rc" = 77 ]; then echo "(skipped: needs root)"; elif [ "$rc" != 0 ]; then exit "$rc"; fi
 
 python_tests() {
 echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun, PyTorch's tests)"

@@ -14,7 +14,7 @@ use ccl_core::transport::TransportProperties;
 
 use crate::cost::{self, LinkCosts, Load};
 use crate::schedule::{Schedule, Shape};
-use crate::{allgather, allreduce, alltoall, barrier, broadcast, reduce, reduce_scatter};
+use crate::{allgather, allreduce, alltoall, barrier, broadcast, host, reduce, reduce_scatter};
 
 /// Declares an enum that travels on the wire as a number. One list gives every variant its fixed
 /// id and its name, and from it come `ALL` (in id order), `id`, `from_id` and `name`, so no
@@ -168,6 +168,10 @@ pub enum AlgoError {
     NoCollectiveHas(Algo),
     #[error("'{0}' is not collective:algorithm")]
     NotAPair(String),
+    #[error(
+        "{coll}: the shm algorithm needs every rank on one host, connected by shared memory (not disabled by CCL_SHM_DISABLE or CCL_TRANSPORT)"
+    )]
+    NoHostMemory { coll: Collective },
     /// Any of the above, in the `CCL_ALGO` setting `spec`.
     #[error("CCL_ALGO='{spec}': {error}")]
     Setting { spec: String, error: Box<AlgoError> },
@@ -233,6 +237,10 @@ wire_enum! {
         HalvingDoubling = 4 => "hd",
         /// Inside each host, then across hosts among one leader per host, then inside each host.
         Hierarchical = 5 => "hier",
+        /// In the memory the ranks of one host share: each rank's input is where every other
+        /// rank reads it; flag barriers between the steps. Only when every rank of the
+        /// communicator is on one host and the shared-memory transport connects them.
+        Shm = 6 => "shm",
     }
 }
 
@@ -246,6 +254,7 @@ impl Algo {
             Algo::Tree => &["dbtree"],
             Algo::HalvingDoubling => &["halving_doubling", "rabenseifner"],
             Algo::Hierarchical => &["hierarchical"],
+            Algo::Shm => &["host", "shared_memory"],
         }
     }
 }
@@ -337,12 +346,23 @@ pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementati
             |s, _| barrier::dissemination(s),
             |n, _| cost::dissemination(n),
         ),
+        (AllReduce, Shm) => (|s, _| host::allreduce(s), cost::host_allreduce),
+        (Broadcast, Shm) => (|s, _| host::broadcast(s), |_, _| cost::host_copy(2.0)),
+        (AllGather, Shm) => (
+            |s, _| host::allgather(s),
+            |n, _| cost::host_blocks(n, false),
+        ),
+        (ReduceScatter, Shm) => (
+            |s, _| host::reduce_scatter(s),
+            |n, _| cost::host_blocks(n, true),
+        ),
         // The pairs that do not exist.
         (AllReduce, Pairwise)
         | (Broadcast | Reduce, RecursiveDoubling | Pairwise | HalvingDoubling | Hierarchical)
+        | (Reduce, Shm)
         | (AllGather | ReduceScatter, RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
-        | (AllToAll, Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
-        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical) => return None,
+        | (AllToAll, Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm)
+        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical | Shm) => return None,
     };
     Some(Implementation { build, load })
 }
@@ -376,6 +396,10 @@ pub fn build(
     topo: &Topology,
 ) -> Result<Schedule, AlgoError> {
     let imp = implementation(coll, algo).ok_or(AlgoError::NotOffered { coll, algo })?;
+    // Room for at least one element per rank in each half of a slot.
+    if algo == Algo::Shm && shape.host_slot < 2 * shape.size {
+        return Err(AlgoError::NoHostMemory { coll });
+    }
     Ok((imp.build)(shape, topo))
 }
 
@@ -391,6 +415,9 @@ pub fn cost(
     topo: &Topology,
 ) -> Option<f64> {
     let imp = implementation(coll, algo)?;
+    if algo == Algo::Shm && !t.host_memory {
+        return None;
+    }
     if n <= 1 {
         return Some(0.0);
     }
@@ -429,6 +456,7 @@ mod tests {
             latency: Duration::from_micros(5),
             bandwidth: 3.0e9,
             spin: Duration::ZERO,
+            host_memory: false,
         }
     }
 
@@ -463,7 +491,11 @@ mod tests {
             assert_eq!(choice(&topo, b), Algo::Ring, "{b} B");
         }
         // Cost grows with size, and a forced algorithm is always priced.
-        for a in Collective::AllReduce.algos() {
+        for a in Collective::AllReduce
+            .algos()
+            .iter()
+            .filter(|&&a| a != Algo::Shm)
+        {
             let t = |b| cost(Collective::AllReduce, *a, 6, b, &tcp(), &topo).unwrap();
             assert!(t(1 << 20) > t(1 << 10), "{a}");
         }
@@ -503,7 +535,11 @@ mod tests {
     fn rack_uplink_is_charged() {
         let topo = Topology::grid(1, 2, 2, 2);
         let slow = Topology::grid(1, 2, 2, 2).with_bandwidth(None, Some(0.1e9), None);
-        for a in Collective::AllReduce.algos() {
+        for a in Collective::AllReduce
+            .algos()
+            .iter()
+            .filter(|&&a| a != Algo::Shm)
+        {
             let c = |t: &Topology| cost(Collective::AllReduce, *a, 8, 1 << 26, &tcp(), t).unwrap();
             assert!(c(&slow) > 5.0 * c(&topo), "{a}");
         }
@@ -514,7 +550,7 @@ mod tests {
         for a in Collective::AllReduce
             .algos()
             .iter()
-            .filter(|&&a| a != Algo::Hierarchical)
+            .filter(|&&a| a != Algo::Hierarchical && a != Algo::Shm)
         {
             let c = |t: &Topology| cost(Collective::AllReduce, *a, 4, 1 << 20, &tcp(), t).unwrap();
             assert!(c(&one) <= c(&flat), "{a}");
@@ -529,12 +565,19 @@ mod tests {
         let want: [(Collective, &[Algo]); 7] = [
             (
                 Collective::AllReduce,
-                &[Ring, RecursiveDoubling, Tree, HalvingDoubling, Hierarchical],
+                &[
+                    Ring,
+                    RecursiveDoubling,
+                    Tree,
+                    HalvingDoubling,
+                    Hierarchical,
+                    Shm,
+                ],
             ),
-            (Collective::Broadcast, &[Ring, Tree]),
+            (Collective::Broadcast, &[Ring, Tree, Shm]),
             (Collective::Reduce, &[Ring, Tree]),
-            (Collective::AllGather, &[Ring, Pairwise]),
-            (Collective::ReduceScatter, &[Ring, Pairwise]),
+            (Collective::AllGather, &[Ring, Pairwise, Shm]),
+            (Collective::ReduceScatter, &[Ring, Pairwise, Shm]),
             (Collective::AllToAll, &[Pairwise]),
             (Collective::Barrier, &[RecursiveDoubling]),
         ];
@@ -543,9 +586,22 @@ mod tests {
             assert_eq!(coll.algos(), algos, "{coll}");
             for a in Algo::ALL {
                 let listed = algos.contains(&a);
-                let shape = Shape::new(1, 4, 8, false, ccl_core::ReduceOp::Sum);
+                let shape = Shape {
+                    host_slot: 64,
+                    ..Shape::new(1, 4, 8, false, ccl_core::ReduceOp::Sum)
+                };
                 assert_eq!(build(coll, a, &shape, &topo).is_ok(), listed, "{coll} {a}");
-                assert_eq!(cost(coll, a, 4, 1 << 20, &tcp(), &topo).is_some(), listed);
+                let host = TransportProperties {
+                    host_memory: true,
+                    ..tcp()
+                };
+                assert_eq!(cost(coll, a, 4, 1 << 20, &host, &topo).is_some(), listed);
+                // Without host memory, the shm algorithms are neither priced nor built.
+                if a == Shm {
+                    assert!(cost(coll, a, 4, 1 << 20, &tcp(), &topo).is_none());
+                    let none = Shape::new(1, 4, 8, false, ccl_core::ReduceOp::Sum);
+                    assert!(build(coll, a, &none, &topo).is_err());
+                }
             }
         }
     }

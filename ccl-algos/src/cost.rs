@@ -276,6 +276,44 @@ pub fn pairwise(n: usize, topo: &Topology, reduces: bool) -> Load {
     }
 }
 
+/// Allreduce in host memory (`Algo::Shm`): nothing leaves the host. Each rank copies its
+/// buffer in and the result out (two copies: as much memory traffic as one transfer over a
+/// connection, which copies in and out) and reduces `(n-1)/n` of it, behind one flag barrier
+/// (small buffers; large ones take two per chunk, which their bytes outweigh).
+pub fn host_allreduce(n: usize, _topo: &Topology) -> Load {
+    let nf = n as f64;
+    Load {
+        steps: 1.0,
+        link: 1.0,
+        reduce: (nf - 1.0) / nf,
+        ..Load::default()
+    }
+}
+
+/// A collective in host memory that copies the buffer `copies` times one after the other
+/// (broadcast: the root's copy in, then the others' copy out), behind one flag barrier.
+pub fn host_copy(copies: f64) -> Load {
+    Load {
+        steps: 1.0,
+        link: copies / 2.0,
+        ..Load::default()
+    }
+}
+
+/// Allgather (or reduce-scatter, with `reduces`) in host memory: allgather copies its block in
+/// and the others' out, one buffer in all; reduce-scatter copies its whole input in, then
+/// reduces its block out of every slot.
+pub fn host_blocks(n: usize, reduces: bool) -> Load {
+    let nf = n as f64;
+    if !reduces {
+        return host_copy(1.0);
+    }
+    Load {
+        reduce: (nf - 1.0) / nf,
+        ..host_copy(1.0 + 1.0 / nf)
+    }
+}
+
 /// The dissemination barrier: `ceil(log2 n)` rounds of one byte.
 pub fn dissemination(n: usize) -> Load {
     Load {
@@ -295,6 +333,7 @@ mod tests {
             latency: Duration::from_micros(5),
             bandwidth: 3.0e9,
             spin: Duration::ZERO,
+            host_memory: false,
         };
         // A CPU each (or an unknown CPU count): as the transport says.
         for (ranks, cpus) in [(2, 2), (1, 8), (4, 0)] {

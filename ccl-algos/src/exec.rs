@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use ccl_core::comm::{Comm, Links};
 use ccl_core::reduce::{self, Order};
 use ccl_core::trace::{self, Begin};
-use ccl_core::transport::Interest;
+use ccl_core::transport::{HostMemory, Interest};
 use ccl_core::{DataType, Error, ReduceOp, Result};
 
 use crate::algo::{Algo, Collective};
@@ -51,6 +51,37 @@ pub enum ExtraBuf<'a> {
     Dst(&'a mut [u8]),
 }
 
+fn no_host() -> Error {
+    Error::internal("schedule uses host memory but the communicator has none")
+}
+
+/// Region `r` of host rank `i`'s slot.
+fn host_slot<'x>(h: &'x dyn HostMemory, i: u16, r: &Region, elem: usize) -> Result<&'x [u8]> {
+    if i as usize >= h.ranks().len() {
+        return Err(Error::internal(format!("no host rank {i}")));
+    }
+    h.slot(i as usize)
+        .get(Buffers::range(r, elem))
+        .ok_or_else(|| outside(r))
+}
+
+/// Region `r` of this rank's host slot (host rank `i` must be this rank: only owners write).
+fn host_slot_mut<'x>(
+    h: &'x mut dyn HostMemory,
+    i: u16,
+    r: &Region,
+    elem: usize,
+) -> Result<&'x mut [u8]> {
+    if i as usize != h.me() {
+        return Err(Error::internal(format!(
+            "schedule writes the host slot of host rank {i}"
+        )));
+    }
+    h.my_slot()
+        .get_mut(Buffers::range(r, elem))
+        .ok_or_else(|| outside(r))
+}
+
 fn outside(r: &Region) -> Error {
     Error::internal(format!("schedule region {r:?} is outside its buffer"))
 }
@@ -72,6 +103,8 @@ impl Buffers<'_> {
                 Some(ExtraBuf::Dst(b)) => b,
                 None => return Err(Error::internal(format!("no group buffer {i}"))),
             },
+            // Host memory is the run's, not the caller's (`Run::region`).
+            Buf::Host(_) => return Err(no_host()),
         };
         b.get(Self::range(r, elem)).ok_or_else(|| outside(r))
     }
@@ -90,6 +123,7 @@ impl Buffers<'_> {
                 }
                 None => return Err(Error::internal(format!("no group buffer {i}"))),
             },
+            Buf::Host(_) => return Err(no_host()),
         };
         b.get_mut(Self::range(r, elem)).ok_or_else(|| outside(r))
     }
@@ -400,9 +434,15 @@ pub fn run(comm: &Comm, links: &mut Links, state: &mut ExecState, job: Job<'_, '
             )
         }),
     );
+    // The host memory travels beside the links for the run: local ops borrow slots of it while
+    // the links are in use.
+    let mut host = links.host.take();
     let mut run = Run {
         comm,
         links,
+        host: host.as_deref_mut(),
+        host_base: 0,
+        announced: false,
         st: state,
         sched,
         bufs: job.buffers,
@@ -414,6 +454,8 @@ pub fn run(comm: &Comm, links: &mut Links, state: &mut ExecState, job: Job<'_, '
         chunk: comm.config().chunk_size.max(elem),
     };
     let r = run.drive();
+    drop(run);
+    links.host = host;
     state.end_idle();
     let waiting = r.as_ref().err().and(state.first_waited_peer(sched));
     state.sync_trace(comm, sched, waiting);
@@ -434,6 +476,12 @@ pub fn run(comm: &Comm, links: &mut Links, state: &mut ExecState, job: Job<'_, '
 struct Run<'r, 'b> {
     comm: &'r Comm,
     links: &'r mut Links,
+    /// The memory the ranks of this host share, when the communicator has it.
+    host: Option<&'r mut (dyn HostMemory + 'static)>,
+    /// This rank's post count when the operation began: a schedule's waits count from it.
+    host_base: u64,
+    /// Whether this rank has told the host which operation it is in.
+    announced: bool,
     st: &'r mut ExecState,
     sched: &'r Schedule,
     bufs: Buffers<'b>,
@@ -448,6 +496,81 @@ struct Run<'r, 'b> {
 }
 
 impl Run<'_, '_> {
+    /// The bytes of region `r`, in the caller's buffers, the scratch space or host memory.
+    fn region<'x>(
+        bufs: &'x Buffers<'_>,
+        host: Option<&'x (dyn HostMemory + 'static)>,
+        r: &Region,
+        elem: usize,
+    ) -> Result<&'x [u8]> {
+        match r.buf {
+            Buf::Host(i) => host_slot(host.ok_or_else(no_host)?, i, r, elem),
+            _ => bufs.get(r, elem),
+        }
+    }
+
+    /// Region `r`, to write: a caller buffer, the scratch space or this rank's host slot.
+    fn region_mut<'x>(
+        bufs: &'x mut Buffers<'_>,
+        host: Option<&'x mut (dyn HostMemory + 'static)>,
+        r: &Region,
+        elem: usize,
+    ) -> Result<&'x mut [u8]> {
+        match r.buf {
+            Buf::Host(i) => host_slot_mut(host.ok_or_else(no_host)?, i, r, elem),
+            _ => bufs.get_mut(r, elem),
+        }
+    }
+
+    /// `dst` to write and `src` to read (`None` when there is no `src`), wherever each lies.
+    fn operands<'x>(
+        bufs: &'x mut Buffers<'_>,
+        host: Option<&'x mut (dyn HostMemory + 'static)>,
+        dst: &Region,
+        src: Option<&Region>,
+        elem: usize,
+    ) -> Result<(&'x mut [u8], Option<&'x [u8]>)> {
+        let Some(src) = src else {
+            return Ok((Self::region_mut(bufs, host, dst, elem)?, None));
+        };
+        match (dst.buf, src.buf) {
+            (Buf::Host(d), Buf::Host(s)) if d != s => {
+                let h = host.ok_or_else(no_host)?;
+                if d as usize != h.me() || s as usize >= h.ranks().len() {
+                    return Err(Error::internal(format!(
+                        "host operands {dst:?} {src:?} for host rank {}",
+                        h.me()
+                    )));
+                }
+                let (mine, theirs) = h.slot_pair(s as usize);
+                Ok((
+                    mine.get_mut(Buffers::range(dst, elem))
+                        .ok_or_else(|| outside(dst))?,
+                    Some(
+                        theirs
+                            .get(Buffers::range(src, elem))
+                            .ok_or_else(|| outside(src))?,
+                    ),
+                ))
+            }
+            (Buf::Host(_), Buf::Host(_)) => Err(Error::internal(
+                "a local op within one host slot is not supported",
+            )),
+            (Buf::Host(d), _) => {
+                let s = bufs.get(src, elem)?;
+                Ok((
+                    host_slot_mut(host.ok_or_else(no_host)?, d, dst, elem)?,
+                    Some(s),
+                ))
+            }
+            (_, Buf::Host(s)) => {
+                let sl = host_slot(host.ok_or_else(no_host)?, s, src, elem)?;
+                Ok((bufs.get_mut(dst, elem)?, Some(sl)))
+            }
+            _ => bufs.pair(dst, src, elem),
+        }
+    }
+
     /// Bytes of op `id`.
     fn len(&self, id: OpId) -> usize {
         self.st.len(self.sched, id)
@@ -548,6 +671,10 @@ impl Run<'_, '_> {
     fn drive(&mut self) -> Result<()> {
         // Zero-length ops count as complete from the start (0 of 0 bytes done).
         self.st.reset(self.sched, self.elem, self.comm.size());
+        if self.sched.uses_host() {
+            let h = self.host.as_deref().ok_or_else(no_host)?;
+            self.host_base = h.posted(h.me());
+        }
         self.queue_headers().map_err(|e| self.fail(e))?;
         let mut last_progress = Instant::now();
         while !self.st.finished() {
@@ -594,7 +721,12 @@ impl Run<'_, '_> {
                     && len <= COALESCE
                     && let Action::Send { src, .. } = first.action
                 {
-                    out.extend_from_slice(self.bufs.get(&src, self.elem)?);
+                    out.extend_from_slice(Self::region(
+                        &self.bufs,
+                        self.host.as_deref(),
+                        &src,
+                        self.elem,
+                    )?);
                     self.st.peers[pi].carried = len;
                 }
             }
@@ -610,7 +742,7 @@ impl Run<'_, '_> {
     fn run_locals(&mut self) -> Result<bool> {
         let mut moved = false;
         while let Some(&id) = self.sched.locals.get(self.st.next_local) {
-            if !self.deps_done(id) {
+            if !self.deps_done(id) || self.host_wait_pending(id)?.is_some() {
                 break;
             }
             self.run_local(id)?;
@@ -628,7 +760,13 @@ impl Run<'_, '_> {
         let (dtype, op, elem) = (self.dtype, self.op, self.elem);
         match self.sched.ops[id].action {
             Action::Copy { src, dst } => {
-                let (d, s) = self.bufs.pair(&dst, &src, elem)?;
+                let (d, s) = Self::operands(
+                    &mut self.bufs,
+                    self.host.as_deref_mut(),
+                    &dst,
+                    Some(&src),
+                    elem,
+                )?;
                 if let Some(s) = s {
                     d.copy_from_slice(s);
                 }
@@ -638,14 +776,39 @@ impl Run<'_, '_> {
                 src,
                 src_first,
             } => {
-                let (d, s) = self.bufs.pair(&dst, &src, elem)?;
+                let (d, s) = Self::operands(
+                    &mut self.bufs,
+                    self.host.as_deref_mut(),
+                    &dst,
+                    Some(&src),
+                    elem,
+                )?;
                 let s = s.ok_or_else(|| Error::internal("local reduce of a region with itself"))?;
                 reduce::reduce_inplace(dtype, op, d, s, order(src_first));
             }
             Action::FinishAvg { region } => {
                 if op == ReduceOp::Avg {
                     let world = self.comm.size();
-                    reduce::finish_avg(dtype, self.bufs.get_mut(&region, elem)?, world);
+                    let d =
+                        Self::region_mut(&mut self.bufs, self.host.as_deref_mut(), &region, elem)?;
+                    reduce::finish_avg(dtype, d, world);
+                }
+            }
+            Action::Post => {
+                let desc = self.header(0, 0).host_desc();
+                let h = self.host.as_deref().ok_or_else(no_host)?;
+                // Before the first post, so that a rank that sees it sees this operation (and
+                // no rank can be in the next one before this rank's last post).
+                if !self.announced {
+                    h.announce(desc);
+                    self.announced = true;
+                }
+                h.post();
+            }
+            Action::WaitPosts { count } => {
+                // At the entry wait (0) the others may still be in the previous operation.
+                if count > 0 {
+                    self.check_host_calls()?;
                 }
             }
             Action::Send { .. } | Action::Recv { .. } => {
@@ -653,6 +816,57 @@ impl Run<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// For local op `id`: when it is a wait in host memory that the host's ranks have not all
+    /// reached, the post count it waits for.
+    fn host_wait_pending(&self, id: OpId) -> Result<Option<u64>> {
+        let Action::WaitPosts { count } = self.sched.ops[id].action else {
+            return Ok(None);
+        };
+        let h = self.host.as_deref().ok_or_else(no_host)?;
+        let target = self.host_base + u64::from(count);
+        Ok((0..h.ranks().len())
+            .any(|i| h.posted(i) < target)
+            .then_some(target))
+    }
+
+    /// The host rank that has not yet posted `target` times, as a communicator rank.
+    fn host_laggard(&self, target: u64) -> Option<usize> {
+        let h = self.host.as_deref()?;
+        (0..h.ranks().len())
+            .find(|&i| h.posted(i) < target)
+            .map(|i| h.ranks()[i])
+    }
+
+    /// Every other rank of the host must be in the same call as this one.
+    fn check_host_calls(&self) -> Result<()> {
+        let mine = self.header(0, 0);
+        let h = self.host.as_deref().ok_or_else(no_host)?;
+        let desc = mine.host_desc();
+        for i in (0..h.ranks().len()).filter(|&i| i != h.me()) {
+            let theirs = h.desc(i);
+            if theirs != desc {
+                let peer = h.ranks()[i];
+                let theirs = Header::from_host_desc(theirs, mine.algo);
+                return Err(Error::invalid_usage(format!(
+                    "with peer {peer}: mismatched calls: this rank called {}, the peer called {}",
+                    mine.describe(),
+                    theirs.describe()
+                ))
+                .peer(peer));
+            }
+        }
+        Ok(())
+    }
+
+    /// The post count this rank waits for in host memory, if the next local op is such a wait.
+    fn host_wait(&self) -> Option<u64> {
+        let &id = self.sched.locals.get(self.st.next_local)?;
+        if !self.deps_done(id) {
+            return None;
+        }
+        self.host_wait_pending(id).ok().flatten()
     }
 
     /// Sends what is left of the header to peer queue `pi`; once it is all gone, the first
@@ -733,7 +947,9 @@ impl Run<'_, '_> {
                 let Action::Send { src, .. } = self.sched.ops[id].action else {
                     unreachable!("send queue holds sends")
                 };
-                let data = &self.bufs.get(&src, self.elem)?[self.st.done[id]..end];
+                let done = self.st.done[id];
+                let data =
+                    &Self::region(&self.bufs, self.host.as_deref(), &src, self.elem)?[done..end];
                 self.links
                     .get(peer)?
                     .send(data)
@@ -806,7 +1022,7 @@ impl Run<'_, '_> {
         let ep = self.links.get(peer)?;
         match combine {
             Combine::Copy => {
-                let d = self.bufs.get_mut(&dst, elem)?;
+                let d = Self::region_mut(&mut self.bufs, self.host.as_deref_mut(), &dst, elem)?;
                 ep.recv(&mut d[done..end])
             }
             Combine::Reduce {
@@ -814,10 +1030,13 @@ impl Run<'_, '_> {
                 incoming_first,
                 finish_avg,
             } => {
-                let (d, w) = match with {
-                    Some(w) => self.bufs.pair(&dst, &w, elem)?,
-                    None => (self.bufs.get_mut(&dst, elem)?, None),
-                };
+                let (d, w) = Self::operands(
+                    &mut self.bufs,
+                    self.host.as_deref_mut(),
+                    &dst,
+                    with.as_ref(),
+                    elem,
+                )?;
                 let mut off = done;
                 ep.recv_with(end - done, &mut |incoming: &[u8]| {
                     // Whole elements only; a partial one is offered again once complete.
@@ -864,7 +1083,11 @@ impl Run<'_, '_> {
                 self.describe_pending()
             ));
             // The peer whose data we wait for is the one to look at first.
-            if let Some(p) = self.st.first_waited_peer(self.sched) {
+            if let Some(p) = self
+                .st
+                .first_waited_peer(self.sched)
+                .or_else(|| self.host_laggard(self.host_wait()?))
+            {
                 e = e.peer(p);
             }
             return Err(e);
@@ -874,6 +1097,9 @@ impl Run<'_, '_> {
             std::hint::spin_loop();
             return Ok(());
         }
+        if self.crossed_calls()? {
+            return Ok(());
+        }
         let mut waits = std::mem::take(&mut self.st.waits);
         waits.clear();
         waits.extend(
@@ -881,12 +1107,102 @@ impl Run<'_, '_> {
                 .map(|pi| (self.sched.peers[pi].peer, self.interest(pi)))
                 .filter(|(_, i)| i.send || i.recv),
         );
+        let host = self
+            .host_wait()
+            .and_then(|c| self.host.as_deref().map(|h| (h as &dyn HostMemory, c)));
+        // Waiting in host memory, also watch the connections of the ranks not there yet: a
+        // death (or a crossed call, see `crossed_calls`) shows there first.
+        if let Some((h, target)) = host {
+            waits.extend(
+                (0..h.ranks().len())
+                    .filter(|&i| i != h.me() && h.posted(i) < target)
+                    .map(|i| {
+                        let recv = Interest {
+                            send: false,
+                            recv: true,
+                        };
+                        (h.ranks()[i], recv)
+                    }),
+            );
+        }
         self.st.waits = waits;
         let (comm, sched, st) = (self.comm, self.sched, &*self.st);
         // About to sleep: this is when a dump (or a hang) needs the recorder current.
-        comm.block(self.links, &st.waits, timeout - idle, || {
+        comm.block(self.links, &st.waits, host, timeout - idle, || {
             st.sync_trace(comm, sched, st.first_waited_peer(sched))
         })
+    }
+
+    /// Where the ranks of a host meet both in host memory and over connections, a rank in one
+    /// kind of operation would wait for a peer in the other until the deadline: fail at once
+    /// instead, describing both calls. Sound because every connection of a host-memory
+    /// communicator is in the same memory: a peer publishes its bytes before it posts.
+    /// Returns whether something arrived after all (the caller retries).
+    fn crossed_calls(&mut self) -> Result<bool> {
+        let Some(me) = self.host.as_deref().map(|h| h.me()) else {
+            return Ok(false);
+        };
+        let mine = self.header(0, 0);
+        let crossed = |peer: usize, theirs: String| {
+            Error::invalid_usage(format!(
+                "with peer {peer}: mismatched calls: this rank called {}, the peer called {theirs}",
+                mine.describe()
+            ))
+            .peer(peer)
+        };
+        if let Some(target) = self.host_wait() {
+            // In host memory, waiting for posts: a peer that instead sends over its connection
+            // is in another operation (this rank has taken everything earlier ones sent).
+            for (i, &peer) in self.host_ranks().iter().enumerate() {
+                if i == me || self.host.as_deref().is_some_and(|h| h.posted(i) >= target) {
+                    continue;
+                }
+                let mut head = [0u8; HEADER_LEN];
+                let mut got = 0;
+                self.links.get(peer)?.recv_with(HEADER_LEN, &mut |b| {
+                    got = b.len().min(HEADER_LEN);
+                    head[..got].copy_from_slice(&b[..got]);
+                    0
+                })?;
+                if got > 0 {
+                    let theirs = match Header::decode(&head) {
+                        Ok(h) if got == HEADER_LEN => h.describe(),
+                        _ => "an operation over its connection".to_string(),
+                    };
+                    return Err(crossed(peer, theirs));
+                }
+            }
+            return Ok(false);
+        }
+        // Over connections, waiting for a peer's operation header: a peer that has posted in
+        // host memory more often than this rank is in a later operation there, having skipped
+        // this one (it would have sent the header before posting).
+        for pi in 0..self.sched.peers.len() {
+            if !self.st.peers[pi].header_in_pending() {
+                continue;
+            }
+            let peer = self.sched.peers[pi].peer;
+            let Some(i) = self.host_ranks().iter().position(|&r| r == peer) else {
+                continue;
+            };
+            let h = self.host.as_deref().ok_or_else(no_host)?;
+            if h.posted(i) <= h.posted(me) {
+                continue;
+            }
+            let theirs = Header::from_host_desc(h.desc(i), crate::algo::Algo::Shm.id());
+            if self.receive_header(pi)? {
+                return Ok(true);
+            }
+            return Err(crossed(peer, theirs.describe()));
+        }
+        Ok(false)
+    }
+
+    /// Communicator rank of each host index (empty without host memory).
+    fn host_ranks(&self) -> Vec<usize> {
+        self.host
+            .as_deref()
+            .map_or_else(Vec::new, |h| h.ranks().to_vec())
     }
 
     /// What each peer queue is waiting for, for timeout messages.
@@ -928,6 +1244,18 @@ impl Run<'_, '_> {
                     self.len(id)
                 );
             }
+        }
+        if let (Some(target), Some(h)) = (self.host_wait(), self.host.as_deref()) {
+            let behind: Vec<String> = (0..h.ranks().len())
+                .filter(|&i| h.posted(i) < target)
+                .map(|i| h.ranks()[i].to_string())
+                .collect();
+            let _ = write!(
+                out,
+                "waiting in shared memory for rank(s) {} (post {} of this operation; has it made this call?); ",
+                behind.join(", "),
+                target - self.host_base
+            );
         }
         if out.is_empty() {
             out.push_str("no transfer pending (schedule stalled)");

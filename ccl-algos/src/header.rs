@@ -141,6 +141,33 @@ impl Header {
         s
     }
 
+    /// The operation as one word, for ranks that meet in host memory rather than on a wire
+    /// (never 0, which means "none yet"): the collective, type, op, the low 8 bits of the root
+    /// and the low 32 of the count. Two calls that differ in any of those differ here.
+    pub fn host_desc(&self) -> u64 {
+        1 << 63
+            | u64::from(self.kind & 0x7F) << 56
+            | u64::from(self.dtype) << 48
+            | u64::from(self.op) << 40
+            | u64::from(self.root as u8) << 32
+            | (self.count & 0xFFFF_FFFF)
+    }
+
+    /// What [`host_desc`](Header::host_desc) keeps of a header, for messages.
+    pub fn from_host_desc(d: u64, algo: u8) -> Header {
+        Header {
+            kind: (d >> 56) as u8 & 0x7F,
+            dtype: (d >> 48) as u8,
+            op: (d >> 40) as u8,
+            algo,
+            root: u32::from((d >> 32) as u8),
+            seq: 0,
+            count: d & 0xFFFF_FFFF,
+            bytes: 0,
+            entry_us: 0,
+        }
+    }
+
     /// Compares the peer's header with what this rank expects from it.
     pub fn check(mine: &Header, theirs: &Header) -> Result<(), HeaderError> {
         if mine.seq != theirs.seq {
@@ -244,10 +271,11 @@ mod tests {
         assert_eq!(Algo::Tree.id(), 3);
         assert_eq!(Algo::HalvingDoubling.id(), 4);
         assert_eq!(Algo::Hierarchical.id(), 5);
+        assert_eq!(Algo::Shm.id(), 6);
         for a in Algo::ALL {
             assert_eq!(Algo::from_id(a.id()), Some(a));
         }
-        assert_eq!(Algo::from_id(6), None);
+        assert_eq!(Algo::from_id(7), None);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod broadcast;
 pub mod cost;
 pub mod exec;
 pub mod header;
+pub mod host;
 pub mod overrides;
 pub mod reduce;
 pub mod reduce_scatter;

@@ -22,6 +22,10 @@ pub enum Buf {
     Scratch,
     /// More caller buffers, for groups of point-to-point operations.
     Extra(u16),
+    /// The slot of host rank `i` in the memory the ranks of one host share
+    /// (`ccl_core::transport::HostMemory`): every rank reads every slot, only its owner writes
+    /// it, and [`Action::Post`] / [`Action::WaitPosts`] order the two.
+    Host(u16),
 }
 
 /// A range of a buffer, in elements.
@@ -89,6 +93,14 @@ pub enum Action {
     FinishAvg {
         region: Region,
     },
+    /// Local: publish to the other ranks of the host that everything this rank did before is
+    /// done (what it wrote to its host slot is ready; what it read from theirs may be
+    /// overwritten). Bumps this rank's post counter.
+    Post,
+    /// Local: wait until every rank of the host has posted `count` times in this operation.
+    WaitPosts {
+        count: u32,
+    },
 }
 
 impl Action {
@@ -99,6 +111,9 @@ impl Action {
             Action::Recv { dst, .. } => dst.len,
             Action::Copy { dst, .. } | Action::Reduce { dst, .. } => dst.len,
             Action::FinishAvg { region } => region.len,
+            // One unit of work, so that they count as pending until they run (ops of length
+            // zero are complete from the start).
+            Action::Post | Action::WaitPosts { .. } => 1,
         }
     }
 
@@ -129,6 +144,7 @@ pub fn access(a: &Action) -> (Vec<Region>, Vec<Region>) {
         Action::Copy { src, dst } => (vec![src], vec![dst]),
         Action::Reduce { dst, src, .. } => (vec![src, dst], vec![dst]),
         Action::FinishAvg { region } => (vec![region], vec![region]),
+        Action::Post | Action::WaitPosts { .. } => (vec![], vec![]),
     }
 }
 
@@ -199,6 +215,8 @@ pub struct Schedule {
     pub peers: Vec<PeerOps>,
     /// Local ops in order, derived by [`Schedule::finish`].
     pub locals: Vec<OpId>,
+    /// Elements of each host slot the schedule may use (`Buf::Host`; 0 when it uses none).
+    pub host_slot: usize,
 }
 
 impl Schedule {
@@ -209,7 +227,13 @@ impl Schedule {
             scratch: 0,
             peers: Vec::new(),
             locals: Vec::new(),
+            host_slot: 0,
         }
+    }
+
+    /// Whether the schedule works in host memory (and so posts and waits there).
+    pub fn uses_host(&self) -> bool {
+        self.host_slot > 0
     }
 
     /// Appends an op and returns its id.
@@ -326,6 +350,7 @@ impl Schedule {
                 Buf::Scratch => self.scratch,
                 // Group buffers are sized by the caller; the executor bounds-checks them.
                 Buf::Extra(_) => usize::MAX,
+                Buf::Host(_) => self.host_slot,
             };
             if r.end() > cap {
                 return Err(ScheduleError::Outside { region: *r, cap });
@@ -362,6 +387,7 @@ impl Schedule {
                     }
                 }
                 Action::FinishAvg { region } => inside(&region)?,
+                Action::Post | Action::WaitPosts { .. } => {}
             }
             if let Some(s) = op.stream_from {
                 if self.ops[s].action.len() != op.action.len() {
@@ -417,6 +443,9 @@ pub struct Shape {
     pub op: ReduceOp,
     /// Root of broadcast and reduce (0 otherwise).
     pub root: usize,
+    /// Elements of each rank's slot in the memory the communicator's ranks share on one host
+    /// (0: there is none); the `shm` algorithms need it.
+    pub host_slot: usize,
 }
 
 impl Shape {
@@ -429,6 +458,7 @@ impl Shape {
             in_place,
             op,
             root: 0,
+            host_slot: 0,
         }
     }
 }

@@ -286,7 +286,101 @@ struct Sim<'a> {
     channels: Vec<Vec<VecDeque<Message>>>,
     /// `peer_index[r][p]`: position of peer `p` in rank `r`'s peer list.
     peer_index: Vec<Vec<Option<usize>>>,
+    /// Host memory, when the schedules use it (host rank `i` is rank `i`).
+    host: HostModel,
     rng: u64,
+}
+
+/// The memory the ranks of one host share, with what orders its reads and writes: posts and the
+/// waits that saw them.
+#[derive(Default)]
+struct HostModel {
+    /// Every rank's slot.
+    slots: Vec<Vec<Slot>>,
+    /// Times each rank has posted, and the ranks it had heard from at its last post.
+    posted: Vec<u64>,
+    post_heard: Vec<u64>,
+    /// `seen[r][i]`: posts of rank `i` that rank `r`'s waits guarantee happened.
+    seen: Vec<Vec<u64>>,
+    /// `written[i][e]`: rank `i`'s post count when it last wrote element `e` of its slot (the
+    /// write is published by its next post).
+    written: Vec<Vec<u64>>,
+    /// `reads[i][e]`: who read element `e` of rank `i`'s slot since it was written, and their
+    /// post count then (the read is known done once they post again).
+    reads: Vec<Vec<Vec<(usize, u64)>>>,
+}
+
+impl HostModel {
+    fn new(n: usize, slot: usize) -> HostModel {
+        if slot == 0 {
+            return HostModel::default();
+        }
+        HostModel {
+            slots: vec![vec![None; slot]; n],
+            posted: vec![0; n],
+            post_heard: vec![0; n],
+            seen: vec![vec![0; n]; n],
+            written: vec![vec![0; slot]; n],
+            reads: vec![vec![Vec::new(); slot]; n],
+        }
+    }
+
+    /// Every rank has posted `count` times.
+    fn reached(&self, count: u32) -> bool {
+        self.posted.iter().all(|&p| p >= u64::from(count))
+    }
+
+    /// Rank `r` reads `len` elements of rank `i`'s slot from `off`: each must have been published
+    /// to `r` by a post it waited for.
+    fn read(&mut self, r: usize, i: usize, off: usize, len: usize) -> Result<Vec<Slot>, String> {
+        let slot = self
+            .slots
+            .get(i)
+            .and_then(|s| s.get(off..off + len))
+            .ok_or_else(|| format!("host slot {i} [{off}, +{len}) is outside the slot"))?
+            .to_vec();
+        for e in off..off + len {
+            if r != i && self.seen[r][i] <= self.written[i][e] {
+                return Err(format!(
+                    "reads element {e} of rank {i}'s host slot before rank {i}'s post that \
+                     publishes it (written after its post {}, waited for {})",
+                    self.written[i][e], self.seen[r][i]
+                ));
+            }
+            self.reads[i][e].push((r, self.posted[r]));
+        }
+        Ok(slot)
+    }
+
+    /// Rank `r` writes its own slot: every earlier reader of those elements must have posted
+    /// since its read, and `r` must have waited for that post.
+    fn write(&mut self, r: usize, i: usize, off: usize, v: &[Slot]) -> Result<(), String> {
+        if i != r {
+            return Err(format!("writes rank {i}'s host slot"));
+        }
+        if self.slots.get(r).is_none_or(|s| off + v.len() > s.len()) {
+            return Err(format!(
+                "host slot [{off}, +{}) is outside the slot",
+                v.len()
+            ));
+        }
+        for e in off..off + v.len() {
+            if let Some(&(q, p)) = self.reads[r][e]
+                .iter()
+                .find(|&&(q, p)| q != r && self.seen[r][q] <= p)
+            {
+                return Err(format!(
+                    "overwrites element {e} of its host slot before rank {q} posted that it read \
+                     it (read after its post {p}, waited for {})",
+                    self.seen[r][q]
+                ));
+            }
+            self.reads[r][e].clear();
+            self.written[r][e] = self.posted[r];
+        }
+        self.slots[r][off..off + v.len()].copy_from_slice(v);
+        Ok(())
+    }
 }
 
 impl<'a> Sim<'a> {
@@ -312,12 +406,14 @@ impl<'a> Sim<'a> {
                 v
             })
             .collect();
+        let slot = scheds.iter().map(|s| s.host_slot).max().unwrap_or(0);
         Ok(Sim {
             scheds,
             setup,
             states,
             channels: vec![vec![VecDeque::new(); n]; n],
             peer_index,
+            host: HostModel::new(n, slot),
             rng: seed | 1,
         })
     }
@@ -350,6 +446,10 @@ impl<'a> Sim<'a> {
         let deps_ok = |id: OpId| s.ops[id].deps.iter().all(|&d| st.executed[d]);
         if let Some(&id) = s.locals.get(st.local_cur)
             && deps_ok(id)
+            && match s.ops[id].action {
+                Action::WaitPosts { count } => self.host.reached(count),
+                _ => true,
+            }
         {
             out.push((r, id, None));
         }
@@ -400,6 +500,10 @@ impl<'a> Sim<'a> {
             let mut touched = vec![r];
             if let Some(p) = self.scheds[r].ops[id].action.peer() {
                 touched.push(p);
+            }
+            // A post may let any rank's wait go.
+            if matches!(self.scheds[r].ops[id].action, Action::Post) {
+                touched.extend(0..n);
             }
             if let Some((peer, rid)) = pair {
                 self.execute(peer, rid)?;
@@ -472,6 +576,82 @@ impl<'a> Sim<'a> {
             .collect()
     }
 
+    /// Reads region `reg` for rank `r`: its own buffers, or host memory.
+    fn read(&mut self, r: usize, reg: &Region) -> Result<Vec<Slot>, String> {
+        match reg.buf {
+            Buf::Host(i) => self.host.read(r, i as usize, reg.off, reg.len),
+            _ => self.states[r].read(reg),
+        }
+    }
+
+    fn write(&mut self, r: usize, reg: &Region, v: &[Slot]) -> Result<(), String> {
+        match reg.buf {
+            Buf::Host(i) => self.host.write(r, i as usize, reg.off, v),
+            _ => self.states[r].write(reg, v),
+        }
+    }
+
+    /// Runs a local op of rank `r`: copy, reduce, average, or a post or wait in host memory.
+    fn run_local(
+        &mut self,
+        r: usize,
+        action: Action,
+        n: usize,
+        op: ReduceOp,
+    ) -> Result<(), String> {
+        match action {
+            Action::Copy { src, dst } => {
+                let v = self.read(r, &src)?;
+                self.write(r, &dst, &v)?;
+            }
+            Action::Reduce {
+                dst,
+                src,
+                src_first,
+            } => {
+                let (a, b) = (self.read(r, &src)?, self.read(r, &dst)?);
+                let out = reduce_values(&a, &b, src_first)?;
+                self.write(r, &dst, &out)?;
+            }
+            Action::FinishAvg { region } => {
+                if op == ReduceOp::Avg {
+                    let mut v = self.read(r, &region)?;
+                    for x in v.iter_mut() {
+                        let val = x.ok_or_else(|| "divides an unwritten element".to_string())?;
+                        *x = Some(divide(val, n)?);
+                    }
+                    self.write(r, &region, &v)?;
+                }
+            }
+            Action::Post => {
+                let h = &mut self.host;
+                if h.posted.is_empty() {
+                    return Err("posts without host memory (host_slot 0)".into());
+                }
+                h.posted[r] += 1;
+                h.post_heard[r] = self.states[r].heard;
+            }
+            Action::WaitPosts { count } => {
+                let h = &mut self.host;
+                if h.posted.is_empty() {
+                    return Err("waits without host memory (host_slot 0)".into());
+                }
+                for i in 0..n {
+                    // What the wait guarantees, not what the others happen to have done.
+                    h.seen[r][i] = h.seen[r][i].max(u64::from(count));
+                    if count > 0 {
+                        self.states[r].heard |= h.post_heard[i];
+                    }
+                }
+            }
+            Action::Send { .. } | Action::Recv { .. } => {
+                unreachable!("sends and receives are not local")
+            }
+        }
+        self.states[r].local_cur += 1;
+        Ok(())
+    }
+
     /// Runs op `id` of rank `r` after checking it against unexecuted earlier ops.
     fn execute(&mut self, r: usize, id: OpId) -> Result<(), String> {
         let s = &self.scheds[r];
@@ -496,7 +676,7 @@ impl<'a> Sim<'a> {
                 receive(st, msg, peer, dst, combine, n).map_err(fail)?;
                 st.recv_cur[pi_of(peer)] += 1;
             }
-            action => run_local(&mut self.states[r], action, n, op).map_err(fail)?,
+            action => self.run_local(r, action, n, op).map_err(fail)?,
         }
         let st = &mut self.states[r];
         st.executed[id] = true;
@@ -565,40 +745,6 @@ fn receive(
         }
     };
     st.write(&dst, &out)
-}
-
-/// Runs a local op (copy, reduce, average) on rank state `st`.
-fn run_local(st: &mut RankState, action: Action, n: usize, op: ReduceOp) -> Result<(), String> {
-    match action {
-        Action::Copy { src, dst } => {
-            let v = st.read(&src)?;
-            st.write(&dst, &v)?;
-        }
-        Action::Reduce {
-            dst,
-            src,
-            src_first,
-        } => {
-            let (a, b) = (st.read(&src)?, st.read(&dst)?);
-            let out = reduce_values(&a, &b, src_first)?;
-            st.write(&dst, &out)?;
-        }
-        Action::FinishAvg { region } => {
-            if op == ReduceOp::Avg {
-                let mut v = st.read(&region)?;
-                for x in v.iter_mut() {
-                    let val = x.ok_or_else(|| "divides an unwritten element".to_string())?;
-                    *x = Some(divide(val, n)?);
-                }
-                st.write(&region, &v)?;
-            }
-        }
-        Action::Send { .. } | Action::Recv { .. } => {
-            unreachable!("sends and receives are not local")
-        }
-    }
-    st.local_cur += 1;
-    Ok(())
 }
 
 /// Checks every rank's result against what the setup expects, and that all are identical when

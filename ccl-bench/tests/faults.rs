@@ -26,6 +26,21 @@ fn rank_with(
     iters: &str,
     env: &[(&str, &std::path::Path)],
 ) -> Child {
+    rank_over("tcp", r, n, port, timeout_s, size, iters, env)
+}
+
+/// [`rank_with`] over `transport`.
+#[allow(clippy::too_many_arguments)]
+fn rank_over(
+    transport: &str,
+    r: usize,
+    n: usize,
+    port: u16,
+    timeout_s: u32,
+    size: &str,
+    iters: &str,
+    env: &[(&str, &std::path::Path)],
+) -> Child {
     let mut c = Command::new(BIN);
     for (k, _) in std::env::vars() {
         if k.starts_with("CCL_") {
@@ -33,7 +48,7 @@ fn rank_with(
         }
     }
     c.args(["allreduce", "-b", size, "-e", size, "-n", iters])
-        .args(["-w", "0", "-c", "0", "--transport", "tcp"])
+        .args(["-w", "0", "-c", "0", "--transport", transport])
         .env("CCL_RANK", r.to_string())
         .env("CCL_WORLD_SIZE", n.to_string())
         .env("CCL_COMM_ID", format!("127.0.0.1:{port}"))
@@ -49,8 +64,8 @@ fn rank_with(
 }
 
 /// One rank of the kill test: large allreduces.
-fn rank(r: usize, n: usize, port: u16, timeout_s: u32) -> Child {
-    rank_with(r, n, port, timeout_s, "32M", "1000", &[])
+fn rank(transport: &str, r: usize, n: usize, port: u16, timeout_s: u32) -> Child {
+    rank_over(transport, r, n, port, timeout_s, "32M", "1000", &[])
 }
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -62,10 +77,28 @@ fn xorshift(x: &mut u64) -> u64 {
 
 #[test]
 fn killing_a_rank_fails_every_survivor_naming_it() {
+    kill_trials("tcp", 20);
+}
+
+/// On shared memory the survivors wait in host memory or on rings, not on sockets: they must
+/// hear of the death all the same, and the killed rank leaves no file behind.
+#[test]
+fn killing_a_rank_on_shared_memory_fails_every_survivor_naming_it() {
+    let shm_files = || std::fs::read_dir("/dev/shm").map_or(0, |d| d.count());
+    let before = shm_files();
+    kill_trials("shm", 10);
+    assert!(
+        shm_files() <= before,
+        "files left in /dev/shm: {} before, {} after",
+        before,
+        shm_files()
+    );
+}
+
+fn kill_trials(transport: &str, trials: usize) {
     let n = 4;
     let timeout_s = 30;
     let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ std::process::id() as u64;
-    let trials = 20;
     let mut report = Vec::new();
     for trial in 0..trials {
         let port = free_port();
@@ -73,7 +106,9 @@ fn killing_a_rank_fails_every_survivor_naming_it() {
         // some trials rank 0 itself.
         let victim = (xorshift(&mut seed) % n as u64) as usize;
         let delay = Duration::from_millis(300 + xorshift(&mut seed) % 1200);
-        let mut kids: Vec<Child> = (0..n).map(|r| rank(r, n, port, timeout_s)).collect();
+        let mut kids: Vec<Child> = (0..n)
+            .map(|r| rank(transport, r, n, port, timeout_s))
+            .collect();
         std::thread::sleep(delay);
         kids[victim].kill().unwrap();
         let killed_at = Instant::now();
@@ -121,7 +156,7 @@ fn killing_a_rank_fails_every_survivor_naming_it() {
     }
     report.sort();
     eprintln!(
-        "{trials} trials: survivors failed {:?} (median) / {:?} (max) after the kill",
+        "{transport}, {trials} trials: survivors failed {:?} (median) / {:?} (max) after the kill",
         report[report.len() / 2],
         report[report.len() - 1]
     );

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::{TopoFile, Topology};
 use crate::trace::{Meta, Recorder};
-use crate::transport::{ConnectContext, Endpoint, Handle, Transport};
+use crate::transport::{ConnectContext, Endpoint, Handle, HostMemory, Transport};
 use crate::wireup::{self, HostId, Record};
 use crate::{ccl_info, ccl_warn, net};
 
@@ -87,10 +87,12 @@ pub struct Comm {
     seq: AtomicU64,
 }
 
-/// Connections to every peer, indexed by rank (`None` for this rank).
+/// Connections to every peer, indexed by rank (`None` for this rank), and the memory this rank
+/// shares with every other rank of the communicator when they all run on one host.
 #[derive(Debug, Default)]
 pub struct Links {
     pub endpoints: Vec<Option<Box<dyn Endpoint>>>,
+    pub host: Option<Box<dyn HostMemory>>,
 }
 
 impl Links {
@@ -227,7 +229,14 @@ impl Comm {
             .filter(|(t, _)| chosen.contains(&Some(*t)))
             .map(|(_, t)| t)
             .collect();
-        let props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
+        // Host memory serves collectives only when it spans the whole communicator (the
+        // hierarchical algorithms do not use it yet).
+        let host = used
+            .iter()
+            .find_map(|t| t.take_host())
+            .filter(|h| h.ranks().len() == size);
+        let mut props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
+        props.host_memory = host.is_some();
         let tag = comm_tag(&ctx.secret);
         let trace_buffer = config.trace_buffer;
         let comm = Comm {
@@ -255,7 +264,7 @@ impl Comm {
         if comm.config.trace_dir.is_some() {
             watch_sigusr1(&comm);
         }
-        Ok((comm, Links { endpoints }))
+        Ok((comm, Links { endpoints, host }))
     }
 
     pub fn rank(&self) -> usize {

@@ -437,6 +437,7 @@ mod tests {
                 latency: Duration::ZERO,
                 bandwidth: 1.0,
                 spin: Duration::ZERO,
+                host_memory: false,
             }
         }
         fn listen(&self, _: &ConnectContext) -> Result<Box<dyn Listener>> {

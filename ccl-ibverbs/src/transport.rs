@@ -65,6 +65,7 @@ impl Transport for IbTransport {
             // Waking a sleeping rank through the completion channel costs far more than a poll,
             // most of all on software RDMA: waits spin this much longer, over every peer.
             spin: self.spin,
+            host_memory: false,
         }
     }
 

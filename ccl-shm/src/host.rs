@@ -279,6 +279,28 @@ impl HostSegment {
         // reader posted that it is done.
         unsafe { std::slice::from_raw_parts_mut(self.map.ptr().as_ptr().add(at), self.layout.slot) }
     }
+
+    /// This rank's slot to write and rank `i`'s to read, at once (`i` is another rank).
+    pub fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]) {
+        assert!(
+            i < self.layout.ranks && i != self.me,
+            "host rank {i} is not another rank"
+        );
+        let base = self.map.ptr().as_ptr();
+        let (mine, theirs) = (
+            self.layout.data_at + self.me * self.layout.slot,
+            self.layout.data_at + i * self.layout.slot,
+        );
+        // SAFETY: two distinct slots (`i != me`), so the two slices do not overlap; both lie in
+        // the mapping, which `&mut self` keeps alive for the borrows. The rules of `my_slot` and
+        // `slot` hold for each.
+        unsafe {
+            (
+                std::slice::from_raw_parts_mut(base.add(mine), self.layout.slot),
+                std::slice::from_raw_parts(base.add(theirs), self.layout.slot),
+            )
+        }
+    }
 }
 
 #[cfg(test)]

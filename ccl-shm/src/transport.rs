@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use ccl_core::transport::handshake::{self, Acceptor, Magic};
 use ccl_core::transport::{
-    ConnectContext, Endpoint, Handle, Interest, Listener, Scope, Transport, TransportProperties,
+    ConnectContext, Endpoint, Handle, HostMemory, Interest, Listener, Scope, Transport,
+    TransportProperties,
 };
 use ccl_core::{Error, ErrorKind, Result, ccl_trace, net};
 use nix::poll::PollFlags;
@@ -68,6 +69,45 @@ pub struct HostGroup {
     pub ranks: Vec<usize>,
 }
 
+impl HostMemory for HostGroup {
+    fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+    fn me(&self) -> usize {
+        self.segment.me()
+    }
+    fn slot_len(&self) -> usize {
+        self.segment.slot_len()
+    }
+    fn posted(&self, i: usize) -> u64 {
+        self.segment.posted(i)
+    }
+    fn post(&self) {
+        self.segment.post()
+    }
+    fn announce(&self, desc: u64) {
+        self.segment.announce(desc)
+    }
+    fn desc(&self, i: usize) -> u64 {
+        self.segment.desc(i)
+    }
+    fn arm(&self, count: u64) -> bool {
+        self.segment.arm(0..self.ranks.len(), count)
+    }
+    fn wait_fd(&self) -> BorrowedFd<'_> {
+        self.segment.wait_fd()
+    }
+    fn slot(&self, i: usize) -> &[u8] {
+        self.segment.slot(i)
+    }
+    fn my_slot(&mut self) -> &mut [u8] {
+        self.segment.my_slot()
+    }
+    fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]) {
+        self.segment.slot_pair(i)
+    }
+}
+
 impl ShmTransport {
     pub fn new() -> ShmTransport {
         ShmTransport::default()
@@ -79,7 +119,7 @@ impl ShmTransport {
 
     /// The host segment, once every connection is made (`None` when this rank shares memory with
     /// no other). Taken once.
-    pub fn take_host(&self) -> Option<HostGroup> {
+    pub fn take_host_group(&self) -> Option<HostGroup> {
         let mut st = self.state();
         let segment = st.segment.take()?;
         Some(HostGroup {
@@ -181,6 +221,7 @@ impl Transport for ShmTransport {
             // Waking a sleeper costs one eventfd write: no reason to spin longer than
             // `CCL_SPIN_US`.
             spin: Duration::ZERO,
+            host_memory: true,
         }
     }
 
@@ -208,6 +249,11 @@ impl Transport for ShmTransport {
             name,
             acceptor: Acceptor::new(MAGIC, "shared-memory transport"),
         }))
+    }
+
+    fn take_host(&self) -> Option<Box<dyn HostMemory>> {
+        self.take_host_group()
+            .map(|g| Box::new(g) as Box<dyn HostMemory>)
     }
 
     fn connect(

@@ -52,7 +52,7 @@ fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
     });
     let mut groups: Vec<_> = ts
         .iter()
-        .map(|t| t.take_host().expect("a host segment"))
+        .map(|t| t.take_host_group().expect("a host segment"))
         .collect();
     for (r, g) in groups.iter().enumerate() {
         assert_eq!(g.ranks, vec![0, 1, 2]);
@@ -73,4 +73,38 @@ fn a_rank_alone_on_its_host_gets_no_segment() {
     let t = ShmTransport::new();
     t.prepare(&ctx(0, 1), &[]).unwrap();
     assert!(t.take_host().is_none());
+}
+
+/// A process that does not hold the job's secret reaches the listener's socket (it is in the
+/// same network namespace) but gets no connection and no descriptor (the pair's memory and the
+/// host segment travel only after the handshake): the listener drops it, and a real peer still
+/// connects afterwards.
+#[test]
+fn a_connector_without_the_secret_gets_nothing() {
+    let n = 2;
+    let ts: Vec<ShmTransport> = (0..n).map(|_| ShmTransport::new()).collect();
+    for (r, t) in ts.iter().enumerate() {
+        t.prepare(&ctx(r, n), &[1 - r]).unwrap();
+    }
+    let mut l = ts[1].listen(&ctx(1, n)).unwrap();
+    let h = l.handle();
+    let intruder = ShmTransport::new();
+    let mut wrong = ctx(0, n);
+    wrong.secret = [0x78; 32];
+    intruder.prepare(&wrong, &[1]).unwrap();
+    std::thread::scope(|s| {
+        let a = s.spawn(move || {
+            // The intruder's attempt must not come out of accept: only the real peer does.
+            let got = l.accept(Instant::now() + Duration::from_secs(60));
+            let (peer, _ep) = got.expect("the real peer connects");
+            assert_eq!(peer, 0);
+        });
+        let e = intruder
+            .connect(&wrong, 1, &h, Instant::now() + Duration::from_secs(10))
+            .expect_err("a connector with the wrong secret must be refused");
+        eprintln!("refused: {e}");
+        let ok = ts[0].connect(&ctx(0, n), 1, &h, Instant::now() + Duration::from_secs(60));
+        assert!(ok.is_ok(), "{:?}", ok.err());
+        a.join().unwrap();
+    });
 }

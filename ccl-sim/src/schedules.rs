@@ -79,6 +79,7 @@ pub fn transport_properties(f: &Fabric) -> TransportProperties {
         latency: Duration::from_secs_f64(f.op_overhead + hops * f.hop_latency),
         bandwidth: f.conn_bps.map_or(nic, |c| c.min(nic)),
         spin: Duration::ZERO,
+        host_memory: false,
     }
 }
 
@@ -174,6 +175,12 @@ pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
     let mut refs: Vec<Vec<Ref>> = Vec::with_capacity(n);
     let mut conn: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
     for (r, sc) in scheds.iter().enumerate() {
+        if sc.uses_host() {
+            return Err(format!(
+                "the {} schedule of rank {r} works in host memory, which the fabric model does not model",
+                sc.algo
+            ));
+        }
         let mut mine = Vec::with_capacity(sc.ops.len());
         for op in &sc.ops {
             let bytes = (op.action.len() * ELEM) as f64;
@@ -194,6 +201,9 @@ pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
                     Ref::Send(id)
                 }
                 Action::Recv { .. } => Ref::Recv(u32::MAX),
+                Action::Post | Action::WaitPosts { .. } => {
+                    unreachable!("host memory schedules are refused above")
+                }
                 Action::Copy { .. } | Action::Reduce { .. } | Action::FinishAvg { .. } => {
                     p.locals.push(Local {
                         rank: r as u32,

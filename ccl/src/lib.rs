@@ -209,9 +209,29 @@ impl Communicator {
         self.s.comm.config()
     }
 
+    /// The algorithms `coll` can run on this communicator: those the library has for it, less
+    /// `shm` unless every rank is on this host and connected by shared memory.
+    pub fn algorithms(&self, coll: Collective) -> Vec<Algo> {
+        coll.algos()
+            .iter()
+            .copied()
+            .filter(|&a| a != Algo::Shm || self.s.has_host_memory())
+            .collect()
+    }
+
     /// Forces `algo` for `coll` on this rank (`None`: back to the cost model), like `CCL_ALGO`.
-    /// Every rank must make the same choice before its next call of `coll`.
+    /// Every rank must make the same choice before its next call of `coll`. An algorithm this
+    /// communicator cannot run ([`algorithms`](Communicator::algorithms)) is an error.
     pub fn set_algorithm(&self, coll: Collective, algo: Option<Algo>) -> Result<()> {
+        if let Some(a) = algo
+            && coll.algos().contains(&a)
+            && !self.algorithms(coll).contains(&a)
+        {
+            return Err(Error::invalid_argument(
+                ccl_algos::algo::AlgoError::NoHostMemory { coll }.to_string(),
+            )
+            .rank(self.rank()));
+        }
         let mut o = self.s.overrides.lock().unwrap_or_else(|p| p.into_inner());
         match algo {
             Some(a) => o

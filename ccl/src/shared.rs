@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     model: TransportProperties,
     pub overrides: Mutex<Overrides>,
     pub turns: Turns,
+    /// Bytes of this rank's slot in host memory (0: the communicator has none).
+    host_slot: usize,
     inner: Mutex<Inner>,
 }
 
@@ -63,6 +65,7 @@ impl Shared {
             comm,
             overrides: Mutex::new(overrides),
             turns: Turns::default(),
+            host_slot: links.host.as_ref().map_or(0, |h| h.slot_len()),
             inner: Mutex::new(Inner {
                 links,
                 exec: ExecState::default(),
@@ -74,6 +77,11 @@ impl Shared {
 
     pub fn rank(&self) -> usize {
         self.comm.rank()
+    }
+
+    /// Whether the `shm` algorithms can run: every rank shares this host's memory.
+    pub fn has_host_memory(&self) -> bool {
+        self.host_slot > 0
     }
 
     pub fn size(&self) -> usize {
@@ -154,6 +162,7 @@ impl Shared {
             in_place: send.is_none(),
             op,
             root,
+            host_slot: self.host_slot / dtype.size(),
         };
         let sched = self.lock().plan(coll, algo, &shape, self.comm.topology())?;
         let info = OpInfo {

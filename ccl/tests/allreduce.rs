@@ -59,3 +59,8 @@ fn local_transport_world_sizes_1_to_8() {
 fn tcp_transport_world_sizes_1_to_8() {
     sweep(TransportKind::Tcp, 1..=8);
 }
+
+#[test]
+fn shm_transport_world_sizes_1_to_8() {
+    sweep(TransportKind::Shm, 1..=8);
+}

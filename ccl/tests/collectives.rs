@@ -183,7 +183,7 @@ fn sweep(transport: TransportKind, colls: &[Collective]) {
                         } else {
                             vec![0]
                         };
-                    for &algo in coll.algos() {
+                    for algo in comm.algorithms(coll) {
                         comm.set_algorithm(coll, Some(algo)).unwrap();
                         for c in COUNTS {
                             for dtype in DataType::ALL {
@@ -237,6 +237,16 @@ fn rooted_over_tcp() {
 }
 
 #[test]
+fn rooted_over_shm() {
+    sweep(TransportKind::Shm, &ROOTED);
+}
+
+#[test]
+fn blocked_over_shm() {
+    sweep(TransportKind::Shm, &BLOCKED);
+}
+
+#[test]
 fn blocked_over_local() {
     sweep(TransportKind::Local, &BLOCKED);
 }
@@ -260,7 +270,7 @@ fn ib_every_collective() {
 
 #[test]
 fn barrier_holds_everyone_until_all_arrive() {
-    for t in [TransportKind::Local, TransportKind::Tcp] {
+    for t in [TransportKind::Local, TransportKind::Tcp, TransportKind::Shm] {
         barrier_over(t, 8);
     }
 }
@@ -290,7 +300,7 @@ fn barrier_over(t: TransportKind, max: usize) {
 
 #[test]
 fn send_recv_groups() {
-    for t in [TransportKind::Local, TransportKind::Tcp] {
+    for t in [TransportKind::Local, TransportKind::Tcp, TransportKind::Shm] {
         send_recv_over(t, 6);
     }
 }
@@ -388,7 +398,7 @@ fn bitwise_ops_on_integers_refused_on_floats() {
             move |comm| {
                 let mut wrong = Vec::new();
                 for coll in REDUCING {
-                    for &algo in coll.algos() {
+                    for algo in comm.algorithms(coll) {
                         comm.set_algorithm(coll, Some(algo)).unwrap();
                         for c in COUNTS {
                             for dtype in DataType::ALL.into_iter().filter(|d| !d.is_float()) {

@@ -47,7 +47,7 @@ const MISMATCH: &[&str] = &["mismatched calls", "out of step"];
 
 #[test]
 fn different_counts_types_ops_roots_collectives_and_algorithms() {
-    for t in [TransportKind::Local, TransportKind::Tcp] {
+    for t in [TransportKind::Local, TransportKind::Tcp, TransportKind::Shm] {
         clash(
             t,
             |c| c.all_reduce_in_place(&mut [1f32; 100], ReduceOp::Sum),
@@ -93,6 +93,24 @@ fn different_counts_types_ops_roots_collectives_and_algorithms() {
     }
 }
 
+/// In shared memory a collective may run in host memory on one rank and over the connection on
+/// the other: each side notices the other's kind of call and fails at once.
+#[test]
+fn host_memory_and_connection_calls_do_not_wait_for_each_other() {
+    clash(
+        TransportKind::Shm,
+        |c| c.all_reduce_in_place(&mut [1f32; 64], ReduceOp::Sum),
+        |c| c.reduce_in_place(&mut [1f32; 64], ReduceOp::Sum, 0),
+        &["allreduce of 64 x float", "reduce of 64 x float"],
+    );
+    clash(
+        TransportKind::Shm,
+        |c| c.send(&[1u8; 32], 1),
+        |c| c.all_reduce_in_place(&mut [1f32; 8], ReduceOp::Sum),
+        &["allreduce of 8 x float", "send/recv"],
+    );
+}
+
 #[test]
 fn an_extra_call_on_one_side_is_out_of_step() {
     clash(
@@ -113,7 +131,7 @@ fn an_extra_call_on_one_side_is_out_of_step() {
 
 #[test]
 fn send_and_receive_sizes_must_match() {
-    for t in [TransportKind::Local, TransportKind::Tcp] {
+    for t in [TransportKind::Local, TransportKind::Tcp, TransportKind::Shm] {
         clash(
             t,
             |c| c.send(&[7u8; 100], 1),

@@ -161,7 +161,7 @@ fn ten_thousand_random_operations() {
                     rss.1 = rss_kib();
                 }
                 let coll = colls[rng.below(colls.len() as u64) as usize];
-                let algos = coll.algos();
+                let algos = comm.algorithms(coll);
                 let algo = algos[rng.below(algos.len() as u64) as usize];
                 comm.set_algorithm(coll, Some(algo)).unwrap();
                 let dtype = DataType::ALL[rng.below(10) as usize];

@@ -17,7 +17,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::{Comm, Links};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::Interest;
+use crate::transport::{HostMemory, Interest};
 
 /// The longest one sleep lasts, so that the caller's deadline is looked at again.
 const RECHECK: Duration = Duration::from_millis(100);
@@ -41,14 +41,16 @@ impl Comm {
     }
 
     /// Sleeps until an endpoint may make progress on what `waits` says this rank waits for from
-    /// each peer, the communicator is aborted, another rank's failure is announced, or `max`
-    /// (at most 100 ms) passes. Returns at once when an endpoint turns out ready while arming its
+    /// each peer, every rank of the host has posted `count` times in host memory (when `host` is
+    /// `(memory, count)`), the communicator is aborted, another rank's failure is announced, or `max` (at
+    /// most 100 ms) passes. Returns at once when an endpoint turns out ready while arming its
     /// notification; `before_sleep` runs only when the rank really sleeps. Fails with the
     /// failure a notice announced.
     pub fn block(
         &self,
         links: &mut Links,
         waits: &[(usize, Interest)],
+        host: Option<(&dyn HostMemory, u64)>,
         max: Duration,
         before_sleep: impl FnOnce(),
     ) -> Result<()> {
@@ -57,11 +59,23 @@ impl Comm {
                 return Ok(());
             }
         }
+        let host = match host {
+            Some((h, count)) => {
+                if !h.arm(count) {
+                    return Ok(());
+                }
+                Some(h.wait_fd())
+            }
+            None => None,
+        };
         before_sleep();
-        let mut fds: Vec<(BorrowedFd<'_>, PollFlags)> = Vec::with_capacity(waits.len() + 2);
+        let mut fds: Vec<(BorrowedFd<'_>, PollFlags)> = Vec::with_capacity(waits.len() + 3);
         fds.push((self.abort.fd(), PollFlags::POLLIN));
         if let Some(m) = &self.monitor {
             fds.push((m.fd(), PollFlags::POLLIN));
+        }
+        if let Some(fd) = host {
+            fds.push((fd, PollFlags::POLLIN));
         }
         for &(peer, interest) in waits {
             if let Some(Some(ep)) = links.endpoints.get(peer) {

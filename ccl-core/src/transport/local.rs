@@ -195,6 +195,7 @@ impl Transport for LocalTransport {
             latency: Duration::from_micros(1),
             bandwidth: 5.0e9,
             spin: Duration::ZERO,
+            host_memory: false,
         }
     }
 

@@ -109,6 +109,9 @@ pub struct TransportProperties {
     /// sleeps, for a transport whose wake-up costs much more than a poll (verbs:
     /// `CCL_IB_SPIN_US`).
     pub spin: Duration,
+    /// Whether ranks connected by it also share a host-wide segment ([`HostMemory`]), on which
+    /// the intra-host collectives (`Algo::Shm` in ccl-algos) run.
+    pub host_memory: bool,
 }
 
 /// Which pairs of ranks a transport can connect.
@@ -155,6 +158,47 @@ pub trait Transport: Send + Sync + fmt::Debug {
         handle: &Handle,
         deadline: Instant,
     ) -> Result<Box<dyn Endpoint>>;
+
+    /// Once every connection is made: the memory this rank shares with the other ranks of its
+    /// host, if the transport set one up. Taken once.
+    fn take_host(&self) -> Option<Box<dyn HostMemory>> {
+        None
+    }
+}
+
+/// Memory every rank of one host maps: a slot of bytes per rank, and a counter per rank that
+/// only grows, which the rank bumps ([`post`](HostMemory::post)) when what it wrote before is
+/// ready for the others (release), and which the others read (acquire) before they read it.
+///
+/// Schedules say who writes what when (ccl-algos' `Buf::Host`, `Action::Post`,
+/// `Action::WaitPosts`); the symbolic checker verifies that no slot is read before its owner
+/// posted the write, nor written again before every reader posted that it is done.
+pub trait HostMemory: Send + fmt::Debug {
+    /// Communicator rank of each host index, ascending.
+    fn ranks(&self) -> &[usize];
+    /// This rank's host index.
+    fn me(&self) -> usize;
+    /// Bytes of each rank's slot.
+    fn slot_len(&self) -> usize;
+    /// How many times host rank `i` has posted.
+    fn posted(&self, i: usize) -> u64;
+    /// Publishes everything this rank wrote before, and wakes sleeping host ranks.
+    fn post(&self);
+    /// Announces the operation this rank is in (a fingerprint), before its first post in it.
+    fn announce(&self, desc: u64);
+    /// The fingerprint host rank `i` announced last.
+    fn desc(&self, i: usize) -> u64;
+    /// Raises this rank's sleep flag unless every host rank has posted `count` times by now;
+    /// returns whether the caller may sleep on [`wait_fd`](HostMemory::wait_fd).
+    fn arm(&self, count: u64) -> bool;
+    /// Readable when another host rank posted while this one slept.
+    fn wait_fd(&self) -> BorrowedFd<'_>;
+    /// Host rank `i`'s slot, to read what its owner posted.
+    fn slot(&self, i: usize) -> &[u8];
+    /// This rank's slot, to write.
+    fn my_slot(&mut self) -> &mut [u8];
+    /// This rank's slot to write and host rank `i`'s (`i != me`) to read, at once.
+    fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]);
 }
 
 /// The accepting side of a transport.

@@ -120,6 +120,7 @@ impl Transport for TcpTransport {
             latency: Duration::from_micros(5),
             bandwidth: 3.0e9,
             spin: Duration::ZERO,
+            host_memory: false,
         }
     }
 

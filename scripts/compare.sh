@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Allreduce over loopback TCP, ccl against Open MPI (ob1 + TCP BTL, bound to cores as Open MPI
-# does by default for two ranks), measured side by side: ROUNDS interleaved rounds, median
-# busbw per size, as a markdown table. Installs Open MPI if it is missing.
-# Usage: scripts/compare-tcp.sh [NP] ; env ROUNDS (3), ITERS (20), MIN (8), MAX (256M bytes)
+# Allreduce of ccl against Open MPI on one machine, side by side: ROUNDS interleaved rounds,
+# median time and busbw per size, as a markdown table. Installs Open MPI if it is missing.
+#   tcp: ccl over loopback TCP, Open MPI ob1 + TCP BTL
+#   shm: ccl over shared memory, Open MPI ob1 + vader (its shared-memory BTL); the table also
+#        gives, per size, the busbw the memory allows ccl's algorithm (see docs/performance.md)
+# Ranks are bound to cores as Open MPI does by default (not when they outnumber the CPUs).
+# Usage: scripts/compare.sh tcp|shm [NP] ; env ROUNDS (3), ITERS (20), MIN (8), MAX (256M bytes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NP=${1:-2}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-20}; MIN=${MIN:-8}; MAX=${MAX:-268435456}
+KIND=${1:?usage: scripts/compare.sh tcp|shm [NP]}
+case "$KIND" in
+  tcp) btl=self,tcp ;;
+  shm) btl=self,vader ;;
+  *) echo "compare.sh: transport '$KIND' is not tcp or shm" >&2; exit 2 ;;
+esac
+NP=${2:-2}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-20}; MIN=${MIN:-8}; MAX=${MAX:-268435456}
 scripts/install-deps.sh build
 if ! command -v mpicc.openmpi >/dev/null || ! command -v mpirun.openmpi >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -16,6 +25,12 @@ cargo build --release -q -p ccl-bench
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mpicc.openmpi -O2 -o "$out/mpi_allreduce" scripts/peers/mpi_allreduce.c
+rates="0 0"
+if [ "$KIND" = shm ]; then
+  gcc -O2 -o "$out/membw" scripts/peers/membw.c
+  rates=$("$out/membw" $((64 << 20)) 5)
+  echo "  memory, one core: copy ${rates% *} GB/s, reduce ${rates#* } GB/s" >&2
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
 bind=(--bind-to core); [ "$NP" -gt "$(nproc)" ] && bind=(--oversubscribe --bind-to none)
@@ -39,15 +54,16 @@ quiet() {
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
   quiet
-  ./target/release/ccl-bench allreduce --np "$NP" --transport tcp -b "$MIN" -e "$MAX" -f 4 \
+  ./target/release/ccl-bench allreduce --np "$NP" --transport "$KIND" -b "$MIN" -e "$MAX" -f 4 \
     -n "$ITERS" -w 5 -c 1 --json "$out/ccl.$r.json" >/dev/null
   quiet
-  mpirun.openmpi -np "$NP" "${bind[@]}" --mca pml ob1 --mca btl self,tcp \
+  mpirun.openmpi -np "$NP" "${bind[@]}" --mca pml ob1 --mca btl "$btl" \
     "$out/mpi_allreduce" "$MIN" "$MAX" 4 "$ITERS" 5 > "$out/mpi.$r.txt"
 done
-python3 - "$out" "$ROUNDS" "$NP" <<'PY'
+python3 - "$out" "$ROUNDS" "$NP" "$(nproc)" $rates <<'PY'
 import json, sys, statistics as st
 out, rounds, np_ = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cpus, copy, red = int(sys.argv[4]), float(sys.argv[5]) * 1e9, float(sys.argv[6]) * 1e9
 ccl, mpi = {}, {}
 for r in range(1, rounds + 1):
     for row in json.load(open(f"{out}/ccl.{r}.json"))["results"]:
@@ -62,11 +78,22 @@ def fmt(b):
     for u, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= s: return f"{b // s} {u}"
     return f"{b} B"
-print(f"| size ({np_} ranks) | ccl time (us) | ccl busbw (GB/s) | Open MPI time (us) | Open MPI busbw (GB/s) | ccl / Open MPI |")
-print("|---:|---:|---:|---:|---:|---:|")
+n = int(np_)
+def limit(b):
+    # The busbw the memory allows ccl's shared-memory allreduce (two-shot): each rank copies
+    # (n-1)/n of its input into its slot, reduces 1/n of the buffer from n inputs (n-1 reduce
+    # passes of b/n), publishes it (b/n) and copies (n-1)/n of the result out, at one core's
+    # rates; ranks beyond the CPUs share them.
+    t = ((n - 1) / n * b * 2 + b / n) / copy + (n - 1) * (b / n) / red
+    t *= max(1.0, n / cpus)
+    return 2 * (n - 1) / n * b / t / 1e9
+shm = copy > 0
+print(f"| size ({np_} ranks) | ccl time (us) | ccl busbw (GB/s) | Open MPI time (us) | Open MPI busbw (GB/s) | ccl / Open MPI |" + (" memory limit busbw (GB/s) |" if shm else ""))
+print("|---:|---:|---:|---:|---:|---:|" + ("---:|" if shm else ""))
 for b in sorted(ccl):
     ct = st.median(t for t, _ in ccl[b]); cb = st.median(x for _, x in ccl[b])
     if b in mpi:
         mt = st.median(t for t, _ in mpi[b]); mb = st.median(x for _, x in mpi[b])
-        print(f"| {fmt(b)} | {ct:.2f} | {cb:.3f} | {mt:.2f} | {mb:.3f} | {mt / ct:.2f}x |")
+        lim = f" {limit(b):.2f} |" if shm else ""
+        print(f"| {fmt(b)} | {ct:.2f} | {cb:.3f} | {mt:.2f} | {mb:.3f} | {mt / ct:.2f}x |{lim}")
 PY

@@ -1,0 +1,254 @@
+//! Collectives in the memory the ranks of one host share (`Algo::Shm`).
+//!
+//! Every rank has a slot in one host-wide segment (`ccl_core::transport::HostMemory`). A rank
+//! copies its input into its slot and posts; once every rank has posted, each reads the others'
+//! slots where they lie: no byte is sent anywhere, and a reduction reads every input once. Posts
+//! and waits are the flag barriers between the steps (the shape of the fastest CPU
+//! shared-memory allreduces).
+//!
+//! Counting: each rank posts as often as every other in one operation, so a wait for "every rank
+//! has posted `k` times in this operation" is a barrier. Every schedule starts by waiting for
+//! every rank's last post of the previous operation (`WaitPosts { count: 0 }`: nobody still reads
+//! a slot this operation is about to write) and ends with a post that says "done reading".
+//!
+//! Slots are used in two halves, alternately by successive chunks, so a rank may copy in its next
+//! chunk while the others still copy the previous one out; the post after a copy-in also says
+//! that everything this rank read of the half before is done.
+//!
+//! Local ops run in the order they are listed, which is what orders them around the posts and
+//! waits; the symbolic checker verifies every read of a slot against the posts that published it.
+
+use crate::schedule::{Action, Buf, Region, Schedule, Shape};
+
+/// Allreduces of up to this many elements are reduced whole by every rank (one barrier, every
+/// rank reads every input); larger ones are reduced 1/n by each rank and copied out by all (two
+/// barriers per chunk, each rank reads twice its buffer rather than n times).
+pub const ONE_SHOT_MAX: usize = 16 * 1024;
+
+/// A schedule being built: local ops in order, and the posts so far.
+struct Steps<'a> {
+    s: Schedule,
+    shape: &'a Shape,
+    posts: u32,
+    /// Half of a slot, in elements: the largest chunk.
+    half: usize,
+}
+
+impl<'a> Steps<'a> {
+    fn new(shape: &'a Shape) -> Steps<'a> {
+        let mut s = Schedule::new("shm");
+        s.host_slot = shape.host_slot;
+        let mut st = Steps {
+            s,
+            shape,
+            posts: 0,
+            half: (shape.host_slot / 2).max(1),
+        };
+        st.push(Action::WaitPosts { count: 0 });
+        st
+    }
+
+    fn push(&mut self, a: Action) {
+        let step = self.posts;
+        self.s.push(a, &[], None, step);
+    }
+
+    fn copy(&mut self, src: Region, dst: Region) {
+        self.push(Action::Copy { src, dst });
+    }
+
+    /// `dst = dst (op) src`.
+    fn reduce(&mut self, dst: Region, src: Region) {
+        self.push(Action::Reduce {
+            dst,
+            src,
+            src_first: false,
+        });
+    }
+
+    /// Post, then wait until every rank has posted as often: a barrier.
+    fn barrier(&mut self) {
+        self.posts += 1;
+        self.push(Action::Post);
+        self.push(Action::WaitPosts { count: self.posts });
+    }
+
+    fn finish(mut self) -> Schedule {
+        self.push(Action::Post);
+        self.s.finish()
+    }
+
+    /// Where the caller's input is: the send buffer, or in place the receive buffer.
+    fn input(&self) -> Buf {
+        if self.shape.in_place {
+            Buf::Recv
+        } else {
+            Buf::Send
+        }
+    }
+
+    /// Chunks `(index, offset, length)` of `len` elements, at most `max` each.
+    fn chunks(len: usize, max: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        (0..len)
+            .step_by(max.max(1))
+            .enumerate()
+            .map(move |(k, off)| (k, off, max.min(len - off)))
+    }
+
+    /// The start of the slot half chunk `k` uses.
+    fn half_at(&self, k: usize) -> usize {
+        (k % 2) * self.half
+    }
+}
+
+fn slot(rank: usize, off: usize, len: usize) -> Region {
+    Region::new(Buf::Host(rank as u16), off, len)
+}
+
+/// Block `j` of `parts` nearly equal blocks of `len` elements: `(offset, length)`.
+fn part(len: usize, parts: usize, j: usize) -> (usize, usize) {
+    let (q, r) = (len / parts, len % parts);
+    (j * q + j.min(r), q + usize::from(j < r))
+}
+
+/// Allreduce: small buffers one-shot (every rank reduces all of it, in rank order, so every rank
+/// computes the same bits), large ones two-shot (rank `j` reduces part `j` of the buffer into its
+/// output and publishes it in its slot, then everyone copies the other parts out).
+pub fn allreduce(shape: &Shape) -> Schedule {
+    allreduce_with(shape, ONE_SHOT_MAX)
+}
+
+/// [`allreduce`] with counts up to `one_shot_max` one-shot.
+pub fn allreduce_with(shape: &Shape, one_shot_max: usize) -> Schedule {
+    let (n, me, c) = (shape.size, shape.rank, shape.count);
+    if c == 0 {
+        return Schedule::new("shm").finish();
+    }
+    let mut st = Steps::new(shape);
+    let one_shot = c <= one_shot_max;
+    let input = st.input();
+    for (k, off, len) in Steps::chunks(c, st.half) {
+        let h = st.half_at(k);
+        if one_shot {
+            st.copy(Region::new(input, off, len), slot(me, h, len));
+            st.barrier();
+            let out = Region::new(Buf::Recv, off, len);
+            st.copy(slot(0, h, len), out);
+            for j in 1..n {
+                st.reduce(out, slot(j, h, len));
+            }
+            st.push(Action::FinishAvg { region: out });
+            continue;
+        }
+        // Rank `j` reduces part `j`: the others need only the other parts of this rank's
+        // input, and this rank reduces its part from its own input directly.
+        for j in (0..n).filter(|&j| j != me) {
+            let (a, l) = part(len, n, j);
+            st.copy(Region::new(input, off + a, l), slot(me, h + a, l));
+        }
+        st.barrier();
+        let (a, l) = part(len, n, me);
+        let out = Region::new(Buf::Recv, off + a, l);
+        if !shape.in_place {
+            st.copy(Region::new(input, off + a, l), out);
+        }
+        for j in (0..n).filter(|&j| j != me) {
+            st.reduce(out, slot(j, h + a, l));
+        }
+        st.push(Action::FinishAvg { region: out });
+        // Published where the part would have been.
+        st.copy(out, slot(me, h + a, l));
+        st.barrier();
+        for j in (0..n).filter(|&j| j != me) {
+            let (a, l) = part(len, n, j);
+            st.copy(slot(j, h + a, l), Region::new(Buf::Recv, off + a, l));
+        }
+    }
+    st.finish()
+}
+
+/// Allgather: every rank copies its block into its slot, then every other rank's out of theirs.
+pub fn allgather(shape: &Shape) -> Schedule {
+    let (n, me, c) = (shape.size, shape.rank, shape.count);
+    if c == 0 {
+        return Schedule::new("shm").finish();
+    }
+    let mut st = Steps::new(shape);
+    // In place, this rank's block already sits at block `me` of the output.
+    let (input, at) = if shape.in_place {
+        (Buf::Recv, me * c)
+    } else {
+        (Buf::Send, 0)
+    };
+    for (k, off, len) in Steps::chunks(c, st.half) {
+        let h = st.half_at(k);
+        let src = Region::new(input, at + off, len);
+        st.copy(src, slot(me, h, len));
+        if !shape.in_place {
+            st.copy(src, Region::new(Buf::Recv, me * c + off, len));
+        }
+        st.barrier();
+        for j in (0..n).filter(|&j| j != me) {
+            st.copy(slot(j, h, len), Region::new(Buf::Recv, j * c + off, len));
+        }
+    }
+    st.finish()
+}
+
+/// Reduce-scatter: every rank copies all its blocks' chunks into its slot, then reduces its own
+/// block from every slot, in rank order.
+pub fn reduce_scatter(shape: &Shape) -> Schedule {
+    let (n, me, c) = (shape.size, shape.rank, shape.count);
+    if c == 0 {
+        return Schedule::new("shm").finish();
+    }
+    let mut st = Steps::new(shape);
+    let input = st.input();
+    let out_at = if shape.in_place { me * c } else { 0 };
+    // A chunk of every block fits in half a slot.
+    let max = (st.half / n).max(1);
+    for (k, off, len) in Steps::chunks(c, max) {
+        let h = st.half_at(k);
+        for j in 0..n {
+            st.copy(
+                Region::new(input, j * c + off, len),
+                slot(me, h + j * max, len),
+            );
+        }
+        st.barrier();
+        let out = Region::new(Buf::Recv, out_at + off, len);
+        st.copy(slot(0, h + me * max, len), out);
+        for j in 1..n {
+            st.reduce(out, slot(j, h + me * max, len));
+        }
+        st.push(Action::FinishAvg { region: out });
+    }
+    st.finish()
+}
+
+/// Broadcast: the root copies each chunk into its slot; the others copy it out.
+pub fn broadcast(shape: &Shape) -> Schedule {
+    let (me, root, c) = (shape.rank, shape.root, shape.count);
+    if c == 0 {
+        return Schedule::new("shm").finish();
+    }
+    let mut st = Steps::new(shape);
+    let input = st.input();
+    for (k, off, len) in Steps::chunks(c, st.half) {
+        let h = st.half_at(k);
+        if me == root {
+            st.copy(Region::new(input, off, len), slot(root, h, len));
+            if !shape.in_place {
+                st.copy(
+                    Region::new(input, off, len),
+                    Region::new(Buf::Recv, off, len),
+                );
+            }
+        }
+        st.barrier();
+        if me != root {
+            st.copy(slot(root, h, len), Region::new(Buf::Recv, off, len));
+        }
+    }
+    st.finish()
+}
