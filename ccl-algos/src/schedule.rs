@@ -199,6 +199,12 @@ pub struct Schedule {
     pub peers: Vec<PeerOps>,
     /// Local ops in order, derived by [`Schedule::finish`].
     pub locals: Vec<OpId>,
+    /// Exchange operation headers with every peer this schedule has a send or receive op for,
+    /// even an empty one. Without it only peers that move data do, which is enough when every
+    /// rank's count is the same; the collectives with a count per rank set it, so a pair whose
+    /// counts disagree (0 on one side) finds out instead of one side waiting for data that never
+    /// comes.
+    pub handshake: bool,
 }
 
 impl Schedule {
@@ -209,6 +215,7 @@ impl Schedule {
             scratch: 0,
             peers: Vec::new(),
             locals: Vec::new(),
+            handshake: false,
         }
     }
 
