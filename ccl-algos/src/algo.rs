@@ -469,7 +469,10 @@ pub fn build(
     let imp = implementation(coll, algo).ok_or(AlgoError::NotOffered { coll, algo })?;
     match imp.build {
         Builder::One(f) => Ok(f(shape, topo)),
-        Builder::PerRank(_) => Err(AlgoError::Counts { coll, per_rank: true }),
+        Builder::PerRank(_) => Err(AlgoError::Counts {
+            coll,
+            per_rank: true,
+        }),
     }
 }
 

@@ -390,9 +390,7 @@ pub fn reduce_scatter_v(v: &VShape) -> Schedule {
     let (r, n) = (v.rank, v.size);
     let mut sc = Schedule::new("pairwise");
     sc.handshake = true;
-    let input = |k: usize| {
-        v.send[k].region(if v.in_place { Buf::Recv } else { Buf::Send })
-    };
+    let input = |k: usize| v.send[k].region(if v.in_place { Buf::Recv } else { Buf::Send });
     let out = if v.in_place {
         input(r)
     } else {
@@ -532,16 +530,22 @@ mod tests {
         let e = VShape::all_gather_v(0, 2, &[1, 2], Some(&[0]), false).unwrap_err();
         assert_eq!(e, "receive displacements has 1 entries for 2 ranks");
         let e = VShape::all_gather_v(0, 2, &[3, 2], Some(&[0, 2]), false).unwrap_err();
-        assert!(e.contains("rank 0 (at 0, 3 elements) and rank 1 (at 2"), "{e}");
+        assert!(
+            e.contains("rank 0 (at 0, 3 elements) and rank 1 (at 2"),
+            "{e}"
+        );
         let v = VShape::all_gather_v(1, 3, &[2, 0, 3], Some(&[5, 0, 0]), false).unwrap();
         assert_eq!((v.send_len, v.recv_len), (0, 7));
         let e = VShape::all_to_all_v(0, 2, (&[1, 1], None), (&[2, 1], None), false).unwrap_err();
         assert!(e.contains("sends itself 1 elements but receives 2"), "{e}");
-        let e =
-            VShape::all_to_all_v(0, 1, (&[usize::MAX], Some(&[1])), (&[0], None), false).unwrap_err();
+        let e = VShape::all_to_all_v(0, 1, (&[usize::MAX], Some(&[1])), (&[0], None), false)
+            .unwrap_err();
         assert!(e.contains("overflows"), "{e}");
         let v = VShape::reduce_scatter_v(2, 3, &[1, 2, 3], true, ReduceOp::Sum).unwrap();
-        assert_eq!((v.send_len, v.recv_len, v.send[2]), (0, 6, Block { off: 3, len: 3 }));
+        assert_eq!(
+            (v.send_len, v.recv_len, v.send[2]),
+            (0, 6, Block { off: 3, len: 3 })
+        );
         assert_ne!(fingerprint(&[1, 2]), fingerprint(&[2, 1]));
         assert_ne!(fingerprint(&[0]), fingerprint(&[0, 0]));
     }
