@@ -126,8 +126,12 @@ impl Header {
         );
         let c = Collective::from_id(self.kind);
         let mut s = if c.is_some_and(Collective::per_rank) {
-            // The count of these is a fingerprint of the counts array (0 for alltoallv).
-            format!("{coll} of {dtype} (counts #{:016x}, {algo}", self.count)
+            // The count of these is a fingerprint of the counts array (0 for alltoallv, whose
+            // pairs compare bytes instead).
+            match self.count {
+                0 => format!("{coll} of {dtype} ({algo}"),
+                f => format!("{coll} of {dtype} (counts #{f:016x}, {algo}"),
+            }
         } else {
             format!("{coll} of {} x {dtype} ({algo}", self.count)
         };
