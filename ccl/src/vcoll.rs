@@ -14,7 +14,7 @@ use ccl_algos::vcoll::VShape;
 
 use crate::order::Request;
 use crate::shared::Shared;
-use crate::{Communicator, DataType, Element, Error, ReduceOp, Result};
+use crate::{BufferLens, Communicator, DataType, Element, Error, ReduceOp, Result};
 
 /// The counts of a collective with a count per rank, in elements. Displacements are element
 /// offsets into the buffer; `None` packs the blocks back to back in rank order. The buffers must
@@ -53,6 +53,29 @@ impl Counts {
             Counts::ReduceScatterV { .. } => Collective::ReduceScatterV,
             Counts::AllToAllV { .. } => Collective::AllToAllV,
         }
+    }
+
+    /// Elements this rank's buffers must hold (`send` is 0 in place, `recv` is then the one
+    /// buffer), or what is wrong with the counts.
+    pub fn buffer_lens(&self, rank: usize, size: usize, in_place: bool) -> Result<BufferLens> {
+        let v = self.shape(rank, size, in_place, ReduceOp::Sum)?;
+        Ok(BufferLens {
+            send: v.send_len,
+            recv: v.recv_len,
+        })
+    }
+
+    /// Where this rank's own block starts, in elements: in the receive buffer for allgatherv
+    /// (in place, its input is already there), in the send buffer for reduce-scatterv (in
+    /// place, its result lands there), 0 for alltoallv. The C ABI recognizes in-place calls by
+    /// this offset.
+    pub fn own_offset(&self, rank: usize, size: usize) -> Result<usize> {
+        let v = self.shape(rank, size, false, ReduceOp::Sum)?;
+        Ok(match self {
+            Counts::AllGatherV { .. } => v.recv[rank].off,
+            Counts::ReduceScatterV { .. } => v.send[rank].off,
+            Counts::AllToAllV { .. } => 0,
+        })
     }
 
     /// This rank's view: the blocks of its buffers, or what is wrong with the counts.
