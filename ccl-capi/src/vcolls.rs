@@ -208,7 +208,7 @@ fn prepare(
         _ => ReduceOp::Sum,
     };
     op.check(dtype)?;
-    let same = sendbuff as usize == recvbuff as usize && !sendbuff.is_null();
+    let same = std::ptr::eq(sendbuff, recvbuff.cast_const()) && !sendbuff.is_null();
     let counts = raw.counts(c.size(), same)?;
     let p = prepare_v(&c, counts, sendbuff, recvbuff, dtype, op)?;
     Ok((c, p))
