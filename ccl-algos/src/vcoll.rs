@@ -20,6 +20,7 @@ use ccl_core::ReduceOp;
 
 use crate::algo::Collective;
 use crate::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
+use crate::{alltoall, reduce_scatter};
 
 /// Where one rank's block lies in a buffer, in elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -387,67 +388,22 @@ pub fn all_gather_v(v: &VShape) -> Schedule {
 /// that arrive reduced into the result one peer after another in rank order (as
 /// [`crate::reduce_scatter::pairwise`]).
 pub fn reduce_scatter_v(v: &VShape) -> Schedule {
-    let (r, n) = (v.rank, v.size);
     let mut sc = Schedule::new("pairwise");
     sc.handshake = true;
     let input = |k: usize| v.send[k].region(if v.in_place { Buf::Recv } else { Buf::Send });
     let out = if v.in_place {
-        input(r)
+        input(v.rank)
     } else {
         v.recv[0].region(Buf::Recv)
     };
-    let mine = input(r);
-    if n == 1 {
-        if !v.in_place {
-            sc.push_auto(
-                Action::Copy {
-                    src: mine,
-                    dst: out,
-                },
-                None,
-                0,
-            );
-        }
-        return sc.finish();
-    }
-    for k in 1..n {
-        let to = (r + k) % n;
-        sc.push_auto(
-            Action::Send {
-                peer: to,
-                src: input(to),
-            },
-            None,
-            0,
-        );
-    }
-    let peers: Vec<usize> = (0..n).filter(|&p| p != r).collect();
-    for (i, &from) in peers.iter().enumerate() {
-        sc.push_auto(
-            Action::Recv {
-                peer: from,
-                dst: out,
-                combine: Combine::Reduce {
-                    with: if i == 0 {
-                        Some(mine).filter(|x| *x != out)
-                    } else {
-                        None
-                    },
-                    incoming_first: false,
-                    finish_avg: i + 1 == peers.len() && v.op == ReduceOp::Avg,
-                },
-            },
-            None,
-            0,
-        );
-    }
+    reduce_scatter::reduce_exchange(&mut sc, v.rank, v.size, v.op, input, out);
     sc.finish()
 }
 
-/// Alltoallv, pairwise: every block at once, to staggered peers. In place, incoming blocks land
-/// in scratch and are copied over once the block they replace has gone.
+/// Alltoallv, pairwise: every block at once, to staggered peers (as
+/// [`crate::alltoall::pairwise`]). In place, incoming blocks land in scratch and are copied over
+/// once the block they replace has gone.
 pub fn all_to_all_v(v: &VShape) -> Schedule {
-    let (r, n) = (v.rank, v.size);
     let mut sc = Schedule::new("pairwise");
     sc.handshake = true;
     let src = |k: usize| {
@@ -458,64 +414,7 @@ pub fn all_to_all_v(v: &VShape) -> Schedule {
         }
     };
     let dst = |k: usize| v.recv[k].region(Buf::Recv);
-    if !v.in_place {
-        sc.push_auto(
-            Action::Copy {
-                src: src(r),
-                dst: dst(r),
-            },
-            None,
-            0,
-        );
-    }
-    // Sends first in program order: in place, a block may be overwritten only after it left.
-    for k in 1..n {
-        let to = (r + k) % n;
-        sc.push_auto(
-            Action::Send {
-                peer: to,
-                src: src(to),
-            },
-            None,
-            0,
-        );
-    }
-    let mut scratch = 0;
-    for k in 1..n {
-        let from = (r + n - k) % n;
-        if v.in_place {
-            let tmp = Region::new(Buf::Scratch, scratch, v.recv[from].len);
-            scratch += tmp.len;
-            sc.push_auto(
-                Action::Recv {
-                    peer: from,
-                    dst: tmp,
-                    combine: Combine::Copy,
-                },
-                None,
-                0,
-            );
-            sc.push_auto(
-                Action::Copy {
-                    src: tmp,
-                    dst: dst(from),
-                },
-                None,
-                0,
-            );
-        } else {
-            sc.push_auto(
-                Action::Recv {
-                    peer: from,
-                    dst: dst(from),
-                    combine: Combine::Copy,
-                },
-                None,
-                0,
-            );
-        }
-    }
-    sc.scratch = scratch;
+    alltoall::exchange(&mut sc, v.rank, v.size, v.in_place, src, dst);
     sc.finish()
 }
 
