@@ -35,6 +35,7 @@ pub struct Coll {
 }
 
 impl Coll {
+    /// Whether NCCL's count is one rank's block (the size column is `n` blocks).
     fn blocks(&self) -> bool {
         matches!(
             self.op,
@@ -98,14 +99,8 @@ fn fill_t<T: CheckValue>(
 ) {
     let sum = ReduceOp::Sum;
     match b.op {
-        Op::Coll(Collective::AllGather) if in_place => {
+        Op::Coll(Collective::AllGather | Collective::Gather) if in_place => {
             // Only this rank's block is input.
-            let es = size_of::<T>();
-            put::<T>(&mut buf[r * c * es..(r + 1) * c * es], |i| {
-                check::input(sum, r, i)
-            });
-        }
-        Op::Coll(Collective::Gather) if in_place => {
             let es = size_of::<T>();
             put::<T>(&mut buf[r * c * es..(r + 1) * c * es], |i| {
                 check::input(sum, r, i)
@@ -208,14 +203,10 @@ impl Bench for Coll {
         let n = n as f64;
         match self.op {
             Op::Coll(Collective::AllReduce) => 2.0 * (n - 1.0) / n,
-            Op::Coll(
-                Collective::AllGather
-                | Collective::ReduceScatter
-                | Collective::AllToAll
-                | Collective::Gather
-                | Collective::Scatter
-                | Collective::AllToAllV,
-            ) => (n - 1.0) / n,
+            // nccl-tests' factor for every collective whose size column is n blocks.
+            _ if self.blocks() || matches!(self.op, Op::Coll(Collective::AllToAllV)) => {
+                (n - 1.0) / n
+            }
             _ => 1.0,
         }
     }
