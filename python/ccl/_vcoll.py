@@ -52,31 +52,43 @@ def _unpack(base, displs, bufs):
         b.copy_(base[d : d + b.numel()])
 
 
-def _uniform(what, bufs, size):
-    if any(b.numel() != size for b in bufs):
-        sizes = [b.numel() for b in bufs]
-        raise ValueError(f"{what}: every buffer must have the input's {size} bytes, got {sizes}")
+def _sizes_differ(bufs, size):
+    return any(b.numel() != size for b in bufs)
 
 
 def gather(comm, root, send, recvs):
-    """On `root`, ``recvs[r]`` receives rank r's `send`; other ranks pass ``recvs=None``."""
+    """On `root`, ``recvs[r]`` receives rank r's `send`; other ranks pass ``recvs=None``.
+    Every rank's `send` has the same size (ranks that differ get the library's error)."""
     if comm.rank != root:
         comm.gather(send, None, root=root)
         return
     k = send.numel()
-    _uniform("gather", recvs, k)
     flat = torch.empty(k * len(recvs), dtype=torch.uint8)
     comm.gather(send, flat, root=root)
+    # Checked after the collective, which every rank has then completed: nobody waits on a
+    # root that refused.
+    if _sizes_differ(recvs, k):
+        sizes = [b.numel() for b in recvs]
+        raise ValueError(f"gather: every output must have the input's {k} bytes, got {sizes}")
     _unpack(flat, [r * k for r in range(len(recvs))], recvs)
 
 
 def scatter(comm, root, sends, recv):
-    """`recv` receives ``sends[rank]`` of `root`; other ranks pass ``sends=None``."""
+    """`recv` receives ``sends[rank]`` of `root`; other ranks pass ``sends=None``. Every
+    rank's `recv` has the same size (ranks that differ get the library's error)."""
     if comm.rank != root:
         comm.scatter(None, recv, root=root)
         return
     k = recv.numel()
-    _uniform("scatter", sends, k)
+    if _sizes_differ(sends, k):
+        # The other ranks are already waiting for this root's data: failing the communicator
+        # ends their wait at once ("rank <root> failed: aborted") instead of at the timeout.
+        sizes = [b.numel() for b in sends]
+        comm.abort()
+        raise ValueError(
+            f"scatter: every input must have the output's {k} bytes, got {sizes} (the "
+            "communicator was aborted so that the other ranks do not wait for it)"
+        )
     flat = torch.cat(sends) if sends else torch.empty(0, dtype=torch.uint8)
     comm.scatter(flat, recv, root=root)
 
