@@ -14,6 +14,7 @@ use ccl_core::transport::TransportProperties;
 
 use crate::cost::{self, LinkCosts, Load};
 use crate::schedule::{Schedule, Shape};
+use crate::vcoll::{self, VShape};
 use crate::{allgather, allreduce, alltoall, barrier, broadcast, host, reduce, reduce_scatter};
 
 /// Declares an enum that travels on the wire as a number. One list gives every variant its fixed
@@ -80,6 +81,17 @@ wire_enum! {
         ReduceScatter = 4 => "reducescatter",
         AllToAll = 5 => "alltoall",
         Barrier = 6 => "barrier",
+        /// Every rank's block to the root, in rank order.
+        Gather = 7 => "gather",
+        /// Block `k` of the root's buffer to rank `k`.
+        Scatter = 8 => "scatter",
+        /// Allgather with a count per rank (every rank passes all the counts).
+        AllGatherV = 9 => "allgatherv",
+        /// Reduce-scatter with a count per rank (every rank passes all the counts).
+        ReduceScatterV = 10 => "reducescatterv",
+        /// Alltoall with a count per pair of ranks (each rank passes its own send and receive
+        /// counts).
+        AllToAllV = 11 => "alltoallv",
     }
 }
 
@@ -99,6 +111,12 @@ impl Collective {
             Collective::ReduceScatter => (blocks()?, count),
             Collective::AllToAll => (blocks()?, blocks()?),
             Collective::Barrier => (0, 0),
+            // The root's buffer holds every rank's block; the others' one block.
+            Collective::Gather => (count, blocks()?),
+            Collective::Scatter => (blocks()?, count),
+            Collective::AllGatherV | Collective::ReduceScatterV | Collective::AllToAllV => {
+                return Err(LenError::PerRank(self));
+            }
         };
         Ok(BufferLens { send, recv })
     }
@@ -121,13 +139,49 @@ impl Collective {
                 Err(LenError::Mismatch { send: s, recv })
             }
             (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, _) => Ok(recv),
-            (Collective::AllGather, Some(s)) => Ok(s),
-            (Collective::ReduceScatter, Some(_)) => Ok(recv),
-            (Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll, _) => {
-                blocks(recv)
-            }
+            (Collective::AllGather | Collective::Gather, Some(s)) => Ok(s),
+            (Collective::ReduceScatter | Collective::Scatter, Some(_)) => Ok(recv),
+            (
+                Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::AllToAll
+                | Collective::Gather
+                | Collective::Scatter,
+                _,
+            ) => blocks(recv),
             (Collective::Barrier, _) => Ok(0),
+            (Collective::AllGatherV | Collective::ReduceScatterV | Collective::AllToAllV, _) => {
+                Err(LenError::PerRank(self))
+            }
         }
+    }
+
+    /// Whether the collective has a root (broadcast, reduce, gather, scatter).
+    pub const fn rooted(self) -> bool {
+        matches!(
+            self,
+            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter
+        )
+    }
+
+    /// Whether the collective reduces (and so takes an operator).
+    pub const fn reduces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllReduce
+                | Collective::Reduce
+                | Collective::ReduceScatter
+                | Collective::ReduceScatterV
+        )
+    }
+
+    /// Whether the collective takes counts per rank ([`crate::vcoll::VShape`]) instead of one
+    /// count: allgatherv, reduce-scatterv, alltoallv.
+    pub const fn per_rank(self) -> bool {
+        matches!(
+            self,
+            Collective::AllGatherV | Collective::ReduceScatterV | Collective::AllToAllV
+        )
     }
 
     /// The algorithms that implement this collective, in [`Algo::ALL`] order (from
@@ -166,6 +220,12 @@ pub enum AlgoError {
     NotOffered { coll: Collective, algo: Algo },
     #[error("no collective has a {0} algorithm")]
     NoCollectiveHas(Algo),
+    /// A schedule asked for with one count where the collective takes counts per rank, or
+    /// the other way round.
+    #[error("{coll} takes {}", if *per_rank { "a count per rank" } else { "one count" })]
+    Counts { coll: Collective, per_rank: bool },
+    #[error("{coll} asked for with the counts of {shape}")]
+    ShapeOf { coll: Collective, shape: Collective },
     #[error("'{0}' is not collective:algorithm")]
     NotAPair(String),
     #[error(
@@ -217,6 +277,8 @@ pub enum LenError {
     Mismatch { send: usize, recv: usize },
     #[error("a buffer of {len} elements does not split into {ranks} equal blocks")]
     NotBlocks { len: usize, ranks: usize },
+    #[error("{0} takes a count per rank, not one count")]
+    PerRank(Collective),
 }
 
 wire_enum! {
@@ -278,14 +340,23 @@ impl FromStr for Algo {
 
 /// Builds one rank's schedule of an algorithm.
 type Build = fn(&Shape, &Topology) -> Schedule;
+/// Builds one rank's schedule of a collective with a count per rank.
+type BuildPerRank = fn(&VShape) -> Schedule;
 /// The load an algorithm puts on the links, for `n` ranks placed as the topology says.
 type LoadOf = fn(usize, &Topology) -> Load;
+
+/// How a schedule is built: from one count ([`Shape`]) or from counts per rank ([`VShape`]).
+#[derive(Clone, Copy)]
+enum Builder {
+    One(Build),
+    PerRank(BuildPerRank),
+}
 
 /// How one collective runs one algorithm: how its schedule is built and what the cost model
 /// charges for it.
 #[derive(Clone, Copy)]
 pub struct Implementation {
-    build: Build,
+    build: Builder,
     load: LoadOf,
 }
 
@@ -356,15 +427,35 @@ pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementati
             |s, _| host::reduce_scatter(s),
             |n, _| cost::host_blocks(n, true),
         ),
+        (Gather, Pairwise) => (|s, _| vcoll::gather(s), |n, t| cost::rooted_direct(n, t)),
+        (Scatter, Pairwise) => (|s, _| vcoll::scatter(s), |n, t| cost::rooted_direct(n, t)),
+        (AllGatherV | ReduceScatterV | AllToAllV, Pairwise) => {
+            let (build, load): (BuildPerRank, LoadOf) = match coll {
+                AllGatherV => (vcoll::all_gather_v, |n, t| cost::pairwise(n, t, false)),
+                ReduceScatterV => (vcoll::reduce_scatter_v, |n, t| cost::pairwise(n, t, true)),
+                _ => (vcoll::all_to_all_v, |n, t| cost::pairwise(n, t, false)),
+            };
+            return Some(Implementation {
+                build: Builder::PerRank(build),
+                load,
+            });
+        }
         // The pairs that do not exist.
         (AllReduce, Pairwise)
         | (Broadcast | Reduce, RecursiveDoubling | Pairwise | HalvingDoubling | Hierarchical)
         | (Reduce, Shm)
         | (AllGather | ReduceScatter, RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
         | (AllToAll, Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm)
-        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical | Shm) => return None,
+        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical | Shm)
+        | (
+            Gather | Scatter | AllGatherV | ReduceScatterV | AllToAllV,
+            Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm,
+        ) => return None,
     };
-    Some(Implementation { build, load })
+    Some(Implementation {
+        build: Builder::One(build),
+        load,
+    })
 }
 
 /// Each collective's algorithms (in `Algo::ALL` order) and how many there are, worked out from
@@ -400,7 +491,30 @@ pub fn build(
     if algo == Algo::Shm && shape.host_slot < 2 * shape.size {
         return Err(AlgoError::NoHostMemory { coll });
     }
-    Ok((imp.build)(shape, topo))
+    match imp.build {
+        Builder::One(f) => Ok(f(shape, topo)),
+        Builder::PerRank(_) => Err(AlgoError::Counts {
+            coll,
+            per_rank: true,
+        }),
+    }
+}
+
+/// Builds this rank's schedule of `algo` for a collective with a count per rank
+/// ([`Collective::per_rank`]).
+pub fn build_per_rank(coll: Collective, algo: Algo, shape: &VShape) -> Result<Schedule, AlgoError> {
+    let imp = implementation(coll, algo).ok_or(AlgoError::NotOffered { coll, algo })?;
+    match imp.build {
+        Builder::PerRank(_) if shape.coll != coll => Err(AlgoError::ShapeOf {
+            coll,
+            shape: shape.coll,
+        }),
+        Builder::PerRank(f) => Ok(f(shape)),
+        Builder::One(_) => Err(AlgoError::Counts {
+            coll,
+            per_rank: false,
+        }),
+    }
 }
 
 /// Estimated seconds of one `coll` by `algo` over `n` ranks of `bytes` (the nccl-tests size:
@@ -562,7 +676,7 @@ mod tests {
     #[test]
     fn the_table_lists_each_collectives_algorithms() {
         use Algo::*;
-        let want: [(Collective, &[Algo]); 7] = [
+        let want: [(Collective, &[Algo]); 12] = [
             (
                 Collective::AllReduce,
                 &[
@@ -580,9 +694,25 @@ mod tests {
             (Collective::ReduceScatter, &[Ring, Pairwise, Shm]),
             (Collective::AllToAll, &[Pairwise]),
             (Collective::Barrier, &[RecursiveDoubling]),
+            (Collective::Gather, &[Pairwise]),
+            (Collective::Scatter, &[Pairwise]),
+            (Collective::AllGatherV, &[Pairwise]),
+            (Collective::ReduceScatterV, &[Pairwise]),
+            (Collective::AllToAllV, &[Pairwise]),
         ];
         let topo = Topology::flat(4);
         for (coll, algos) in want {
+            let counts = [1, 2, 3, 4];
+            let v = match coll {
+                Collective::ReduceScatterV => {
+                    VShape::reduce_scatter_v(1, 4, &counts, false, ccl_core::ReduceOp::Sum)
+                }
+                Collective::AllToAllV => {
+                    VShape::all_to_all_v(1, 4, (&counts, None), (&counts, None), false)
+                }
+                _ => VShape::all_gather_v(1, 4, &counts, None, false),
+            }
+            .unwrap();
             assert_eq!(coll.algos(), algos, "{coll}");
             for a in Algo::ALL {
                 let listed = algos.contains(&a);
@@ -590,7 +720,19 @@ mod tests {
                     host_slot: 64,
                     ..Shape::new(1, 4, 8, false, ccl_core::ReduceOp::Sum)
                 };
-                assert_eq!(build(coll, a, &shape, &topo).is_ok(), listed, "{coll} {a}");
+                let one = build(coll, a, &shape, &topo);
+                let per_rank = build_per_rank(coll, a, &v);
+                assert_eq!(one.is_ok() || per_rank.is_ok(), listed, "{coll} {a}");
+                assert!(one.is_err() || per_rank.is_err(), "{coll} {a}");
+                if listed {
+                    let e = if coll.per_rank() { one } else { per_rank };
+                    assert!(matches!(e, Err(AlgoError::Counts { .. })), "{coll} {a}");
+                }
+                if listed && coll == Collective::AllToAllV {
+                    let ag = VShape::all_gather_v(1, 4, &counts, None, false).unwrap();
+                    let e = build_per_rank(coll, a, &ag).unwrap_err().to_string();
+                    assert_eq!(e, "alltoallv asked for with the counts of allgatherv");
+                }
                 let host = TransportProperties {
                     host_memory: true,
                     ..tcp()
@@ -610,6 +752,11 @@ mod tests {
     fn buffer_lengths_and_counts_are_inverse() {
         let n = 3;
         for coll in Collective::ALL {
+            if coll.per_rank() {
+                assert_eq!(coll.buffer_lens(1, n), Err(LenError::PerRank(coll)));
+                assert_eq!(coll.count_for(None, 3, n), Err(LenError::PerRank(coll)));
+                continue;
+            }
             for count in [0, 1, 5] {
                 let l = coll.buffer_lens(count, n).unwrap();
                 let want = if coll == Collective::Barrier {
@@ -623,6 +770,10 @@ mod tests {
         }
         let ag = Collective::AllGather.buffer_lens(4, n).unwrap();
         assert_eq!((ag.send, ag.recv, ag.in_place()), (4, 12, 12));
+        let g = Collective::Gather.buffer_lens(4, n).unwrap();
+        assert_eq!((g.send, g.recv, g.in_place()), (4, 12, 12));
+        let sc = Collective::Scatter.buffer_lens(4, n).unwrap();
+        assert_eq!((sc.send, sc.recv, sc.in_place()), (12, 4, 12));
         let rs = Collective::ReduceScatter.buffer_lens(4, n).unwrap();
         assert_eq!((rs.send, rs.recv, rs.in_place()), (12, 4, 12));
         assert_eq!(rs.bytes(4), Some(BufferLens { send: 48, recv: 16 }));

@@ -5,11 +5,27 @@ use crate::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
 /// Pairwise: all blocks at once, to staggered peers. In place, incoming blocks land in scratch
 /// and are copied over once the block they replace has been sent.
 pub fn pairwise(s: &Shape) -> Schedule {
-    let (r, n, c) = (s.rank, s.size, s.count);
+    let c = s.count;
     let mut sc = Schedule::new("pairwise");
     let src = |k: usize| Region::new(if s.in_place { Buf::Recv } else { Buf::Send }, k * c, c);
     let dst = |k: usize| Region::new(Buf::Recv, k * c, c);
-    if !s.in_place {
+    exchange(&mut sc, s.rank, s.size, s.in_place, src, dst);
+    sc.finish()
+}
+
+/// The pairwise exchange, for blocks anywhere: `src(k)` goes to rank `k`, `dst(k)` receives
+/// rank `k`'s block (alltoall, and alltoallv with its per-rank blocks). Out of place this rank's
+/// own block is copied; in place (`src` and `dst` are then the same blocks) incoming blocks go
+/// through scratch, which this sizes.
+pub(crate) fn exchange(
+    sc: &mut Schedule,
+    r: usize,
+    n: usize,
+    in_place: bool,
+    src: impl Fn(usize) -> Region,
+    dst: impl Fn(usize) -> Region,
+) {
+    if !in_place {
         sc.push_auto(
             Action::Copy {
                 src: src(r),
@@ -21,19 +37,22 @@ pub fn pairwise(s: &Shape) -> Schedule {
     }
     // Sends first in program order: in place, a block may be overwritten only after it left.
     for k in 1..n {
+        let to = (r + k) % n;
         sc.push_auto(
             Action::Send {
-                peer: (r + k) % n,
-                src: src((r + k) % n),
+                peer: to,
+                src: src(to),
             },
             None,
             0,
         );
     }
+    let mut scratch = 0;
     for k in 1..n {
         let from = (r + n - k) % n;
-        if s.in_place {
-            let tmp = Region::new(Buf::Scratch, from * c, c);
+        if in_place {
+            let tmp = Region::new(Buf::Scratch, scratch, dst(from).len);
+            scratch += tmp.len;
             sc.push_auto(
                 Action::Recv {
                     peer: from,
@@ -63,8 +82,5 @@ pub fn pairwise(s: &Shape) -> Schedule {
             );
         }
     }
-    if s.in_place && n > 1 {
-        sc.scratch = n * c;
-    }
-    sc.finish()
+    sc.scratch = scratch;
 }

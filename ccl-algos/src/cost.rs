@@ -314,6 +314,30 @@ pub fn host_blocks(n: usize, reduces: bool) -> Load {
     }
 }
 
+/// Gather or scatter straight to or from the root: one latency plus a per-message cost, and the
+/// root's link carries `(n-1)/n` of the nccl-tests size (every other rank's block). A group of
+/// `k` ranks sends its own blocks across its uplink, or, holding the root, receives the other
+/// `n - k`: the larger crosses the busiest group's link.
+pub fn rooted_direct(n: usize, topo: &Topology) -> Load {
+    let sm = topo.summary();
+    let nf = n as f64;
+    let out = |k: usize| {
+        if k >= n {
+            0.0
+        } else {
+            k.max(n - k) as f64 / nf
+        }
+    };
+    Load {
+        steps: 1.0 + 0.25 * (nf - 1.0),
+        link: (nf - 1.0) / nf,
+        host: out(sm.max_per_host),
+        rack: out(sm.max_per_rack),
+        zone: out(sm.max_per_zone),
+        reduce: 0.0,
+    }
+}
+
 /// The dissemination barrier: `ceil(log2 n)` rounds of one byte.
 pub fn dissemination(n: usize) -> Load {
     Load {

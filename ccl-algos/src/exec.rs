@@ -225,13 +225,7 @@ impl OpInfo {
 
     /// Whether the operation has a root.
     fn rooted(&self) -> bool {
-        matches!(
-            self.kind,
-            OpKind::Collective {
-                coll: Collective::Broadcast | Collective::Reduce,
-                ..
-            }
-        )
+        matches!(self.kind, OpKind::Collective { coll, .. } if coll.rooted())
     }
 }
 
@@ -707,7 +701,7 @@ impl Run<'_, '_> {
     fn queue_headers(&mut self) -> Result<()> {
         for (pi, p) in self.sched.peers.iter().enumerate() {
             let bytes = p.send_elems * self.elem;
-            if bytes > 0 {
+            if bytes > 0 || (self.sched.handshake && !p.sends.is_empty()) {
                 let h = self.header(self.st.headers_to[p.peer], bytes);
                 self.st.headers_to[p.peer] += 1;
                 self.st.headers_left += 1;
@@ -730,7 +724,7 @@ impl Run<'_, '_> {
                     self.st.peers[pi].carried = len;
                 }
             }
-            if p.recv_elems * self.elem > 0 {
+            if p.recv_elems * self.elem > 0 || (self.sched.handshake && !p.recvs.is_empty()) {
                 self.st.peers[pi].expects_header = true;
                 self.st.headers_left += 1;
             }

@@ -19,9 +19,11 @@ use crate::algo::{Algo, Collective};
 
 pub const HEADER_LEN: usize = 48;
 const MAGIC: [u8; 2] = *b"CH";
-const VERSION: u8 = 1;
-/// Kind of a group of sends and receives (after every [`Collective::id`]).
-pub const KIND_P2P: u8 = 7;
+/// Version 2: kind 7 became gather (point-to-point moved to 255), collectives with a count per
+/// rank carry a fingerprint of their counts as the count.
+const VERSION: u8 = 2;
+/// Kind of a group of sends and receives (beyond every [`Collective::id`]).
+pub const KIND_P2P: u8 = 0xff;
 const _: () = assert!(Collective::from_id(KIND_P2P).is_none());
 
 /// A peer's header that does not match this rank's.
@@ -122,19 +124,23 @@ impl Header {
             || format!("algorithm #{}", self.algo),
             |a| a.name().to_string(),
         );
-        let mut s = format!("{coll} of {} x {dtype} ({algo}", self.count);
-        if matches!(
-            Collective::from_id(self.kind),
-            Some(Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter)
-        ) {
+        let c = Collective::from_id(self.kind);
+        let mut s = if c.is_some_and(Collective::per_rank) {
+            // The count of these is a fingerprint of the counts array (0 for alltoallv, whose
+            // pairs compare bytes instead).
+            match self.count {
+                0 => format!("{coll} of {dtype} ({algo}"),
+                f => format!("{coll} of {dtype} (counts #{f:016x}, {algo}"),
+            }
+        } else {
+            format!("{coll} of {} x {dtype} ({algo}", self.count)
+        };
+        if c.is_some_and(Collective::reduces) {
             let op = ReduceOp::from_u8(self.op)
                 .map_or_else(|| format!("op #{}", self.op), |o| o.name().to_string());
             s.push_str(&format!(", {op}"));
         }
-        if matches!(
-            Collective::from_id(self.kind),
-            Some(Collective::Broadcast | Collective::Reduce)
-        ) {
+        if c.is_some_and(Collective::rooted) {
             s.push_str(&format!(", root {}", self.root));
         }
         s.push(')');
@@ -262,7 +268,10 @@ mod tests {
     #[test]
     fn wire_ids_are_fixed() {
         let colls: Vec<u8> = Collective::ALL.iter().map(|c| c.id()).collect();
-        assert_eq!(colls, [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(colls, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(Collective::Gather.id(), 7);
+        assert_eq!(Collective::AllToAllV.id(), 11);
+        assert_eq!(KIND_P2P, 0xff);
         assert_eq!(Collective::AllReduce.id(), 0);
         assert_eq!(Collective::Barrier.id(), 6);
         assert_eq!(Algo::Ring.id(), 0);

@@ -22,3 +22,4 @@ pub mod reduce;
 pub mod reduce_scatter;
 pub mod schedule;
 pub mod symbolic;
+pub mod vcoll;

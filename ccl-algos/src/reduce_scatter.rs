@@ -88,12 +88,25 @@ pub fn ring(s: &Shape) -> Schedule {
 /// Pairwise: every rank sends block `k` straight to rank `k` and reduces the `n-1` blocks it
 /// receives, one peer after another in rank order. One step of latency; best for small blocks.
 pub fn pairwise(s: &Shape) -> Schedule {
-    let (r, n) = (s.rank, s.size);
     let mut sc = Schedule::new("pairwise");
-    let out = output(s);
-    let mine = input(s, r);
+    reduce_exchange(&mut sc, s.rank, s.size, s.op, |k| input(s, k), output(s));
+    sc.finish()
+}
+
+/// The pairwise reduce-scatter, for blocks anywhere: `input(k)` goes to rank `k`, and the
+/// blocks that arrive are reduced into `out` with this rank's own `input(rank)` (reduce-scatter,
+/// and reduce-scatterv with its per-rank blocks).
+pub(crate) fn reduce_exchange(
+    sc: &mut Schedule,
+    r: usize,
+    n: usize,
+    op: ReduceOp,
+    input: impl Fn(usize) -> Region,
+    out: Region,
+) {
+    let mine = input(r);
     if n == 1 {
-        if !s.in_place {
+        if mine != out {
             sc.push_auto(
                 Action::Copy {
                     src: mine,
@@ -103,20 +116,19 @@ pub fn pairwise(s: &Shape) -> Schedule {
                 0,
             );
         }
-        return sc.finish();
+        return;
     }
     for k in 1..n {
         let to = (r + k) % n;
         sc.push_auto(
             Action::Send {
                 peer: to,
-                src: input(s, to),
+                src: input(to),
             },
             None,
             0,
         );
     }
-    let mut first = true;
     let peers: Vec<usize> = (0..n).filter(|&p| p != r).collect();
     for (i, &from) in peers.iter().enumerate() {
         sc.push_auto(
@@ -124,19 +136,17 @@ pub fn pairwise(s: &Shape) -> Schedule {
                 peer: from,
                 dst: out,
                 combine: Combine::Reduce {
-                    with: if first {
+                    with: if i == 0 {
                         Some(mine).filter(|x| *x != out)
                     } else {
                         None
                     },
                     incoming_first: false,
-                    finish_avg: i + 1 == peers.len() && s.op == ReduceOp::Avg,
+                    finish_avg: i + 1 == peers.len() && op == ReduceOp::Avg,
                 },
             },
             None,
             0,
         );
-        first = false;
     }
-    sc.finish()
 }

@@ -217,6 +217,12 @@ pub struct Schedule {
     pub locals: Vec<OpId>,
     /// Elements of each host slot the schedule may use (`Buf::Host`; 0 when it uses none).
     pub host_slot: usize,
+    /// Exchange operation headers with every peer this schedule has a send or receive op for,
+    /// even an empty one. Without it only peers that move data do, which is enough when every
+    /// rank's count is the same; the collectives with a count per rank set it, so a pair whose
+    /// counts disagree (0 on one side) finds out instead of one side waiting for data that never
+    /// comes.
+    pub handshake: bool,
 }
 
 impl Schedule {
@@ -228,6 +234,7 @@ impl Schedule {
             peers: Vec::new(),
             locals: Vec::new(),
             host_slot: 0,
+            handshake: false,
         }
     }
 

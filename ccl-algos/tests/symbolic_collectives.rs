@@ -85,6 +85,11 @@ fn setup(
             Some(Expect::Exact(Value::input(from, r * c + i)))
         }),
         Collective::Barrier => Box::new(|_, _| None),
+        Collective::Gather
+        | Collective::Scatter
+        | Collective::AllGatherV
+        | Collective::ReduceScatterV
+        | Collective::AllToAllV => unreachable!("checked in symbolic_vcoll.rs"),
     };
     Setup {
         init,

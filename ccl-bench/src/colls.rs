@@ -6,6 +6,13 @@
 //! | broadcast, reduce | count x typesize | 1 |
 //! | allgather, reducescatter, alltoall | per-rank count x typesize x n | (n-1)/n |
 //! | sendrecv | count x typesize | 1 |
+//! | gather, scatter | per-rank count x typesize x n | (n-1)/n |
+//! | alltoallv | what each rank sends, about count x typesize x n | (n-1)/n |
+//!
+//! Alltoallv has no nccl-tests counterpart; its rows send uneven blocks: rank `a` sends rank
+//! `b` `unit x ((a + b) mod n)` elements (none to one peer, up to `n-1` units to another), with
+//! `unit = floor(2 count / (n-1))`, so every rank sends and receives the same total,
+//! `unit x n(n-1)/2`, which is the size column.
 
 use ccl::{Collective, Communicator, DataType, ReduceOp, Result};
 use ccl_core::check::{self, CheckValue};
@@ -28,11 +35,47 @@ pub struct Coll {
 }
 
 impl Coll {
+    /// Whether NCCL's count is one rank's block (the size column is `n` blocks).
     fn blocks(&self) -> bool {
         matches!(
             self.op,
-            Op::Coll(Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll)
+            Op::Coll(
+                Collective::AllGather
+                    | Collective::ReduceScatter
+                    | Collective::AllToAll
+                    | Collective::Gather
+                    | Collective::Scatter
+            )
         )
+    }
+}
+
+/// Elements rank `from` sends rank `to` in an alltoallv row of NCCL count `count`.
+fn pair_count(from: usize, to: usize, n: usize, count: usize) -> usize {
+    if n == 1 {
+        return count;
+    }
+    2 * count / (n - 1) * ((from + to) % n)
+}
+
+/// Where rank `from`'s block for rank `to` starts in its send buffer (blocks packed).
+fn pair_offset(from: usize, to: usize, n: usize, count: usize) -> usize {
+    (0..to).map(|b| pair_count(from, b, n, count)).sum()
+}
+
+/// Elements every rank sends (and receives) in an alltoallv row.
+fn alltoallv_total(n: usize, count: usize) -> usize {
+    pair_offset(0, n, n, count)
+}
+
+/// This rank's alltoallv counts: symmetric, so the same layout serves in place.
+fn alltoallv_counts(r: usize, n: usize, count: usize) -> ccl::Counts {
+    let c: Vec<usize> = (0..n).map(|k| pair_count(r, k, n, count)).collect();
+    ccl::Counts::AllToAllV {
+        send_counts: c.clone(),
+        send_displs: None,
+        recv_counts: c,
+        recv_displs: None,
     }
 }
 
@@ -56,14 +99,21 @@ fn fill_t<T: CheckValue>(
 ) {
     let sum = ReduceOp::Sum;
     match b.op {
-        Op::Coll(Collective::AllGather) if in_place => {
+        Op::Coll(Collective::AllGather | Collective::Gather) if in_place => {
             // Only this rank's block is input.
             let es = size_of::<T>();
             put::<T>(&mut buf[r * c * es..(r + 1) * c * es], |i| {
                 check::input(sum, r, i)
             });
         }
-        Op::Coll(Collective::AllGather | Collective::Broadcast | Collective::AllToAll)
+        Op::Coll(
+            Collective::AllGather
+            | Collective::Broadcast
+            | Collective::AllToAll
+            | Collective::Gather
+            | Collective::Scatter
+            | Collective::AllToAllV,
+        )
         | Op::SendRecv => put::<T>(buf, |i| check::input(sum, r, i)),
         _ => put::<T>(buf, |i| check::input(op, r, i)),
     }
@@ -98,7 +148,33 @@ fn wrong_t<T: CheckValue>(
             Op::Coll(Collective::AllToAll) => {
                 T::from_i64(check::input(sum, i / c1, r * c + i % c1))
             }
-            Op::Coll(Collective::Barrier) => return None,
+            Op::Coll(Collective::Gather) if r == b.root => {
+                T::from_i64(check::input(sum, i / c1, i % c1))
+            }
+            Op::Coll(Collective::Gather) => return None,
+            Op::Coll(Collective::Scatter) if in_place => {
+                if i / c1 != r {
+                    return None;
+                }
+                T::from_i64(check::input(sum, b.root, i))
+            }
+            Op::Coll(Collective::Scatter) => T::from_i64(check::input(sum, b.root, r * c + i)),
+            Op::Coll(Collective::AllToAllV) => {
+                // Which sender's block element `i` lies in, and where that block starts.
+                let (mut from, mut start) = (0, 0);
+                while from < n && start + pair_count(from, r, n, c) <= i {
+                    start += pair_count(from, r, n, c);
+                    from += 1;
+                }
+                T::from_i64(check::input(
+                    sum,
+                    from,
+                    pair_offset(from, r, n, c) + i - start,
+                ))
+            }
+            Op::Coll(Collective::Barrier | Collective::AllGatherV | Collective::ReduceScatterV) => {
+                return None;
+            }
             Op::SendRecv => T::from_i64(check::input(sum, (r + n - 1) % n, i)),
         })
     };
@@ -127,7 +203,8 @@ impl Bench for Coll {
         let n = n as f64;
         match self.op {
             Op::Coll(Collective::AllReduce) => 2.0 * (n - 1.0) / n,
-            Op::Coll(Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll) => {
+            // nccl-tests' factor for every collective whose size column is n blocks.
+            _ if self.blocks() || matches!(self.op, Op::Coll(Collective::AllToAllV)) => {
                 (n - 1.0) / n
             }
             _ => 1.0,
@@ -140,13 +217,13 @@ impl Bench for Coll {
 
     fn root(&self) -> isize {
         match self.op {
-            Op::Coll(Collective::Broadcast | Collective::Reduce) => self.root as isize,
+            Op::Coll(c) if c.rooted() => self.root as isize,
             _ => -1,
         }
     }
 
     fn count_for(&self, size: usize, dtype: DataType, n: usize) -> usize {
-        if self.blocks() {
+        if self.blocks() || matches!(self.op, Op::Coll(Collective::AllToAllV)) {
             size / (dtype.size() * n)
         } else {
             size / dtype.size()
@@ -154,7 +231,9 @@ impl Bench for Coll {
     }
 
     fn bytes_for(&self, count: usize, dtype: DataType, n: usize) -> usize {
-        if self.blocks() {
+        if matches!(self.op, Op::Coll(Collective::AllToAllV)) {
+            alltoallv_total(n, count) * dtype.size()
+        } else if self.blocks() {
             count * dtype.size() * n
         } else {
             count * dtype.size()
@@ -163,6 +242,10 @@ impl Bench for Coll {
 
     fn buffer_lens(&self, count: usize, n: usize, in_place: bool) -> (usize, usize) {
         let lens = match self.op {
+            Op::Coll(Collective::AllToAllV) => {
+                let t = alltoallv_total(n, count);
+                ccl::BufferLens { send: t, recv: t }
+            }
             // Counts come from the benchmark's buffer sizes, so their lengths fit.
             Op::Coll(c) => c
                 .buffer_lens(count, n)
@@ -189,6 +272,10 @@ impl Bench for Coll {
         op: ReduceOp,
     ) -> Result<()> {
         match self.op {
+            Op::Coll(Collective::AllToAllV) => {
+                let counts = alltoallv_counts(comm.rank(), comm.size(), count);
+                comm.collective_v_bytes(&counts, send, recv, dtype, op)
+            }
             Op::Coll(c) => comm.collective_bytes(c, send, recv, count, dtype, op, self.root),
             Op::SendRecv => {
                 let (r, n) = (comm.rank(), comm.size());

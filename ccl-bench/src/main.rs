@@ -55,6 +55,13 @@ enum Cmd {
     Alltoall(BenchArgs),
     /// Each rank sends to the next and receives from the previous (busbw factor 1).
     Sendrecv(BenchArgs),
+    /// Gather to -r ROOT (size = whole result; busbw factor (n-1)/n).
+    Gather(BenchArgs),
+    /// Scatter from -r ROOT (size = whole input; busbw factor (n-1)/n).
+    Scatter(BenchArgs),
+    /// Alltoall with uneven blocks, rank a sending rank b a share growing with (a+b) mod n
+    /// (size = what each rank sends; busbw factor (n-1)/n).
+    Alltoallv(BenchArgs),
     /// Draws the busbw curves of one or more `--json` reports into one SVG picture.
     Plot(PlotArgs),
     /// Compares `--json` reports of one collective size by size: a Markdown table of
@@ -99,6 +106,9 @@ impl Cmd {
             Cmd::Reduce(a) => (Op::Coll(C::Reduce), a),
             Cmd::Alltoall(a) => (Op::Coll(C::AllToAll), a),
             Cmd::Sendrecv(a) => (Op::SendRecv, a),
+            Cmd::Gather(a) => (Op::Coll(C::Gather), a),
+            Cmd::Scatter(a) => (Op::Coll(C::Scatter), a),
+            Cmd::Alltoallv(a) => (Op::Coll(C::AllToAllV), a),
             Cmd::Plot(_) | Cmd::Compare(_) | Cmd::Sim(_) => return None,
         })
     }
@@ -135,7 +145,7 @@ struct BenchArgs {
     /// Reduction: sum, prod, min, max, avg.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     op: ReduceOp,
-    /// Root of broadcast and reduce.
+    /// Root of broadcast, reduce, gather and scatter.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
     /// Data type: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 (or f32, bf16, ...).

@@ -441,6 +441,9 @@ fn every_collective_checks_clean() {
         "reduce",
         "alltoall",
         "sendrecv",
+        "gather",
+        "scatter",
+        "alltoallv",
     ] {
         let o = bench()
             .args([
@@ -465,7 +468,7 @@ fn every_collective_checks_clean() {
             let f: Vec<&str> = l.split_whitespace().collect();
             assert_eq!(f[8], "0", "{coll}: {l}");
             assert!(f[12] == "0" || f[12] == "N/A", "{coll}: {l}");
-            let root = if matches!(coll, "broadcast" | "reduce") {
+            let root = if matches!(coll, "broadcast" | "reduce" | "gather" | "scatter") {
                 "2"
             } else {
                 "-1"

@@ -209,6 +209,46 @@ cclResult_t cclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvco
 cclResult_t cclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                         cclDataType_t datatype, cclComm_t comm);
 
+/* Gathers count elements of every rank's sendbuff into root's recvbuff (nranks * count
+ * elements, in rank order), as NCCL 2.28's ncclGather. recvbuff is written on root only (other
+ * ranks may pass NULL). In place on root when sendbuff == recvbuff + root * count * size. */
+cclResult_t cclGather(const void* sendbuff, void* recvbuff, size_t count, cclDataType_t datatype,
+                      int root, cclComm_t comm);
+
+/* Block k (count elements) of root's sendbuff (nranks * count elements) goes to rank k's
+ * recvbuff, as NCCL 2.28's ncclScatter. sendbuff is read on root only (other ranks may pass
+ * NULL). In place on root when recvbuff == sendbuff + root * count * size. */
+cclResult_t cclScatter(const void* sendbuff, void* recvbuff, size_t count, cclDataType_t datatype,
+                       int root, cclComm_t comm);
+
+/* ---- Collectives with a count per rank (MPI's v-forms) --------------------------------
+ *
+ * Counts and displacements are arrays of nranks size_t, in elements; a NULL displacement array
+ * places the blocks back to back in rank order. Buffers must hold every block (exactly, when
+ * packed). Every rank passes the counts MPI's forms take; ranks whose counts disagree get
+ * cclInvalidUsage naming the peer (every pair of ranks compares them), never a hang. */
+
+/* Rank k's sendbuff (recvcounts[k] elements) lands at displs[k] of every rank's recvbuff.
+ * recvcounts (and displs) are the same on every rank. In place when
+ * sendbuff == recvbuff + displs[rank] * size. */
+cclResult_t cclAllGatherV(const void* sendbuff, void* recvbuff, const size_t* recvcounts,
+                          const size_t* displs, cclDataType_t datatype, cclComm_t comm);
+
+/* sendbuff holds recvcounts[k] elements for each rank k, back to back; rank r's recvbuff
+ * (recvcounts[r] elements) receives the reduction of every rank's block r. recvcounts is the
+ * same on every rank. In place when recvbuff == sendbuff + (recvcounts[0] + ... +
+ * recvcounts[rank-1]) * size: the result lands in this rank's block of sendbuff. */
+cclResult_t cclReduceScatterV(const void* sendbuff, void* recvbuff, const size_t* recvcounts,
+                              cclDataType_t datatype, cclRedOp_t op, cclComm_t comm);
+
+/* sendcounts[k] elements at sdispls[k] of sendbuff go to rank k; recvcounts[k] elements from
+ * rank k land at rdispls[k] of recvbuff. Rank k's recvcounts[rank] must equal this rank's
+ * sendcounts[k]. In place when sendbuff == recvbuff: the receive blocks are also what is sent,
+ * and sendcounts and sdispls are ignored (may be NULL). */
+cclResult_t cclAlltoAllV(const void* sendbuff, const size_t* sendcounts, const size_t* sdispls,
+                         void* recvbuff, const size_t* recvcounts, const size_t* rdispls,
+                         cclDataType_t datatype, cclComm_t comm);
+
 /* Returns once every rank of comm has called it. */
 cclResult_t cclBarrier(cclComm_t comm);
 
@@ -253,6 +293,22 @@ cclResult_t cclReduceScatterAsync(const void* sendbuff, void* recvbuff, size_t r
                                   cclRequest_t* request);
 cclResult_t cclAlltoAllAsync(const void* sendbuff, void* recvbuff, size_t count,
                              cclDataType_t datatype, cclComm_t comm, cclRequest_t* request);
+cclResult_t cclGatherAsync(const void* sendbuff, void* recvbuff, size_t count,
+                           cclDataType_t datatype, int root, cclComm_t comm,
+                           cclRequest_t* request);
+cclResult_t cclScatterAsync(const void* sendbuff, void* recvbuff, size_t count,
+                            cclDataType_t datatype, int root, cclComm_t comm,
+                            cclRequest_t* request);
+cclResult_t cclAllGatherVAsync(const void* sendbuff, void* recvbuff, const size_t* recvcounts,
+                               const size_t* displs, cclDataType_t datatype, cclComm_t comm,
+                               cclRequest_t* request);
+cclResult_t cclReduceScatterVAsync(const void* sendbuff, void* recvbuff,
+                                   const size_t* recvcounts, cclDataType_t datatype,
+                                   cclRedOp_t op, cclComm_t comm, cclRequest_t* request);
+cclResult_t cclAlltoAllVAsync(const void* sendbuff, const size_t* sendcounts,
+                              const size_t* sdispls, void* recvbuff, const size_t* recvcounts,
+                              const size_t* rdispls, cclDataType_t datatype, cclComm_t comm,
+                              cclRequest_t* request);
 cclResult_t cclBarrierAsync(cclComm_t comm, cclRequest_t* request);
 
 /* Sets *done to 1 if the operation has finished, else 0. When done, the request is released

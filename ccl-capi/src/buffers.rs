@@ -220,7 +220,7 @@ pub(crate) fn prepare(
     };
     op.check(dtype)?;
     let root = match coll {
-        Collective::Broadcast | Collective::Reduce => match usize::try_from(root) {
+        c if c.rooted() => match usize::try_from(root) {
             Ok(r) if r < n => r,
             _ => {
                 return Err(Fail::arg(format!(
@@ -243,6 +243,11 @@ pub(crate) fn prepare(
     let in_place = match coll {
         Collective::AllGather => sb > 0 && offset(r, rank, sb) == Some(s),
         Collective::ReduceScatter => rb > 0 && offset(s, rank, rb) == Some(r),
+        // On the root, as allgather and reduce-scatter; elsewhere the buffer that only the root
+        // uses is ignored, so never in place.
+        Collective::Gather if is_root => sb > 0 && offset(r, rank, sb) == Some(s),
+        Collective::Scatter if is_root => rb > 0 && offset(s, rank, rb) == Some(r),
+        Collective::Gather | Collective::Scatter => false,
         Collective::Broadcast if !is_root => true,
         _ => s == r,
     } && (sb > 0 || rb > 0);
@@ -250,7 +255,7 @@ pub(crate) fn prepare(
     if in_place {
         // One buffer, the larger of the two: allgather's output, reduce-scatter's input.
         let (name, p, len) = match coll {
-            Collective::ReduceScatter => ("sendbuff", s, sb),
+            Collective::ReduceScatter | Collective::Scatter => ("sendbuff", s, sb),
             _ => ("recvbuff", r, rb),
         };
         if p == 0 {
@@ -274,15 +279,24 @@ pub(crate) fn prepare(
         });
     }
 
+    // A non-root rank's sendbuff of scatter is never read, its recvbuff of gather never
+    // written: both may be NULL, and are not used whatever they are.
+    let unused_send = coll == Collective::Scatter && !is_root;
+    let unused_recv = coll == Collective::Gather && !is_root;
+    let sb = if unused_send { 0 } else { sb };
     check_region("sendbuff", s, sb)?;
     // A non-root rank's recvbuff of reduce is never written; NCCL lets it be NULL.
     let reduce_leaf = coll == Collective::Reduce && !is_root && r == 0;
-    if !reduce_leaf {
+    if unused_recv {
+        // Nothing to check.
+    } else if !reduce_leaf {
         check_region("recvbuff", r, rb)?;
         if overlaps(s, sb, r, rb) {
             let rule = match coll {
                 Collective::AllGather => "sendbuff == recvbuff + rank * sendcount * size",
                 Collective::ReduceScatter => "recvbuff == sendbuff + rank * recvcount * size",
+                Collective::Gather => "sendbuff == recvbuff + rank * count * size, on the root",
+                Collective::Scatter => "recvbuff == sendbuff + rank * count * size, on the root",
                 _ => "sendbuff == recvbuff",
             };
             return Err(Fail::arg(format!(
@@ -309,7 +323,7 @@ pub(crate) fn prepare(
         })?;
         v.resize(rb, 0);
         OutBuf::Ours(v)
-    } else if rb == 0 {
+    } else if rb == 0 || unused_recv {
         OutBuf::Ours(Vec::new())
     } else {
         // SAFETY: as for the send buffer, and the header makes recvbuff writable; the ranges

@@ -215,6 +215,88 @@ pub extern "C" fn cclAlltoAll(
     )
 }
 
+/// Gather of `count` elements per rank to `root` (NCCL 2.28's `ncclGather`).
+#[unsafe(no_mangle)]
+pub extern "C" fn cclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: cclDataType_t,
+    root: c_int,
+    comm: cclComm_t,
+) -> cclResult_t {
+    let c = Collective::Gather;
+    blocking(
+        "cclGather",
+        c,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        0,
+        root,
+        comm,
+    )
+}
+
+/// Scatter of `count` elements per rank from `root` (NCCL 2.28's `ncclScatter`).
+#[unsafe(no_mangle)]
+pub extern "C" fn cclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: cclDataType_t,
+    root: c_int,
+    comm: cclComm_t,
+) -> cclResult_t {
+    let c = Collective::Scatter;
+    blocking(
+        "cclScatter",
+        c,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        0,
+        root,
+        comm,
+    )
+}
+
+/// Non-blocking gather.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclGatherAsync(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: cclDataType_t,
+    root: c_int,
+    comm: cclComm_t,
+    request: *mut cclRequest_t,
+) -> cclResult_t {
+    let (n, c) = ("cclGatherAsync", Collective::Gather);
+    nonblocking(
+        n, c, sendbuff, recvbuff, count, datatype, 0, root, comm, request,
+    )
+}
+
+/// Non-blocking scatter.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclScatterAsync(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: cclDataType_t,
+    root: c_int,
+    comm: cclComm_t,
+    request: *mut cclRequest_t,
+) -> cclResult_t {
+    let (n, c) = ("cclScatterAsync", Collective::Scatter);
+    nonblocking(
+        n, c, sendbuff, recvbuff, count, datatype, 0, root, comm, request,
+    )
+}
+
 /// Barrier.
 #[unsafe(no_mangle)]
 pub extern "C" fn cclBarrier(comm: cclComm_t) -> cclResult_t {

@@ -15,10 +15,12 @@ use ccl::Communicator;
 use crate::buffers::{OutBuf, Prepared, RawIn, RawOut, bytes_of, check_region, dtype_of};
 use crate::error::{Fail, guard};
 use crate::handles::{comm_from, comm_live};
+use crate::vcolls::PreparedV;
 use crate::{cclComm_t, cclDataType_t, cclResult_t};
 
 enum Op {
     Coll(Prepared),
+    CollV(PreparedV),
     Send(RawIn, usize),
     Recv(OutBuf, usize),
 }
@@ -47,6 +49,11 @@ pub(crate) fn active() -> bool {
 /// Records a collective for the end of the group.
 pub(crate) fn defer(handle: cclComm_t, comm: Arc<Communicator>, p: Prepared) {
     record(handle, comm, Op::Coll(p));
+}
+
+/// Records a collective with a count per rank for the end of the group.
+pub(crate) fn defer_v(handle: cclComm_t, comm: Arc<Communicator>, p: PreparedV) {
+    record(handle, comm, Op::CollV(p));
 }
 
 fn record(handle: cclComm_t, comm: Arc<Communicator>, op: Op) {
@@ -126,6 +133,7 @@ fn run_comm(h: usize, ops: Vec<Recorded>) -> Result<(), Fail> {
     for r in ops {
         match r.op {
             Op::Coll(p) => p.run(&comm)?,
+            Op::CollV(p) => p.run(&comm)?,
             Op::Send(b, peer) => sends.push((b, peer)),
             Op::Recv(b, peer) => recvs.push((b, peer)),
         }

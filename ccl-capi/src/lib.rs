@@ -20,9 +20,11 @@ mod colls;
 mod error;
 mod group;
 mod handles;
+mod vcolls;
 
 pub use colls::*;
 pub use group::{cclGroupEnd, cclGroupStart, cclRecv, cclSend};
+pub use vcolls::*;
 
 use error::{Fail, guard, out};
 use handles::{comm_from, remove_comm};

@@ -65,8 +65,10 @@ mod group;
 mod order;
 mod shared;
 mod split;
+mod vcoll;
 pub use group::Group;
 pub use order::Request;
+pub use vcoll::Counts;
 
 use order::{Progress, Submitter};
 use shared::Shared;

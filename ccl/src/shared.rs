@@ -131,7 +131,11 @@ impl Shared {
         } else {
             recv_bytes
         };
-        if recv.len() != buf_bytes {
+        // A non-root rank's gather output and scatter input are never touched: they may be
+        // empty (NCCL lets them be NULL).
+        let unused_recv = coll == Collective::Gather && rank != root && send.is_some();
+        let unused_send = coll == Collective::Scatter && rank != root;
+        if recv.len() != buf_bytes && !(unused_recv && recv.is_empty()) {
             return Err(bad(format!(
                 "count {count} of {dtype} needs a {} buffer of {buf_bytes} bytes, got {}",
                 if send.is_none() {
@@ -144,6 +148,7 @@ impl Shared {
         }
         if let Some(s) = send
             && s.len() != send_bytes
+            && !(unused_send && s.is_empty())
         {
             return Err(bad(format!(
                 "count {count} of {dtype} needs a send buffer of {send_bytes} bytes, got {}",

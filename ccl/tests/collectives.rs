@@ -141,6 +141,11 @@ fn case<T: CheckValue>(
         }
         Collective::AllReduce => allreduce_case::<T>(comm, c, op, in_place),
         Collective::Barrier => unreachable!("tested separately"),
+        Collective::Gather
+        | Collective::Scatter
+        | Collective::AllGatherV
+        | Collective::ReduceScatterV
+        | Collective::AllToAllV => unreachable!("tests/vcoll.rs"),
     }
 }
 

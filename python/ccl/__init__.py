@@ -527,6 +527,132 @@ class Communicator:
         args = (s.ptr, r.ptr, count, r.dtype)
         return self._run("cclAlltoAll", args, (buf, out), r.obj, async_op)
 
+    # -- gather, scatter and the collectives with a count per rank --
+
+    def gather(self, buf, out=None, root=0, async_op=False):
+        """Every rank's `buf` into root's `out` (size x len(buf)), in rank order; `out` is
+        written on the root only and may be None elsewhere. In place on the root (no `out`):
+        `buf` is the whole output and the root's input is already at block `root`."""
+        root = int(root)
+        if out is None and self.rank == root:
+            r = _buf(buf, "buf", True)
+            count = self._blocks(r, "buf")
+            sptr, rptr, dtype = r.ptr + root * count * r.itemsize, r.ptr, r.dtype
+            result = buf
+        else:
+            s = _buf(buf, "buf", False)
+            count, sptr, dtype, rptr, result = s.count, s.ptr, s.dtype, None, None
+            if out is not None and self.rank == root:
+                r = _buf(out, "out", True)
+                _same_dtype(s, r)
+                if r.count != count * self.size:
+                    raise _invalid(
+                        f"out has {r.count} elements but {self.size} ranks x {count} need "
+                        f"{count * self.size}"
+                    )
+                rptr, result = r.ptr, out
+        args = (sptr, rptr, count, dtype, root)
+        return self._run("cclGather", args, (buf, out), result, async_op)
+
+    def scatter(self, buf, out=None, root=0, async_op=False):
+        """Block k of root's `buf` (size x len(out)) into rank k's `out`; `buf` is read on the
+        root only and may be None elsewhere. In place on the root (no `out`): the root's result
+        is block `root` of `buf`, which it already holds."""
+        root = int(root)
+        if out is None:
+            if self.rank != root:
+                raise _invalid("scatter: out is needed on every rank but the root")
+            s = _buf(buf, "buf", True)
+            count = self._blocks(s, "buf")
+            args = (s.ptr, s.ptr + root * count * s.itemsize, count, s.dtype, root)
+            return self._run("cclScatter", args, (buf,), buf, async_op)
+        r = _buf(out, "out", True)
+        sptr = None
+        if self.rank == root:
+            s = _buf(buf, "buf", False)
+            _same_dtype(s, r)
+            if s.count != r.count * self.size:
+                raise _invalid(
+                    f"buf has {s.count} elements but {self.size} ranks x {r.count} need "
+                    f"{r.count * self.size}"
+                )
+            sptr = s.ptr
+        args = (sptr, r.ptr, r.count, r.dtype, root)
+        return self._run("cclScatter", args, (buf, out), out, async_op)
+
+    def _counts(self, what, values):
+        """A size_t array of one value per rank."""
+        values = [int(v) for v in values]
+        if len(values) != self.size:
+            raise _invalid(f"{what} has {len(values)} entries for {self.size} ranks")
+        if any(v < 0 for v in values):
+            raise _invalid(f"{what} has a negative entry: {values}")
+        return (ctypes.c_size_t * self.size)(*values)
+
+    def all_gather_v(self, buf, out, counts, displs=None, async_op=False):
+        """Rank k's `buf` (counts[k] elements) lands at displs[k] of every rank's `out`
+        (back to back in rank order without `displs`). Every rank passes the same `counts`. In
+        place (`buf` None): this rank's input is already in `out` at its displacement."""
+        r = _buf(out, "out", True)
+        c = self._counts("counts", counts)
+        d = self._counts("displs", displs) if displs is not None else None
+        if buf is None:
+            own = d[self.rank] if d is not None else sum(c[: self.rank])
+            sptr = r.ptr + own * r.itemsize
+        else:
+            s = _buf(buf, "buf", False)
+            _same_dtype(s, r)
+            if s.count != c[self.rank]:
+                raise _invalid(f"buf has {s.count} elements but counts[{self.rank}] is "
+                               f"{c[self.rank]}")
+            sptr = s.ptr
+        args = (sptr, r.ptr, c, d, r.dtype)
+        return self._run("cclAllGatherV", args, (buf, out, c, d), out, async_op)
+
+    def reduce_scatter_v(self, buf, counts, op=SUM, out=None, async_op=False):
+        """`buf` holds counts[k] elements for each rank k, back to back; rank r's `out`
+        (counts[r] elements) receives the reduction of every rank's block r; in place (no
+        `out`) the result lands in block `rank` of `buf`. Every rank passes the same `counts`."""
+        s = _buf(buf, "buf", out is None)
+        c = self._counts("counts", counts)
+        if out is None:
+            rptr = s.ptr + sum(c[: self.rank]) * s.itemsize
+            result = buf
+        else:
+            r = _buf(out, "out", True)
+            _same_dtype(s, r)
+            rptr, result = r.ptr, out
+        args = (s.ptr, rptr, c, s.dtype, self._op(op))
+        return self._run("cclReduceScatterV", args, (buf, out, c), result, async_op)
+
+    def all_to_all_v(
+        self,
+        buf,
+        send_counts,
+        out,
+        recv_counts,
+        send_displs=None,
+        recv_displs=None,
+        async_op=False,
+    ):
+        """send_counts[k] elements of `buf` at send_displs[k] go to rank k; recv_counts[k]
+        elements from rank k land at recv_displs[k] of `out` (back to back in rank order
+        without displacements). In place (`buf` None): `out`'s blocks are also what is sent
+        (`send_counts` and `send_displs` are then ignored)."""
+        r = _buf(out, "out", True)
+        rc = self._counts("recv_counts", recv_counts)
+        rd = self._counts("recv_displs", recv_displs) if recv_displs is not None else None
+        if buf is None:
+            sptr, sc, sd = r.ptr, None, None
+        else:
+            s = _buf(buf, "buf", False)
+            _same_dtype(s, r)
+            sptr = s.ptr
+            sc = self._counts("send_counts", send_counts)
+            sd = self._counts("send_displs", send_displs) if send_displs is not None else None
+        args = (sptr, sc, sd, r.ptr, rc, rd, r.dtype)
+        return self._run("cclAlltoAllV", args, (buf, out, sc, sd, rc, rd), out, async_op)
+
     def barrier(self, async_op=False):
         """Returns once every rank has called it."""
         return self._run("cclBarrier", (), (), None, async_op)

@@ -8,6 +8,7 @@ c_int = ctypes.c_int
 c_size_t = ctypes.c_size_t
 c_void_p = ctypes.c_void_p
 c_int_p = ctypes.POINTER(ctypes.c_int)
+c_size_t_p = ctypes.POINTER(ctypes.c_size_t)
 
 UNIQUE_ID_BYTES = 128
 
@@ -82,6 +83,38 @@ PROTOTYPES = {
     ),
     "cclAlltoAllAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, Handle, Handle_p]),
     "cclBarrierAsync": (c_int, [Handle, Handle_p]),
+    "cclGather": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle]),
+    "cclScatter": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle]),
+    "cclAllGatherV": (c_int, [c_void_p, c_void_p, c_size_t_p, c_size_t_p, c_int, Handle]),
+    "cclReduceScatterV": (c_int, [c_void_p, c_void_p, c_size_t_p, c_int, c_int, Handle]),
+    "cclAlltoAllV": (
+        c_int,
+        [c_void_p, c_size_t_p, c_size_t_p, c_void_p, c_size_t_p, c_size_t_p, c_int, Handle],
+    ),
+    "cclGatherAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle, Handle_p]),
+    "cclScatterAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle, Handle_p]),
+    "cclAllGatherVAsync": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t_p, c_size_t_p, c_int, Handle, Handle_p],
+    ),
+    "cclReduceScatterVAsync": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t_p, c_int, c_int, Handle, Handle_p],
+    ),
+    "cclAlltoAllVAsync": (
+        c_int,
+        [
+            c_void_p,
+            c_size_t_p,
+            c_size_t_p,
+            c_void_p,
+            c_size_t_p,
+            c_size_t_p,
+            c_int,
+            Handle,
+            Handle_p,
+        ],
+    ),
     "cclTest": (c_int, [Handle, c_int_p]),
     "cclWait": (c_int, [Handle]),
 }

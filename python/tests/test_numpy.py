@@ -234,3 +234,84 @@ def test_from_env_with_launcher_variables():
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "rank 1 of 2 ok" in outs[1]
+
+
+def rooted_and_uneven(rank, size, uid):
+    comm = ccl.Communicator(rank, size, uid)
+    m = 4
+    for root in range(size):
+        mine = np.arange(m, dtype=np.int32) + 10 * rank
+        want = np.concatenate([np.arange(m, dtype=np.int32) + 10 * r for r in range(size)])
+        # Gather: out on the root only.
+        out = np.full(m * size, -1, np.int32) if rank == root else None
+        got = comm.gather(mine, out=out, root=root)
+        if rank == root:
+            assert got is out and (out == want).all()
+        # In place on the root; others just send.
+        if rank == root:
+            buf = np.full(m * size, -1, np.int32)
+            buf[root * m : (root + 1) * m] = mine
+            comm.gather(buf, root=root)
+            assert (buf == want).all()
+        else:
+            comm.gather(mine, root=root)
+        # Scatter, non-blocking: block k of the root's buffer to rank k.
+        out = np.zeros(m, np.int32)
+        w = comm.scatter(want + root if rank == root else None, out=out, root=root, async_op=True)
+        assert w.wait() is out and (out == np.arange(m) + 10 * rank + root).all()
+
+    # Allgatherv: rank k contributes k % 3 elements, placed in reverse rank order.
+    counts = [k % 3 for k in range(size)]
+    displs, off = [0] * size, 0
+    for k in reversed(range(size)):
+        displs[k] = off
+        off += counts[k]
+    out = np.full(off, -1.0)
+    comm.all_gather_v(np.full(counts[rank], float(rank)), out, counts, displs)
+    for k in range(size):
+        assert (out[displs[k] : displs[k] + counts[k]] == k).all()
+    # In place, packed.
+    buf = np.full(sum(counts), -1.0)
+    start = sum(counts[:rank])
+    buf[start : start + counts[rank]] = rank
+    comm.all_gather_v(None, buf, counts)
+    assert (buf == np.repeat(np.arange(size), counts)).all()
+
+    # Reduce-scatterv: sum of every rank's block `rank`, out of place and in place.
+    total = sum(counts)
+    x = np.arange(total, dtype=np.int64) + rank
+    out = np.zeros(counts[rank], np.int64)
+    comm.reduce_scatter_v(x, counts, op=ccl.SUM, out=out)
+    want = size * (np.arange(total)[start : start + counts[rank]]) + size * (size - 1) // 2
+    assert (out == want).all()
+    comm.reduce_scatter_v(x, counts, op=ccl.SUM)
+    assert (x[start : start + counts[rank]] == want).all()
+
+    # Alltoallv: rank a sends rank b (a + b) % 3 elements of value 100 a + b.
+    sc = [(rank + k) % 3 for k in range(size)]
+    rc = [(k + rank) % 3 for k in range(size)]
+    send = np.concatenate([np.full(c, 100 * rank + k, np.int32) for k, c in enumerate(sc)])
+    out = np.full(sum(rc), -1, np.int32)
+    comm.all_to_all_v(send, sc, out, rc)
+    want = np.concatenate([np.full(c, 100 * k + rank, np.int32) for k, c in enumerate(rc)])
+    assert (out == want).all()
+    comm.all_to_all_v(None, None, send, rc)  # in place: the counts are symmetric
+    assert (send == want).all()
+
+    # Disagreeing counts fail on the rank that finds out, naming the peer, and fail the
+    # communicator everywhere by the next call.
+    bad = [2] * size
+    if rank == size - 1:
+        bad[0] = 1
+    try:
+        comm.all_gather_v(np.zeros(bad[rank]), np.zeros(sum(bad)), bad)
+        comm.barrier()
+        raise AssertionError("disagreeing counts went unnoticed")
+    except ccl.CclError as e:
+        assert "mismatched calls" in e.message or "failed" in e.message, e.message
+    with pytest.raises(ccl.CclError, match="counts has 2 entries for"):
+        ccl.Communicator.all_gather_v(comm, np.zeros(1), np.zeros(2), [1, 1])
+
+
+def test_gather_scatter_and_v_collectives_three_ranks():
+    run_ranks(rooted_and_uneven, 3)

@@ -192,3 +192,45 @@ def test_ddp_training_under_torchrun(tmp_path):
     w1 = torch.load(save.format(rank=1))
     for k in w0:
         assert torch.equal(w0[k].view(torch.int32), w1[k].view(torch.int32)), k
+
+
+def vcoll_layouts(rank, size, uid):
+    """The torch backend's gather, scatter, all-gather and all-to-all helpers over the library:
+    lists that are views of one storage (used in place) and lists that are not (packed), and a
+    root whose scatter inputs have the wrong size, which must fail every rank at once."""
+    from ccl import _vcoll
+
+    comm = ccl.Communicator(rank, size, uid)
+    # All-gather into chunks of one tensor (in place) and into separate tensors (packed).
+    sizes = [r + 1 for r in range(size)]
+    whole = torch.full((sum(sizes),), 255, dtype=torch.uint8)
+    chunks = list(torch.split(whole, sizes))
+    _vcoll.all_gather(comm, torch.full((rank + 1,), rank, dtype=torch.uint8), chunks)
+    want = torch.cat([torch.full((r + 1,), r, dtype=torch.uint8) for r in range(size)])
+    assert torch.equal(whole, want)
+    apart = [torch.empty(r + 1, dtype=torch.uint8) for r in range(size)]
+    _vcoll.all_gather(comm, torch.full((rank + 1,), rank, dtype=torch.uint8), apart)
+    assert all((a == r).all() for r, a in enumerate(apart))
+    # All-to-all from views of one tensor into separate tensors.
+    src = torch.cat([torch.full((k + 1,), 10 * rank + k, dtype=torch.uint8) for k in range(size)])
+    sends = list(torch.split(src, [k + 1 for k in range(size)]))
+    recvs = [torch.empty(rank + 1, dtype=torch.uint8) for _ in range(size)]
+    _vcoll.all_to_all(comm, sends, recvs)
+    assert all((x == 10 * r + rank).all() for r, x in enumerate(recvs))
+    # Scatter with a wrong-sized input on the root: every rank fails, none waits it out. (The
+    # barrier first, so that the abort finds the others past the all-to-all; they may still be
+    # finishing the barrier itself.)
+    recv = torch.empty(4, dtype=torch.uint8)
+    if rank == 0:
+        comm.barrier()
+        with pytest.raises(ValueError, match="every input must have the output's 4 bytes"):
+            bad = [torch.zeros(4, dtype=torch.uint8)] * (size - 1) + [torch.zeros(5, dtype=torch.uint8)]
+            _vcoll.scatter(comm, 0, bad, recv)
+    else:
+        with pytest.raises(ccl.CclError, match="rank 0 failed"):
+            comm.barrier()
+            _vcoll.scatter(comm, 0, None, recv)
+
+
+def test_vcoll_layouts_and_a_bad_root():
+    run_ranks(vcoll_layouts, 3)

@@ -300,6 +300,138 @@ static void test_gather_scatter(cclComm_t comm, int rank, int n) {
   free(recv);
 }
 
+/* Gather and scatter at every root, and the collectives with a count per rank: counts with
+ * zeros, blocks out of rank order, in place, in a group, non-blocking, bad arguments. */
+static void test_vcolls(cclComm_t comm, int rank, int n) {
+  const size_t count = 301;
+  int32_t* send = malloc(count * n * 4);
+  int32_t* recv = malloc(count * n * 4);
+  size_t bad;
+  for (int root = 0; root < n; root++) {
+    /* Gather: non-roots pass a NULL recvbuff. */
+    for (size_t i = 0; i < count; i++) send[i] = rank * 1000 + (int32_t)i;
+    memset(recv, 0, count * n * 4);
+    OK(cclGather(send, rank == root ? recv : NULL, count, cclInt32, root, comm));
+    bad = 0;
+    if (rank == root)
+      for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < count; i++) bad += recv[r * count + i] != r * 1000 + (int32_t)i;
+    CHECK(bad == 0, "gather root %d: %zu wrong", root, bad);
+    /* In place on the root: its input already sits at block `root`. */
+    if (rank == root) {
+      memset(recv, 0, count * n * 4);
+      for (size_t i = 0; i < count; i++) recv[root * count + i] = root * 1000 + (int32_t)i;
+      OK(cclGather(recv + root * count, recv, count, cclInt32, root, comm));
+      bad = 0;
+      for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < count; i++) bad += recv[r * count + i] != r * 1000 + (int32_t)i;
+      CHECK(bad == 0, "gather in place root %d: %zu wrong", root, bad);
+    } else {
+      OK(cclGather(send, NULL, count, cclInt32, root, comm));
+    }
+    /* Scatter: non-roots pass a NULL sendbuff; block k goes to rank k. */
+    for (int r = 0; r < n; r++)
+      for (size_t i = 0; i < count; i++) send[r * count + i] = root * 7 + r * 1000 + (int32_t)i;
+    memset(recv, 0, count * 4);
+    OK(cclScatter(rank == root ? send : NULL, recv, count, cclInt32, root, comm));
+    bad = 0;
+    for (size_t i = 0; i < count; i++) bad += recv[i] != root * 7 + rank * 1000 + (int32_t)i;
+    CHECK(bad == 0, "scatter root %d: %zu wrong", root, bad);
+  }
+
+  /* Allgatherv: rank k contributes (k % 3) * 2 elements, placed in reverse rank order with a
+   * gap of one element that must stay untouched. */
+  size_t counts[64] = {0}, displs[64] = {0}, total = 0, off = 1;
+  for (int k = 0; k < n; k++) counts[k] = (size_t)(k % 3) * 2;
+  for (int k = n - 1; k >= 0; k--) {
+    displs[k] = off;
+    off += counts[k] + 1;
+  }
+  for (int k = 0; k < n; k++) total += counts[k];
+  for (size_t i = 0; i < counts[rank]; i++) send[i] = rank * 100 + (int32_t)i;
+  for (size_t i = 0; i < off; i++) recv[i] = -1;
+  OK(cclAllGatherV(send, recv, counts, displs, cclInt32, comm));
+  bad = 0;
+  for (int k = 0; k < n; k++)
+    for (size_t i = 0; i < counts[k]; i++) bad += recv[displs[k] + i] != k * 100 + (int32_t)i;
+  bad += recv[0] != -1;
+  CHECK(bad == 0, "allgatherv: %zu wrong", bad);
+  /* In place, packed (displs NULL), inside a group. */
+  size_t mine = 0;
+  for (int k = 0; k < rank; k++) mine += counts[k];
+  for (size_t i = 0; i < total; i++) recv[i] = -1;
+  for (size_t i = 0; i < counts[rank]; i++) recv[mine + i] = rank * 100 + (int32_t)i;
+  OK(cclGroupStart());
+  OK(cclAllGatherV(recv + mine, recv, counts, NULL, cclInt32, comm));
+  OK(cclGroupEnd());
+  bad = 0;
+  for (int k = 0, o = 0; k < n; o += (int)counts[k], k++)
+    for (size_t i = 0; i < counts[k]; i++) bad += recv[o + i] != k * 100 + (int32_t)i;
+  CHECK(bad == 0, "allgatherv in place in a group: %zu wrong", bad);
+
+  /* Reduce-scatterv: element j of every rank's input is rank + j; rank r gets counts[r]
+   * elements of the sum, starting at `mine`. */
+  for (size_t j = 0; j < total; j++) send[j] = rank + (int32_t)j;
+  OK(cclReduceScatterV(send, recv, counts, cclInt32, cclSum, comm));
+  bad = 0;
+  for (size_t i = 0; i < counts[rank]; i++)
+    bad += recv[i] != n * (n - 1) / 2 + n * (int32_t)(mine + i);
+  CHECK(bad == 0, "reduce-scatterv: %zu wrong", bad);
+  OK(cclReduceScatterV(send, send + mine, counts, cclInt32, cclMax, comm));
+  bad = 0;
+  for (size_t i = 0; i < counts[rank]; i++) bad += send[mine + i] != n - 1 + (int32_t)(mine + i);
+  CHECK(bad == 0, "reduce-scatterv in place: %zu wrong", bad);
+
+  /* Alltoallv: rank a sends rank b (a + b) % 3 elements of value a * 100 + b; send blocks in
+   * reverse order, receive blocks packed. Non-blocking. */
+  size_t sc[64] = {0}, sd[64] = {0}, rc[64] = {0}, so = 0, ro = 0;
+  for (int k = n - 1; k >= 0; k--) {
+    sc[k] = (size_t)((rank + k) % 3);
+    sd[k] = so;
+    so += sc[k];
+  }
+  for (int k = 0; k < n; k++) {
+    rc[k] = (size_t)((rank + k) % 3);
+    ro += rc[k];
+  }
+  for (int k = 0; k < n; k++)
+    for (size_t i = 0; i < sc[k]; i++) send[sd[k] + i] = rank * 100 + k;
+  cclRequest_t req = NULL;
+  OK(cclAlltoAllVAsync(send, sc, sd, recv, rc, NULL, cclInt32, comm, &req));
+  OK(cclWait(req));
+  bad = 0;
+  for (int k = 0, o = 0; k < n; o += (int)rc[k], k++)
+    for (size_t i = 0; i < rc[k]; i++) bad += recv[o + i] != k * 100 + rank;
+  CHECK(bad == 0, "alltoallv: %zu wrong (of %zu)", bad, ro);
+  /* In place: the counts are symmetric, so the receive blocks are also the send blocks. */
+  for (int k = 0, o = 0; k < n; o += (int)rc[k], k++)
+    for (size_t i = 0; i < rc[k]; i++) recv[o + i] = rank * 100 + k;
+  OK(cclAlltoAllV(recv, NULL, NULL, recv, rc, NULL, cclInt32, comm));
+  bad = 0;
+  for (int k = 0, o = 0; k < n; o += (int)rc[k], k++)
+    for (size_t i = 0; i < rc[k]; i++) bad += recv[o + i] != k * 100 + rank;
+  CHECK(bad == 0, "alltoallv in place: %zu wrong", bad);
+
+  /* Bad arguments name what is wrong and leave the communicator usable. */
+  FAILS(cclGather(send, recv, 4, cclInt32, n, comm), cclInvalidArgument, "root");
+  FAILS(cclScatter(send, recv, 4, cclInt32, -1, comm), cclInvalidArgument, "root -1");
+  FAILS(cclAllGatherV(send, recv, NULL, NULL, cclInt32, comm), cclInvalidArgument,
+        "recvcounts is NULL");
+  FAILS(cclReduceScatterV(send, recv, counts, cclFloat, cclBAnd, comm), cclInvalidArgument,
+        "integer types only");
+  FAILS(cclAlltoAllV(send, NULL, NULL, recv, rc, NULL, cclInt32, comm), cclInvalidArgument,
+        "sendcounts is NULL");
+  if (n > 1) {
+    displs[0] = displs[n - 1];
+    counts[0] = counts[n - 1] = 2;
+    FAILS(cclAllGatherV(send, recv, counts, displs, cclInt32, comm), cclInvalidArgument,
+          "overlap");
+  }
+  OK(cclBarrier(comm));
+  free(send);
+  free(recv);
+}
+
 static void test_p2p_and_groups(cclComm_t comm, int rank, int n) {
   /* Everyone sends 4 MiB right and receives from the left: one exchange in a group. */
   const size_t count = 1 << 20;
@@ -556,6 +688,7 @@ static int run_rank(int rank, int n, cclUniqueId id) {
   test_allreduce(comm, rank, n);
   test_rooted(comm, rank, n);
   test_gather_scatter(comm, rank, n);
+  test_vcolls(comm, rank, n);
   test_p2p_and_groups(comm, rank, n);
   test_nonblocking(comm, rank, n);
   test_split(comm, rank, n);
