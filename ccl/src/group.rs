@@ -131,9 +131,10 @@ impl<'c, 'b> Group<'c, 'b> {
             root: 0,
             count: 0,
         };
+        let s = &self.comm.s;
         self.comm
-            .sub()
-            .blocking(|s| s.execute(&sched, None, &mut [], extra, DataType::U8, ReduceOp::Sum, d))
+            .order
+            .blocking(|| s.execute(&sched, None, &mut [], extra, DataType::U8, ReduceOp::Sum, d))
     }
 }
 

@@ -1,7 +1,8 @@
 //! # ccl: collective communication for training programs
 //!
-//! Allreduce (and, as they land, the other collectives) across processes and hosts over RDMA
-//! (RoCEv2 verbs), TCP, or threads of one process, with NCCL's semantics and a safe Rust API.
+//! Allreduce, broadcast, reduce, allgather, reduce-scatter, alltoall, barrier and point-to-point
+//! sends and receives across processes and hosts over RDMA (RoCEv2 verbs), TCP, shared memory,
+//! or threads of one process, with NCCL's semantics and a safe Rust API.
 //!
 //! ## Quick start
 //!
@@ -45,7 +46,7 @@
 //!   matching arguments on every rank, as with NCCL and MPI.
 //! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ccl_algos::overrides::Overrides;
 use ccl_core::bootstrap::Bootstrap;
@@ -68,7 +69,7 @@ mod split;
 pub use group::Group;
 pub use order::Request;
 
-use order::{Progress, Submitter};
+use order::Order;
 use shared::Shared;
 
 /// A group of ranks that run collectives together.
@@ -79,7 +80,10 @@ use shared::Shared;
 /// the same operations in the same order.
 pub struct Communicator {
     s: Arc<Shared>,
-    progress: Mutex<Option<Progress>>,
+    /// Dropped with the communicator: finishes (or fails at their deadlines) the operations
+    /// already issued, then stops the progress thread; the connections close when the last
+    /// reference to the shared state goes.
+    order: Order,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -92,8 +96,6 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// Elements of `coll`'s count for buffers of these lengths (in place when `send` is `None`),
-/// following NCCL: allgather's count is the input block, reduce-scatter's the output block.
 /// A collective on typed buffers: NCCL's count from their lengths, then the untyped run.
 fn run_typed<T: Element>(
     s: &Shared,
@@ -163,18 +165,11 @@ impl Communicator {
         let candidates = transports(&config, rank)?;
         let (comm, links) = Comm::connect(b, candidates, config)?;
         let c = Communicator {
+            order: Order::new(comm.clone()),
             s: Arc::new(Shared::new(comm, links, overrides)),
-            progress: Mutex::new(None),
         };
         c.s.log_algorithm_table();
         Ok(c)
-    }
-
-    fn sub(&self) -> Submitter<'_> {
-        Submitter {
-            shared: &self.s,
-            progress: &self.progress,
-        }
     }
 
     /// This process's rank.
@@ -227,7 +222,7 @@ impl Communicator {
     /// Fails the communicator and ends every wait at once, from any thread; idempotent.
     pub fn abort(&self) {
         self.s.comm.abort();
-        self.s.turns.wake_all();
+        self.order.wake_all();
     }
 
     /// Peers the slow-rank report named in its last window: ranks that entered operations
@@ -272,8 +267,8 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.sub()
-            .blocking(|s| run_typed(s, coll, send, recv, op, root))
+        self.order
+            .blocking(|| run_typed(&self.s, coll, send, recv, op, root))
     }
 
     /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count, `send` is `None`
@@ -289,8 +284,8 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.sub()
-            .blocking(|s| s.run(coll, send, recv, count, dtype, op, root))
+        self.order
+            .blocking(|| self.s.run(coll, send, recv, count, dtype, op, root))
     }
 
     /// Non-blocking [`collective`](Communicator::collective): takes ownership of the buffers
@@ -309,9 +304,10 @@ impl Communicator {
         S: AsRef<[T]> + Send + 'static,
         R: AsMut<[T]> + Send + 'static,
     {
-        self.sub().submit((send, recv), move |s, (send, recv)| {
+        let s = self.s.clone();
+        self.order.submit((send, recv), move |(send, recv)| {
             run_typed(
-                s,
+                &s,
                 coll,
                 send.as_ref().map(|b| b.as_ref()),
                 recv.as_mut(),
@@ -337,7 +333,8 @@ impl Communicator {
         S: AsRef<[u8]> + Send + 'static,
         R: AsMut<[u8]> + Send + 'static,
     {
-        self.sub().submit((send, recv), move |s, (send, recv)| {
+        let s = self.s.clone();
+        self.order.submit((send, recv), move |(send, recv)| {
             let send = send.as_ref().map(|b| b.as_ref());
             s.run(coll, send, recv.as_mut(), count, dtype, op, root)
         })
@@ -372,18 +369,9 @@ impl Communicator {
         T: Element,
         B: AsMut<[T]> + Send + 'static,
     {
-        self.sub().submit(buf, move |s, buf| {
-            let buf = buf.as_mut();
-            let count = buf.len();
-            s.run(
-                Collective::AllReduce,
-                None,
-                bytemuck::cast_slice_mut(buf),
-                count,
-                T::DTYPE,
-                op,
-                0,
-            )
+        let s = self.s.clone();
+        self.order.submit(buf, move |buf| {
+            run_typed(&s, Collective::AllReduce, None, buf.as_mut(), op, 0)
         })
     }
 
@@ -464,30 +452,10 @@ impl Communicator {
 
     /// Non-blocking barrier.
     pub fn barrier_async(&self) -> Request<()> {
-        self.sub().submit((), |s, ()| {
-            s.run(
-                Collective::Barrier,
-                None,
-                &mut [],
-                0,
-                DataType::U8,
-                ReduceOp::Sum,
-                0,
-            )
+        let s = self.s.clone();
+        self.order.submit((), move |()| {
+            run_typed::<u8>(&s, Collective::Barrier, None, &mut [], ReduceOp::Sum, 0)
         })
-    }
-}
-
-impl Drop for Communicator {
-    fn drop(&mut self) {
-        // Finish (or fail at their deadlines) the operations already issued, then stop the
-        // progress thread; the connections close when the shared state goes.
-        drop(
-            self.progress
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(),
-        );
     }
 }
 

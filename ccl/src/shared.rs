@@ -14,7 +14,6 @@ use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
 
-use crate::order::Turns;
 use crate::{DataType, Error, ReduceOp, Result};
 
 /// Most cached schedules per communicator; beyond that the cache starts over.
@@ -25,7 +24,6 @@ pub(crate) struct Shared {
     /// The transport as the cost model sees it on this machine.
     model: TransportProperties,
     pub overrides: Mutex<Overrides>,
-    pub turns: Turns,
     inner: Mutex<Inner>,
 }
 
@@ -62,7 +60,6 @@ impl Shared {
             model: cost::properties_of(&comm),
             comm,
             overrides: Mutex::new(overrides),
-            turns: Turns::default(),
             inner: Mutex::new(Inner {
                 links,
                 exec: ExecState::default(),
