@@ -791,3 +791,69 @@ fn plot_reports(p: &PlotArgs) -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rows: &[(usize, f64, &str)]) -> Report {
+        let row = |&(size, time_us, algo): &(usize, f64, &str), placement: &str| Row {
+            size,
+            count: size,
+            dtype: "uint8".into(),
+            op: "sum".into(),
+            placement: placement.into(),
+            algo: algo.into(),
+            time_us,
+            algbw_gbs: 0.0,
+            busbw_gbs: 0.0,
+            wrong: 0,
+        };
+        Report {
+            collective: "allreduce".into(),
+            nranks: 4,
+            transport: "tcp".into(),
+            // In-place rows are left out of the comparison.
+            results: rows
+                .iter()
+                .flat_map(|r| [row(r, "out-of-place"), row(r, "in-place")])
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn compare_table_takes_medians_and_rates_the_automatic_choice() {
+        let reports = [
+            report(&[(8, 10.0, "ring"), (64, 4.0, "ring"), (1024, 100.0, "ring")]),
+            report(&[(8, 5.0, "tree"), (1024, 200.0, "tree")]),
+            report(&[(8, 6.0, "tree"), (64, 3.0, "hd"), (1024, 150.0, "ring")]),
+            report(&[(8, 7.0, "tree"), (1024, 110.0, "ring")]),
+            report(&[(8, 100.0, "tree"), (1024, 120.0, "ring")]),
+        ];
+        let paths: Vec<PathBuf> = ["ring.json", "tree.json", "auto.1.json", "auto.2.json"]
+            .iter()
+            .chain(&["x/auto.3.json"])
+            .map(PathBuf::from)
+            .collect();
+        let want = "\
+| size | ring (us) | tree (us) | auto (us) | auto picked | picked / best | auto run / best |
+|---|---|---|---|---|---|---|
+| 8 B | 10.0 | **5.0** | 7.0 | tree | 1.00 | 1.40 |
+| 64 B | **4.0** | - | 3.0 | hd | - | 0.75 |
+| 1 KiB | **100.0** | 200.0 | 120.0 | ring | 1.00 | 1.20 |
+
+Worst picked / best: 1.00; worst auto run / best: 1.40
+";
+        assert_eq!(compare_table(&reports, &paths).unwrap(), want);
+    }
+
+    #[test]
+    fn compare_table_refuses_reports_of_different_jobs() {
+        let mut other = report(&[(8, 1.0, "ring")]);
+        other.nranks = 8;
+        let reports = [report(&[(8, 1.0, "ring")]), other];
+        let paths = [PathBuf::from("a.json"), PathBuf::from("b.json")];
+        let e = compare_table(&reports, &paths).unwrap_err();
+        assert!(e.contains("b.json is allreduce over 8 ranks"), "{e}");
+    }
+}
