@@ -1,9 +1,10 @@
-//! The transport-level part of a communicator: who the ranks are, connections to every peer, the
-//! sticky error and abort.
+//! The transport half of a communicator: who the ranks are, connections to every peer, the
+//! sticky error and abort. (The `ccl` crate's `Communicator` adds algorithms, schedules and
+//! issue order on top.)
 //!
-//! [`Comm`] is the shared, thread-safe half (rank, size, settings, host names, abort signal, first
-//! error); [`Links`] holds the endpoints, which the collective executor drives with exclusive
-//! access. Keeping them apart lets `abort()` run from any thread while a collective holds the
+//! [`Peers`] is the shared, thread-safe part (rank, size, settings, host names, abort signal,
+//! first error); [`Links`] holds the endpoints, which the collective executor drives with
+//! exclusive access. Keeping them apart lets `abort()` run from any thread while a collective holds the
 //! links. How a rank waits for its peers (spin, then sleep on the endpoints, the abort signal and
 //! the job monitor) is in [`wait`].
 
@@ -59,9 +60,11 @@ impl AbortSignal {
     }
 }
 
-/// The shared half of a communicator.
+/// The ranks of a communicator as the transport layer holds them: rank and size, settings, hosts
+/// and topology, which transport each peer uses, the job monitor, the flight recorder, abort and
+/// the sticky error. Thread-safe; the endpoints themselves are in [`Links`].
 #[derive(Debug)]
-pub struct Comm {
+pub struct Peers {
     rank: usize,
     size: usize,
     config: Config,
@@ -103,7 +106,7 @@ impl Links {
     }
 }
 
-impl Comm {
+impl Peers {
     /// Connects to every peer, using `bootstrap` to exchange where each rank runs and a handle
     /// for each of its transports, then releases the bootstrap.
     ///
@@ -114,7 +117,7 @@ impl Comm {
         mut bootstrap: Bootstrap,
         candidates: Vec<Arc<dyn Transport>>,
         config: Config,
-    ) -> Result<(Arc<Comm>, Links)> {
+    ) -> Result<(Arc<Peers>, Links)> {
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
         for var in &config.unknown {
             ccl_warn!(
@@ -230,7 +233,7 @@ impl Comm {
         let props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
         let tag = comm_tag(&ctx.secret);
         let trace_buffer = config.trace_buffer;
-        let comm = Comm {
+        let comm = Peers {
             rank,
             size,
             config,
@@ -668,14 +671,14 @@ fn comm_tag(secret: &[u8; 32]) -> String {
 }
 
 /// Communicators that dump their recorder on `SIGUSR1`.
-fn dumpers() -> &'static Mutex<Vec<std::sync::Weak<Comm>>> {
-    static D: std::sync::OnceLock<Mutex<Vec<std::sync::Weak<Comm>>>> = std::sync::OnceLock::new();
+fn dumpers() -> &'static Mutex<Vec<std::sync::Weak<Peers>>> {
+    static D: std::sync::OnceLock<Mutex<Vec<std::sync::Weak<Peers>>>> = std::sync::OnceLock::new();
     D.get_or_init(|| Mutex::new(Vec::new()))
 }
 
 /// Registers `comm` for `SIGUSR1` dumps, starting the (one, process-wide) signal thread on first
 /// use. The handler only wakes the thread; the thread writes the files.
-fn watch_sigusr1(comm: &Arc<Comm>) {
+fn watch_sigusr1(comm: &Arc<Peers>) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     {
         let mut d = dumpers().lock().unwrap_or_else(|p| p.into_inner());
@@ -695,7 +698,7 @@ fn watch_sigusr1(comm: &Arc<Comm>) {
             .name("ccl-sigusr1".into())
             .spawn(move || {
                 for _ in signals.forever() {
-                    let live: Vec<Arc<Comm>> = dumpers()
+                    let live: Vec<Arc<Peers>> = dumpers()
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .iter()

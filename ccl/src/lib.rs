@@ -52,7 +52,7 @@ use ccl_algos::overrides::Overrides;
 use ccl_core::bootstrap::Bootstrap;
 use ccl_core::bootstrap::env::Launch;
 use ccl_core::ccl_info;
-use ccl_core::comm::Comm;
+use ccl_core::comm::Peers;
 use ccl_core::config::TransportKind;
 use ccl_core::transport::Transport;
 use ccl_core::transport::local::LocalTransport;
@@ -163,7 +163,7 @@ impl Communicator {
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
             .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
         let candidates = transports(&config, rank)?;
-        let (comm, links) = Comm::connect(b, candidates, config)?;
+        let (comm, links) = Peers::connect(b, candidates, config)?;
         let c = Communicator {
             order: Order::new(comm.clone()),
             s: Arc::new(Shared::new(comm, links, overrides)),

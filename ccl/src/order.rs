@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ccl_core::comm::Comm;
+use ccl_core::comm::Peers;
 
 use crate::{Error, Result};
 
@@ -44,7 +44,7 @@ impl Turns {
 
     /// Waits until ticket `t` may run. Returns early with the communicator's error once it has
     /// failed: nothing will run anyway, so order no longer matters.
-    fn wait(&self, t: u64, comm: &Comm) -> Result<Turn<'_>> {
+    fn wait(&self, t: u64, comm: &Peers) -> Result<Turn<'_>> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if s.serving == t {
@@ -127,7 +127,7 @@ impl Drop for Progress {
 /// progress thread, started on first use and stopped (after finishing what was submitted) when
 /// this is dropped.
 pub(crate) struct Order {
-    comm: Arc<Comm>,
+    comm: Arc<Peers>,
     turns: Arc<Turns>,
     progress: Mutex<Option<Progress>>,
 }
@@ -200,7 +200,7 @@ impl<R> Drop for Completion<R> {
 impl Order {
     /// Orders the operations of the communicator `comm`, whose sticky error ends every wait for a
     /// turn.
-    pub fn new(comm: Arc<Comm>) -> Order {
+    pub fn new(comm: Arc<Peers>) -> Order {
         Order {
             comm,
             turns: Arc::default(),

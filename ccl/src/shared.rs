@@ -9,7 +9,7 @@ use ccl_algos::cost;
 use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind};
 use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
-use ccl_core::comm::{Comm, Links};
+use ccl_core::comm::{Links, Peers};
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
@@ -20,7 +20,7 @@ use crate::{DataType, Error, ReduceOp, Result};
 const PLAN_CACHE_LIMIT: usize = 256;
 
 pub(crate) struct Shared {
-    pub comm: Arc<Comm>,
+    pub comm: Arc<Peers>,
     /// The transport as the cost model sees it on this machine.
     model: TransportProperties,
     pub overrides: Mutex<Overrides>,
@@ -55,7 +55,7 @@ impl Shared {
         })
     }
 
-    pub fn new(comm: Arc<Comm>, links: Links, overrides: Overrides) -> Shared {
+    pub fn new(comm: Arc<Peers>, links: Links, overrides: Overrides) -> Shared {
         Shared {
             model: cost::properties_of(&comm),
             comm,
