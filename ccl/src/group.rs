@@ -131,10 +131,10 @@ impl<'c, 'b> Group<'c, 'b> {
             root: 0,
             count: 0,
         };
-        let s = &self.comm.s;
-        self.comm
-            .order
-            .blocking(|| s.execute(&sched, None, &mut [], extra, DataType::U8, ReduceOp::Sum, d))
+        let engine = &self.comm.engine;
+        self.comm.order.blocking(|| {
+            engine.execute(&sched, None, &mut [], extra, DataType::U8, ReduceOp::Sum, d)
+        })
     }
 }
 

@@ -62,15 +62,15 @@ pub use ccl_algos::algo::{Algo, BufferLens, Collective};
 pub use ccl_core::config::Config;
 pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, UniqueId};
 
+mod engine;
 mod group;
 mod order;
-mod shared;
 mod split;
 pub use group::Group;
 pub use order::Request;
 
+use engine::Engine;
 use order::Order;
-use shared::Shared;
 
 /// A group of ranks that run collectives together.
 ///
@@ -79,10 +79,10 @@ use shared::Shared;
 /// at a time, in the order they were issued on this rank, blocking or not; every rank must issue
 /// the same operations in the same order.
 pub struct Communicator {
-    s: Arc<Shared>,
+    engine: Arc<Engine>,
     /// Dropped with the communicator: finishes (or fails at their deadlines) the operations
     /// already issued, then stops the progress thread; the connections close when the last
-    /// reference to the shared state goes.
+    /// reference to the engine goes.
     order: Order,
 }
 
@@ -98,7 +98,7 @@ impl std::fmt::Debug for Communicator {
 
 /// A collective on typed buffers: NCCL's count from their lengths, then the untyped run.
 fn run_typed<T: Element>(
-    s: &Shared,
+    engine: &Engine,
     coll: Collective,
     send: Option<&[T]>,
     recv: &mut [T],
@@ -106,10 +106,10 @@ fn run_typed<T: Element>(
     root: usize,
 ) -> Result<()> {
     let count = coll
-        .count_for(send.map(|b| b.len()), recv.len(), s.size())
-        .map_err(|e| Error::invalid_argument(format!("{coll}: {e}")).rank(s.rank()))?;
+        .count_for(send.map(|b| b.len()), recv.len(), engine.size())
+        .map_err(|e| Error::invalid_argument(format!("{coll}: {e}")).rank(engine.rank()))?;
     let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
-    s.run(
+    engine.run(
         coll,
         send,
         bytemuck::cast_slice_mut(recv),
@@ -163,51 +163,55 @@ impl Communicator {
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
             .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
         let candidates = transports(&config, rank)?;
-        let (comm, links) = Peers::connect(b, candidates, config)?;
+        let (peers, links) = Peers::connect(b, candidates, config)?;
         let c = Communicator {
-            order: Order::new(comm.clone()),
-            s: Arc::new(Shared::new(comm, links, overrides)),
+            order: Order::new(peers.clone()),
+            engine: Arc::new(Engine::new(peers, links, overrides)),
         };
-        c.s.log_algorithm_table();
+        c.engine.log_algorithm_table();
         Ok(c)
     }
 
     /// This process's rank.
     pub fn rank(&self) -> usize {
-        self.s.rank()
+        self.engine.rank()
     }
 
     /// Number of ranks.
     pub fn size(&self) -> usize {
-        self.s.size()
+        self.engine.size()
     }
 
     /// The transport every pair of ranks uses (`shm`, `tcp`, `ib`, `local`), or those in use
     /// joined by `+` (`shm+tcp`: shared memory within hosts, TCP across).
     pub fn transport_name(&self) -> &str {
-        self.s.comm.transport_name()
+        self.engine.peers.transport_name()
     }
 
     /// What connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across (as seen
     /// from rank 0)`.
     pub fn transport_summary(&self) -> &str {
-        self.s.comm.transport_summary()
+        self.engine.peers.transport_summary()
     }
 
     /// Host name of every rank.
     pub fn hosts(&self) -> &[String] {
-        self.s.comm.hosts()
+        self.engine.peers.hosts()
     }
 
     /// The settings this communicator was created with.
     pub fn config(&self) -> &Config {
-        self.s.comm.config()
+        self.engine.peers.config()
     }
 
     /// Forces `algo` for `coll` on this rank (`None`: back to the cost model), like `CCL_ALGO`.
     /// Every rank must make the same choice before its next call of `coll`.
     pub fn set_algorithm(&self, coll: Collective, algo: Option<Algo>) -> Result<()> {
-        let mut o = self.s.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self
+            .engine
+            .overrides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         match algo {
             Some(a) => o
                 .set(coll, a)
@@ -221,7 +225,7 @@ impl Communicator {
 
     /// Fails the communicator and ends every wait at once, from any thread; idempotent.
     pub fn abort(&self) {
-        self.s.comm.abort();
+        self.engine.peers.abort();
         self.order.wake_all();
     }
 
@@ -229,17 +233,17 @@ impl Communicator {
     /// `CCL_SLOW_MS` or more after this one on average, two windows of `CCL_SLOW_WINDOW`
     /// operations in a row (also logged at warn level).
     pub fn slow_peers(&self) -> Vec<ccl_core::comm::SlowPeer> {
-        self.s.comm.slow_peers()
+        self.engine.peers.slow_peers()
     }
 
     /// The flight recorder as JSON (what `CCL_TRACE_DIR` dumps hold; `ccl-trace` reads it).
     pub fn trace_json(&self) -> String {
-        self.s.comm.trace_json("snapshot")
+        self.engine.peers.trace_json("snapshot")
     }
 
     /// Writes the flight recorder to `CCL_TRACE_DIR` now; returns the file, if written.
     pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
-        self.s.comm.dump_trace(reason)
+        self.engine.peers.dump_trace(reason)
     }
 
     /// The algorithm `coll` runs for a buffer of `size_bytes` (the whole buffer for allreduce,
@@ -247,12 +251,12 @@ impl Communicator {
     /// and alltoall): the one forced by `CCL_ALGO` or [`set_algorithm`](Self::set_algorithm),
     /// else the cost model's choice.
     pub fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
-        self.s.algorithm(coll, size_bytes)
+        self.engine.algorithm(coll, size_bytes)
     }
 
     /// The error the communicator failed with, if it has (NCCL's `ncclCommGetAsyncError`).
     pub fn error(&self) -> Option<Error> {
-        self.s.comm.error()
+        self.engine.peers.error()
     }
 
     /// Any collective on typed buffers: from `send`, or in place in `recv` when `send` is
@@ -268,7 +272,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.order
-            .blocking(|| run_typed(&self.s, coll, send, recv, op, root))
+            .blocking(|| run_typed(&self.engine, coll, send, recv, op, root))
     }
 
     /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count, `send` is `None`
@@ -285,7 +289,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.order
-            .blocking(|| self.s.run(coll, send, recv, count, dtype, op, root))
+            .blocking(|| self.engine.run(coll, send, recv, count, dtype, op, root))
     }
 
     /// Non-blocking [`collective`](Communicator::collective): takes ownership of the buffers
@@ -304,10 +308,10 @@ impl Communicator {
         S: AsRef<[T]> + Send + 'static,
         R: AsMut<[T]> + Send + 'static,
     {
-        let s = self.s.clone();
+        let engine = self.engine.clone();
         self.order.submit((send, recv), move |(send, recv)| {
             run_typed(
-                &s,
+                &engine,
                 coll,
                 send.as_ref().map(|b| b.as_ref()),
                 recv.as_mut(),
@@ -333,10 +337,10 @@ impl Communicator {
         S: AsRef<[u8]> + Send + 'static,
         R: AsMut<[u8]> + Send + 'static,
     {
-        let s = self.s.clone();
+        let engine = self.engine.clone();
         self.order.submit((send, recv), move |(send, recv)| {
             let send = send.as_ref().map(|b| b.as_ref());
-            s.run(coll, send, recv.as_mut(), count, dtype, op, root)
+            engine.run(coll, send, recv.as_mut(), count, dtype, op, root)
         })
     }
 
@@ -369,9 +373,9 @@ impl Communicator {
         T: Element,
         B: AsMut<[T]> + Send + 'static,
     {
-        let s = self.s.clone();
+        let engine = self.engine.clone();
         self.order.submit(buf, move |buf| {
-            run_typed(&s, Collective::AllReduce, None, buf.as_mut(), op, 0)
+            run_typed(&engine, Collective::AllReduce, None, buf.as_mut(), op, 0)
         })
     }
 
@@ -452,9 +456,16 @@ impl Communicator {
 
     /// Non-blocking barrier.
     pub fn barrier_async(&self) -> Request<()> {
-        let s = self.s.clone();
+        let engine = self.engine.clone();
         self.order.submit((), move |()| {
-            run_typed::<u8>(&s, Collective::Barrier, None, &mut [], ReduceOp::Sum, 0)
+            run_typed::<u8>(
+                &engine,
+                Collective::Barrier,
+                None,
+                &mut [],
+                ReduceOp::Sum,
+                0,
+            )
         })
     }
 }

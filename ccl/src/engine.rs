@@ -1,5 +1,6 @@
-//! The state a communicator shares with its progress thread, and the one path every operation
-//! takes: check the arguments, pick the algorithm, fetch or build the schedule, execute it.
+//! The engine of a communicator: what runs an operation, on the caller's thread or the progress
+//! thread, and the one path every operation takes: check the arguments, pick the algorithm,
+//! fetch or build the schedule, execute it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,8 +20,11 @@ use crate::{DataType, Error, ReduceOp, Result};
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
 
-pub(crate) struct Shared {
-    pub comm: Arc<Peers>,
+/// What a `Communicator` shares with its progress thread to run operations: the transport half
+/// ([`Peers`] and the [`Links`]), the algorithm choice, cached schedules, executor state and
+/// scratch space. Issue order is not its business (`crate::order` keeps it).
+pub(crate) struct Engine {
+    pub peers: Arc<Peers>,
     /// The transport as the cost model sees it on this machine.
     model: TransportProperties,
     pub overrides: Mutex<Overrides>,
@@ -35,7 +39,7 @@ struct Inner {
     scratch: Vec<u64>,
 }
 
-impl Shared {
+impl Engine {
     /// The algorithm `coll` runs at `size_bytes` (the nccl-tests size): the one set by
     /// `CCL_ALGO` or `set_algorithm`, else the cost model's choice.
     pub(crate) fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
@@ -50,15 +54,15 @@ impl Shared {
                 self.size(),
                 size_bytes,
                 &self.model,
-                self.comm.topology(),
+                self.peers.topology(),
             )
         })
     }
 
-    pub fn new(comm: Arc<Peers>, links: Links, overrides: Overrides) -> Shared {
-        Shared {
-            model: cost::properties_of(&comm),
-            comm,
+    pub fn new(peers: Arc<Peers>, links: Links, overrides: Overrides) -> Engine {
+        Engine {
+            model: cost::properties_of(&peers),
+            peers,
             overrides: Mutex::new(overrides),
             inner: Mutex::new(Inner {
                 links,
@@ -70,11 +74,11 @@ impl Shared {
     }
 
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.peers.rank()
     }
 
     pub fn size(&self) -> usize {
-        self.comm.size()
+        self.peers.size()
     }
 
     /// Runs `coll` on untyped buffers after checking every argument: lengths against the
@@ -139,7 +143,7 @@ impl Shared {
                 s.len()
             )));
         }
-        self.comm.check()?;
+        self.peers.check()?;
         // The nccl-tests size, for the cost model: the larger buffer (allgather's output,
         // reduce-scatter's and alltoall's input, the buffer of the others).
         let size_bytes = lens.in_place();
@@ -152,7 +156,9 @@ impl Shared {
             op,
             root,
         };
-        let sched = self.lock().plan(coll, algo, &shape, self.comm.topology())?;
+        let sched = self
+            .lock()
+            .plan(coll, algo, &shape, self.peers.topology())?;
         let info = OpInfo {
             kind: OpKind::Collective { coll, algo },
             bytes: size_bytes,
@@ -175,8 +181,8 @@ impl Shared {
         info: OpInfo,
     ) -> Result<()> {
         let mut g = self.lock();
-        self.comm.check()?;
-        let seq = self.comm.next_seq();
+        self.peers.check()?;
+        let seq = self.peers.next_seq();
         let inner = &mut *g;
         let scratch_bytes = sched.scratch * dtype.size();
         let need = scratch_bytes.div_ceil(8);
@@ -197,14 +203,15 @@ impl Shared {
             info,
             seq,
         };
-        exec::run(&self.comm, &mut inner.links, &mut inner.exec, job).map_err(|e| self.comm.fail(e))
+        exec::run(&self.peers, &mut inner.links, &mut inner.exec, job)
+            .map_err(|e| self.peers.fail(e))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic inside a collective leaves the links in an unknown state; the communicator
         // records that as its error, and the lock itself stays usable for abort/drop.
         self.inner.lock().unwrap_or_else(|p| {
-            self.comm
+            self.peers
                 .fail(Error::internal("a previous collective panicked").rank(self.rank()));
             p.into_inner()
         })
@@ -232,7 +239,7 @@ impl Shared {
             let mut prev = None;
             for p in 0..=34 {
                 let b = 1usize << p;
-                let a = algo::choose(coll, self.size(), b, &self.model, self.comm.topology());
+                let a = algo::choose(coll, self.size(), b, &self.model, self.peers.topology());
                 if prev != Some(a) {
                     table.push_str(&format!(" {a} from {b} B;"));
                     prev = Some(a);
