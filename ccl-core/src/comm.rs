@@ -20,7 +20,9 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::{TopoFile, Topology};
 use crate::trace::{Meta, Recorder};
-use crate::transport::{ConnectContext, Endpoint, Handle, Transport};
+use crate::transport::{
+    ConnectContext, Endpoint, Handle, Listener, Transport, TransportProperties,
+};
 use crate::wireup::{self, HostId, Record};
 use crate::{ccl_info, ccl_warn, net};
 
@@ -147,28 +149,7 @@ impl Peers {
             (None, Some(f)) => f.fingerprint(),
             (None, None) => 0,
         };
-        let record = Record {
-            runs_root: crate::bootstrap::root_is_local(bootstrap.root()),
-            topo_fp: fp,
-            host: HostId::current(),
-            offers: candidates
-                .iter()
-                .zip(&listeners)
-                .map(|(t, l)| {
-                    (
-                        t.name().to_string(),
-                        l.as_ref()
-                            .map_or_else(|| Handle::new(&[]).expect("empty"), |l| l.handle()),
-                    )
-                })
-                .collect(),
-        };
-        let records = bootstrap
-            .allgather(&record.encode())?
-            .iter()
-            .enumerate()
-            .map(|(r, b)| Record::decode(b, r).map_err(|e| e.rank(rank)))
-            .collect::<Result<Vec<_>>>()?;
+        let records = exchange_records(&mut bootstrap, &candidates, &listeners, fp)?;
         check_fingerprints(&records, fp, rank)?;
         let hosts: Vec<String> = records.iter().map(|r| r.host.name.clone()).collect();
         let topology = match (&config.topology, &topo_file) {
@@ -209,35 +190,16 @@ impl Peers {
             "communicator ready: {size} ranks, {summary} (listening on {local_ip})"
         );
         if let (Some(path), true, 0) = (&config.topo_file, topo_file.is_some(), rank) {
-            let sm = topology.summary();
-            ccl_info!(
-                Some(rank),
-                "topology from {path}: {} hosts ({} to {} ranks each), {} racks, {} zones",
-                sm.hosts,
-                sm.min_per_host,
-                sm.max_per_host,
-                sm.racks,
-                sm.zones
-            );
+            log_topology(path, &topology);
         }
-        let peer_transports: Vec<Option<&'static str>> = chosen
-            .iter()
-            .map(|c| c.map(|t| candidates[t].name()))
-            .collect();
-        let used: Vec<&Arc<dyn Transport>> = candidates
-            .iter()
-            .enumerate()
-            .filter(|(t, _)| chosen.contains(&Some(*t)))
-            .map(|(_, t)| t)
-            .collect();
-        let props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
+        let (peer_transports, props, transport_name) = in_use(&chosen, &candidates);
         let tag = comm_tag(&ctx.secret);
         let trace_buffer = config.trace_buffer;
         let comm = Peers {
             rank,
             size,
             config,
-            transport_name: transport_label(&used, &candidates),
+            transport_name,
             peer_transports,
             summary,
             transport_props: props,
@@ -598,6 +560,54 @@ fn read_topology(config: &Config, size: usize, rank: usize) -> Result<Option<Top
         .transpose()
 }
 
+/// Publishes this rank's record (where it runs, its topology's fingerprint `fp`, a handle per
+/// transport: `listeners[t]` listens for `candidates[t]`, none when alone) and returns every
+/// rank's, in rank order.
+fn exchange_records(
+    bootstrap: &mut Bootstrap,
+    candidates: &[Arc<dyn Transport>],
+    listeners: &[Option<Box<dyn Listener>>],
+    fp: u64,
+) -> Result<Vec<Record>> {
+    let record = Record {
+        runs_root: crate::bootstrap::root_is_local(bootstrap.root()),
+        topo_fp: fp,
+        host: HostId::current(),
+        offers: candidates
+            .iter()
+            .zip(listeners)
+            .map(|(t, l)| {
+                (
+                    t.name().to_string(),
+                    l.as_ref()
+                        .map_or_else(|| Handle::new(&[]).expect("empty"), |l| l.handle()),
+                )
+            })
+            .collect(),
+    };
+    let rank = bootstrap.rank();
+    bootstrap
+        .allgather(&record.encode())?
+        .iter()
+        .enumerate()
+        .map(|(r, b)| Record::decode(b, r).map_err(|e| e.rank(rank)))
+        .collect()
+}
+
+/// Says (rank 0, info level) what the topology file at `path` described.
+fn log_topology(path: &str, topology: &Topology) {
+    let sm = topology.summary();
+    ccl_info!(
+        Some(0),
+        "topology from {path}: {} hosts ({} to {} ranks each), {} racks, {} zones",
+        sm.hosts,
+        sm.min_per_host,
+        sm.max_per_host,
+        sm.racks,
+        sm.zones
+    );
+}
+
 /// Fails when, during set-up, the root has announced another rank's failure, or when the rank
 /// that ran the root, which this rank still waits for, has gone.
 fn setup_watch(
@@ -639,6 +649,26 @@ fn check_fingerprints(records: &[Record], fp: u64, rank: usize) -> Result<()> {
         ))
         .rank(rank)),
     }
+}
+
+/// Of the `candidates`, given the one `chosen` for each peer: each peer's transport by name, the
+/// properties of those in use together ([`slowest`]), and their label ([`transport_label`]).
+fn in_use(
+    chosen: &[Option<usize>],
+    candidates: &[Arc<dyn Transport>],
+) -> (Vec<Option<&'static str>>, TransportProperties, String) {
+    let peer_transports = chosen
+        .iter()
+        .map(|c| c.map(|t| candidates[t].name()))
+        .collect();
+    let used: Vec<&Arc<dyn Transport>> = candidates
+        .iter()
+        .enumerate()
+        .filter(|(t, _)| chosen.contains(&Some(*t)))
+        .map(|(_, t)| t)
+        .collect();
+    let props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
+    (peer_transports, props, transport_label(&used, candidates))
 }
 
 /// The transport with the lowest bandwidth among those in use (what bounds an algorithm whose
