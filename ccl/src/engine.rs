@@ -20,6 +20,30 @@ use crate::{DataType, Error, ReduceOp, Result};
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
 
+/// One collective as NCCL takes it: `count` elements of `dtype` (NCCL's count for `coll`), the
+/// operator (ignored by collectives that do not reduce) and the root (ignored by those without
+/// one).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    pub coll: Collective,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: usize,
+}
+
+/// A schedule to run on the caller's buffers (`send` is `None` in place) and a group's extra
+/// buffers, with the type and operator its reductions use and what the trace records of it.
+pub(crate) struct Execution<'s, 'b> {
+    pub sched: &'s Schedule,
+    pub send: Option<&'b [u8]>,
+    pub recv: &'b mut [u8],
+    pub extra: Vec<ExtraBuf<'b>>,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub info: OpInfo,
+}
+
 /// What a `Communicator` shares with its progress thread to run operations: the transport half
 /// ([`Peers`] and the [`Links`]), the algorithm choice, cached schedules, executor state and
 /// scratch space. Issue order is not its business (`crate::order` keeps it).
@@ -81,19 +105,17 @@ impl Engine {
         self.peers.size()
     }
 
-    /// Runs `coll` on untyped buffers after checking every argument: lengths against the
-    /// collective's rules, the root against the world size. Not ordered: callers hold the turn.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
-        &self,
-        coll: Collective,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
+    /// Runs `call` on untyped buffers (`send` is `None` in place) after checking every
+    /// argument: lengths against the collective's rules, the root against the world size. Not
+    /// ordered: callers hold the turn.
+    pub fn run(&self, call: Call, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        let Call {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        } = call;
         let (rank, n) = (self.rank(), self.size());
         let bad = |m: String| Error::invalid_argument(format!("{coll}: {m}")).rank(rank);
         if root >= n {
@@ -165,21 +187,28 @@ impl Engine {
             root,
             count,
         };
-        self.execute(&sched, send, recv, Vec::new(), dtype, op, info)
+        self.execute(Execution {
+            sched: &sched,
+            send,
+            recv,
+            extra: Vec::new(),
+            dtype,
+            op,
+            info,
+        })
     }
 
     /// Runs a schedule with the communicator's links, scratch space and executor state.
-    #[allow(clippy::too_many_arguments)]
-    pub fn execute(
-        &self,
-        sched: &Schedule,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        extra: Vec<ExtraBuf<'_>>,
-        dtype: DataType,
-        op: ReduceOp,
-        info: OpInfo,
-    ) -> Result<()> {
+    pub fn execute(&self, e: Execution<'_, '_>) -> Result<()> {
+        let Execution {
+            sched,
+            send,
+            recv,
+            extra,
+            dtype,
+            op,
+            info,
+        } = e;
         let mut g = self.lock();
         self.peers.check()?;
         let seq = self.peers.next_seq();

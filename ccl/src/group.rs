@@ -8,6 +8,7 @@
 use ccl_algos::exec::{ExtraBuf, OpInfo, OpKind};
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule};
 
+use crate::engine::Execution;
 use crate::{Communicator, DataType, Element, Error, ReduceOp, Result};
 
 enum Op<'b> {
@@ -133,7 +134,15 @@ impl<'c, 'b> Group<'c, 'b> {
         };
         let engine = &self.comm.engine;
         self.comm.order.blocking(|| {
-            engine.execute(&sched, None, &mut [], extra, DataType::U8, ReduceOp::Sum, d)
+            engine.execute(Execution {
+                sched: &sched,
+                send: None,
+                recv: &mut [],
+                extra,
+                dtype: DataType::U8,
+                op: ReduceOp::Sum,
+                info: d,
+            })
         })
     }
 }

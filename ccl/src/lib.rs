@@ -69,7 +69,7 @@ mod split;
 pub use group::Group;
 pub use order::Request;
 
-use engine::Engine;
+use engine::{Call, Engine};
 use order::Order;
 
 /// A group of ranks that run collectives together.
@@ -109,15 +109,14 @@ fn run_typed<T: Element>(
         .count_for(send.map(|b| b.len()), recv.len(), engine.size())
         .map_err(|e| Error::invalid_argument(format!("{coll}: {e}")).rank(engine.rank()))?;
     let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
-    engine.run(
+    let call = Call {
         coll,
-        send,
-        bytemuck::cast_slice_mut(recv),
         count,
-        T::DTYPE,
+        dtype: T::DTYPE,
         op,
         root,
-    )
+    };
+    engine.run(call, send, bytemuck::cast_slice_mut(recv))
 }
 
 impl Communicator {
@@ -277,6 +276,8 @@ impl Communicator {
 
     /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count, `send` is `None`
     /// in place. Buffer lengths are checked against the collective's rules.
+    // Seven arguments: NCCL's own list (buffers, count, type, operator, root), which the C ABI
+    // passes through one for one.
     #[allow(clippy::too_many_arguments)]
     pub fn collective_bytes(
         &self,
@@ -288,8 +289,14 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.order
-            .blocking(|| self.engine.run(coll, send, recv, count, dtype, op, root))
+        let call = Call {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        };
+        self.order.blocking(|| self.engine.run(call, send, recv))
     }
 
     /// Non-blocking [`collective`](Communicator::collective): takes ownership of the buffers
@@ -322,6 +329,7 @@ impl Communicator {
     }
 
     /// Non-blocking [`collective_bytes`](Communicator::collective_bytes) on owned byte buffers.
+    // Seven arguments: as `collective_bytes`.
     #[allow(clippy::too_many_arguments)]
     pub fn collective_bytes_async<S, R>(
         &self,
@@ -337,10 +345,17 @@ impl Communicator {
         S: AsRef<[u8]> + Send + 'static,
         R: AsMut<[u8]> + Send + 'static,
     {
+        let call = Call {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        };
         let engine = self.engine.clone();
         self.order.submit((send, recv), move |(send, recv)| {
             let send = send.as_ref().map(|b| b.as_ref());
-            engine.run(coll, send, recv.as_mut(), count, dtype, op, root)
+            engine.run(call, send, recv.as_mut())
         })
     }
 
