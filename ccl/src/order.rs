@@ -10,12 +10,12 @@
 //! This module knows nothing of collectives: it orders closures. The communicator passes in what
 //! each operation runs.
 
-use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ccl_core::comm::Peers;
+use crossbeam_channel::{Receiver, Sender};
 
 use crate::{Error, Result};
 
@@ -85,7 +85,7 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// The progress thread of one communicator.
 struct Progress {
-    tx: Option<SyncSender<Job>>,
+    tx: Option<Sender<Job>>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -94,7 +94,7 @@ const QUEUE: usize = 1024;
 
 impl Progress {
     fn start(rank: usize) -> Result<Progress> {
-        let (tx, rx): (SyncSender<Job>, Receiver<Job>) = mpsc::sync_channel(QUEUE);
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(QUEUE);
         let handle = std::thread::Builder::new()
             .name(format!("ccl-progress-{rank}"))
             .spawn(move || {
@@ -132,13 +132,12 @@ pub(crate) struct Order {
     progress: Mutex<Option<Progress>>,
 }
 
-type Slot<R> = Arc<(Mutex<Option<Result<R>>>, Condvar)>;
-
 /// A non-blocking operation in flight: [`wait`](Request::wait) for its result, which hands back
 /// the buffers it took.
 #[must_use = "a request does nothing unless waited on or tested (the operation runs regardless)"]
 pub struct Request<R> {
-    slot: Slot<R>,
+    /// Receives the one result (a channel of capacity one).
+    rx: Receiver<Result<R>>,
 }
 
 impl<R> std::fmt::Debug for Request<R> {
@@ -150,35 +149,36 @@ impl<R> std::fmt::Debug for Request<R> {
 impl<R> Request<R> {
     /// Whether the operation has finished (successfully or not).
     pub fn test(&self) -> bool {
-        self.slot
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+        !self.rx.is_empty()
     }
 
     /// Waits for the operation and returns its buffers, or its error. The wait ends: the
     /// operation itself fails at its deadline (`CCL_TIMEOUT` without progress) or on abort.
     pub fn wait(self) -> Result<R> {
-        let (m, cv) = &*self.slot;
-        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(r) = g.take() {
-                return r;
-            }
-            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
+        // The completion always sends before it goes (see its Drop), so the channel is never
+        // closed empty; the fallback only keeps this total.
+        self.rx.recv().unwrap_or_else(|_| Err(lost()))
     }
 }
 
-/// Fills a request's slot when dropped, so a job that panics or is dropped unrun still answers
-/// its waiter.
+fn lost() -> Error {
+    Error::internal("the operation was lost (its thread panicked)")
+}
+
+/// Sends a request its result when dropped, so a job that panics or is dropped unrun still
+/// answers its waiter.
 struct Completion<R> {
-    slot: Slot<R>,
+    tx: Sender<Result<R>>,
     value: Option<Result<R>>,
 }
 
 impl<R> Completion<R> {
+    /// A request and the completion that answers it.
+    fn pair() -> (Request<R>, Completion<R>) {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        (Request { rx }, Completion { tx, value: None })
+    }
+
     fn finish(mut self, v: Result<R>) {
         self.value = Some(v);
     }
@@ -186,14 +186,9 @@ impl<R> Completion<R> {
 
 impl<R> Drop for Completion<R> {
     fn drop(&mut self) {
-        let v = self.value.take().unwrap_or_else(|| {
-            Err(Error::internal(
-                "the operation was lost (its thread panicked)",
-            ))
-        });
-        let (m, cv) = &*self.slot;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-        cv.notify_all();
+        let v = self.value.take().unwrap_or_else(|| Err(lost()));
+        // Never full (one send per channel); a request dropped unwaited leaves nobody to tell.
+        let _ = self.tx.try_send(v);
     }
 }
 
@@ -225,9 +220,7 @@ impl Order {
         bufs: B,
         f: impl FnOnce(&mut B) -> Result<()> + Send + 'static,
     ) -> Request<B> {
-        let slot: Slot<B> = Arc::new((Mutex::new(None), Condvar::new()));
-        let req = Request { slot: slot.clone() };
-        let done = Completion { slot, value: None };
+        let (req, done) = Completion::pair();
         let mut q = self.progress.lock().unwrap_or_else(|p| p.into_inner());
         if q.is_none() {
             match Progress::start(self.comm.rank()) {
