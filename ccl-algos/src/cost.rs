@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use ccl_core::comm::Comm;
+use ccl_core::comm::Peers;
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 
@@ -43,7 +43,7 @@ pub fn on_shared_cpus(
 }
 
 /// The transport's properties as the cost model sees them on `comm`'s machine.
-pub fn properties_of(comm: &Comm) -> TransportProperties {
+pub fn properties_of(comm: &Peers) -> TransportProperties {
     on_shared_cpus(
         comm.transport_properties(),
         comm.ranks_on_host(),

@@ -23,7 +23,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use ccl_core::comm::{Comm, Links};
+use ccl_core::comm::{Links, Peers};
 use ccl_core::reduce::{self, Order};
 use ccl_core::trace::{self, Begin};
 use ccl_core::transport::{HostMemory, Interest};
@@ -391,7 +391,7 @@ impl ExecState {
     }
 
     /// Brings the recorder's entry for this operation up to date.
-    fn sync_trace(&self, comm: &Comm, s: &Schedule, waiting_on: Option<usize>) {
+    fn sync_trace(&self, comm: &Peers, s: &Schedule, waiting_on: Option<usize>) {
         let mut r = comm.recorder();
         let Some(e) = r.current() else { return };
         e.waiting_on = waiting_on;
@@ -406,7 +406,7 @@ impl ExecState {
 }
 
 /// Runs `job` to completion (or error), recording it in the communicator's flight recorder.
-pub fn run(comm: &Comm, links: &mut Links, state: &mut ExecState, job: Job<'_, '_>) -> Result<()> {
+pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, '_>) -> Result<()> {
     let elem = job.dtype.size();
     let sched = job.schedule;
     comm.recorder().begin(
@@ -468,7 +468,7 @@ pub fn run(comm: &Comm, links: &mut Links, state: &mut ExecState, job: Job<'_, '
 
 /// One run of a schedule: everything a pass needs.
 struct Run<'r, 'b> {
-    comm: &'r Comm,
+    comm: &'r Peers,
     links: &'r mut Links,
     /// The memory the ranks of this host share, when the communicator has it.
     host: Option<&'r mut (dyn HostMemory + 'static)>,

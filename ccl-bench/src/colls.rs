@@ -15,8 +15,8 @@
 //! `unit x n(n-1)/2`, which is the size column.
 
 use ccl::{Collective, Communicator, DataType, ReduceOp, Result};
-use ccl_core::check::{self, CheckValue};
 use ccl_core::dispatch_dtype;
+use ccl_core::test_values::{self, CheckValue};
 
 use crate::harness::Bench;
 
@@ -103,7 +103,7 @@ fn fill_t<T: CheckValue>(
             // Only this rank's block is input.
             let es = size_of::<T>();
             put::<T>(&mut buf[r * c * es..(r + 1) * c * es], |i| {
-                check::input(sum, r, i)
+                test_values::input(sum, r, i)
             });
         }
         Op::Coll(
@@ -114,8 +114,8 @@ fn fill_t<T: CheckValue>(
             | Collective::Scatter
             | Collective::AllToAllV,
         )
-        | Op::SendRecv => put::<T>(buf, |i| check::input(sum, r, i)),
-        _ => put::<T>(buf, |i| check::input(op, r, i)),
+        | Op::SendRecv => put::<T>(buf, |i| test_values::input(sum, r, i)),
+        _ => put::<T>(buf, |i| test_values::input(op, r, i)),
     }
 }
 
@@ -133,32 +133,32 @@ fn wrong_t<T: CheckValue>(
     let c1 = c.max(1);
     let want = |i: usize| -> Option<T> {
         Some(match b.op {
-            Op::Coll(Collective::AllReduce) => check::expected(op, n, i),
-            Op::Coll(Collective::Broadcast) => T::from_i64(check::input(sum, b.root, i)),
-            Op::Coll(Collective::Reduce) if r == b.root => check::expected(op, n, i),
+            Op::Coll(Collective::AllReduce) => test_values::expected(op, n, i),
+            Op::Coll(Collective::Broadcast) => T::from_i64(test_values::input(sum, b.root, i)),
+            Op::Coll(Collective::Reduce) if r == b.root => test_values::expected(op, n, i),
             Op::Coll(Collective::Reduce) => return None,
-            Op::Coll(Collective::AllGather) => T::from_i64(check::input(sum, i / c1, i % c1)),
+            Op::Coll(Collective::AllGather) => T::from_i64(test_values::input(sum, i / c1, i % c1)),
             Op::Coll(Collective::ReduceScatter) if in_place => {
                 if i / c1 != r {
                     return None;
                 }
-                check::expected(op, n, i)
+                test_values::expected(op, n, i)
             }
-            Op::Coll(Collective::ReduceScatter) => check::expected(op, n, r * c + i),
+            Op::Coll(Collective::ReduceScatter) => test_values::expected(op, n, r * c + i),
             Op::Coll(Collective::AllToAll) => {
-                T::from_i64(check::input(sum, i / c1, r * c + i % c1))
+                T::from_i64(test_values::input(sum, i / c1, r * c + i % c1))
             }
             Op::Coll(Collective::Gather) if r == b.root => {
-                T::from_i64(check::input(sum, i / c1, i % c1))
+                T::from_i64(test_values::input(sum, i / c1, i % c1))
             }
             Op::Coll(Collective::Gather) => return None,
             Op::Coll(Collective::Scatter) if in_place => {
                 if i / c1 != r {
                     return None;
                 }
-                T::from_i64(check::input(sum, b.root, i))
+                T::from_i64(test_values::input(sum, b.root, i))
             }
-            Op::Coll(Collective::Scatter) => T::from_i64(check::input(sum, b.root, r * c + i)),
+            Op::Coll(Collective::Scatter) => T::from_i64(test_values::input(sum, b.root, r * c + i)),
             Op::Coll(Collective::AllToAllV) => {
                 // Which sender's block element `i` lies in, and where that block starts.
                 let (mut from, mut start) = (0, 0);
@@ -166,7 +166,7 @@ fn wrong_t<T: CheckValue>(
                     start += pair_count(from, r, n, c);
                     from += 1;
                 }
-                T::from_i64(check::input(
+                T::from_i64(test_values::input(
                     sum,
                     from,
                     pair_offset(from, r, n, c) + i - start,
@@ -175,7 +175,7 @@ fn wrong_t<T: CheckValue>(
             Op::Coll(Collective::Barrier | Collective::AllGatherV | Collective::ReduceScatterV) => {
                 return None;
             }
-            Op::SendRecv => T::from_i64(check::input(sum, (r + n - 1) % n, i)),
+            Op::SendRecv => T::from_i64(test_values::input(sum, (r + n - 1) % n, i)),
         })
     };
     v.iter()

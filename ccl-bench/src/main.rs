@@ -379,14 +379,31 @@ fn launch(config: &Config, n: usize, bind: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let exe = match std::env::current_exe() {
-        Ok(p) => p,
+    let mut children = match spawn_ranks(config, &id, n, bind) {
+        Ok(c) => c,
         Err(e) => {
-            eprintln!("ccl-bench: cannot find my own executable: {e}");
+            eprintln!("ccl-bench: {e}");
             return ExitCode::FAILURE;
         }
     };
-    // The children get the same arguments without --np.
+    let failed = wait_ranks(&mut children, config);
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("ccl-bench: failed: {}", failed.join(", "));
+        ExitCode::FAILURE
+    }
+}
+
+/// Starts `n` rank processes of this program, with this process's arguments less `--np`, joining
+/// the job of `id`; on failure, stops those already started.
+fn spawn_ranks(
+    config: &Config,
+    id: &UniqueId,
+    n: usize,
+    bind: bool,
+) -> Result<Vec<Option<Child>>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
     let mut child_args: Vec<String> = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -418,18 +435,22 @@ fn launch(config: &Config, n: usize, bind: bool) -> ExitCode {
                 children.push(Some(c))
             }
             Err(e) => {
-                eprintln!("ccl-bench: cannot start rank {rank}: {e}");
                 kill_all(&mut children);
-                return ExitCode::FAILURE;
+                return Err(format!("cannot start rank {rank}: {e}"));
             }
         }
     }
-    // Wait for all; once one fails, give the others a grace period to fail on their own (they
-    // see the dead peer) and then stop them, so a failure never leaves the launcher hanging.
+    Ok(children)
+}
+
+/// Waits for every rank process and returns those that failed. Once one fails, the others get a
+/// grace period to fail on their own (they see the dead peer) and are then stopped, so a failure
+/// never leaves the launcher hanging.
+fn wait_ranks(children: &mut [Option<Child>], config: &Config) -> Vec<String> {
     let grace = Duration::from_secs(10).min(config.timeout);
     let mut failed: Vec<String> = Vec::new();
     let mut first_failure: Option<Instant> = None;
-    let mut left = n;
+    let mut left = children.len();
     while left > 0 {
         for (rank, slot) in children.iter_mut().enumerate() {
             let Some(child) = slot else { continue };
@@ -456,17 +477,12 @@ fn launch(config: &Config, n: usize, bind: bool) -> ExitCode {
                     failed.push(format!("rank {rank} (stopped after another rank failed)"));
                 }
             }
-            kill_all(&mut children);
+            kill_all(children);
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if failed.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        eprintln!("ccl-bench: failed: {}", failed.join(", "));
-        ExitCode::FAILURE
-    }
+    failed
 }
 
 /// Pins a rank process to one of the CPUs this process may run on, when there is one per rank.
@@ -587,8 +603,6 @@ fn compare_reports(c: &CompareArgs) -> ExitCode {
 
 /// The Markdown table `compare` prints.
 fn compare_table(reports: &[Report], paths: &[PathBuf]) -> Result<String, String> {
-    use std::collections::BTreeMap;
-    use std::fmt::Write as _;
     let first = reports.first().ok_or("no reports")?;
     for (r, p) in reports.iter().zip(paths) {
         if r.collective != first.collective || r.nranks != first.nranks {
@@ -603,108 +617,146 @@ fn compare_table(reports: &[Report], paths: &[PathBuf]) -> Result<String, String
             ));
         }
     }
-    // Columns in order of first appearance; repeats share one.
-    let mut names: Vec<String> = Vec::new();
-    let column: Vec<usize> = paths
-        .iter()
-        .map(|p| {
-            let n = stem(p).split('.').next().unwrap_or_default().to_string();
-            names.iter().position(|x| *x == n).unwrap_or_else(|| {
-                names.push(n);
-                names.len() - 1
-            })
-        })
-        .collect();
-    let auto = names.iter().position(|n| n == "auto");
-    // size -> per column the (time, algorithm) of every repeat, out of place.
-    let mut samples: BTreeMap<usize, Vec<Vec<(f64, String)>>> = BTreeMap::new();
-    for (r, &c) in reports.iter().zip(&column) {
-        for row in r.results.iter().filter(|x| x.placement == "out-of-place") {
-            samples
-                .entry(row.size)
-                .or_insert_with(|| vec![Vec::new(); names.len()])[c]
-                .push((row.time_us, row.algo.clone()));
-        }
-    }
-    let table: BTreeMap<usize, Vec<Option<(f64, String)>>> = samples
-        .into_iter()
-        .map(|(size, cols)| {
-            let medians = cols
-                .into_iter()
-                .map(|mut v| {
-                    v.sort_by(|a, b| a.0.total_cmp(&b.0));
-                    let mid = v.len() / 2;
-                    v.into_iter().nth(mid)
-                })
-                .collect();
-            (size, medians)
-        })
-        .collect();
-    let mut out = String::new();
-    out.push_str("| size |");
-    for n in &names {
-        let _ = write!(out, " {n} (us) |");
-    }
-    if auto.is_some() {
-        out.push_str(" auto picked | picked / best | auto run / best |");
-    }
-    out.push('\n');
-    out.push_str(&"|---".repeat(names.len() + 1 + 3 * usize::from(auto.is_some())));
-    out.push_str("|\n");
-    // Two views of the automatic choice: the time its algorithm took in that algorithm's own
-    // sweep (what the choice is worth, free of the auto run's noise), and the auto run itself.
-    let (mut worst_pick, mut worst_run): (f64, f64) = (0.0, 0.0);
-    for (size, cols) in &table {
-        // The fastest among the fixed algorithms (the auto column is not a contender).
-        let best = cols
+    Ok(Medians::of(reports, paths).render())
+}
+
+/// One (time in us, algorithm) per size and column.
+type Cells = std::collections::BTreeMap<usize, Vec<Option<(f64, String)>>>;
+
+/// The out-of-place results of several reports as columns: one per name (a report's file name up
+/// to its first dot; repeats of a name share its column, which holds their median).
+struct Medians {
+    names: Vec<String>,
+    /// The column named `auto`, if any: runs that let the cost model choose.
+    auto: Option<usize>,
+    cells: Cells,
+}
+
+impl Medians {
+    fn of(reports: &[Report], paths: &[PathBuf]) -> Medians {
+        // Columns in order of first appearance; repeats share one.
+        let mut names: Vec<String> = Vec::new();
+        let column: Vec<usize> = paths
             .iter()
-            .enumerate()
-            .filter(|&(i, _)| Some(i) != auto)
-            .filter_map(|(i, c)| c.as_ref().map(|(t, _)| (i, *t)))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
-        let _ = write!(out, "| {} |", size_name(*size));
-        for (i, c) in cols.iter().enumerate() {
-            match c {
-                Some((t, _)) if best.is_some_and(|b| b.0 == i) => {
-                    let _ = write!(out, " **{t:.1}** |");
-                }
-                Some((t, _)) => {
-                    let _ = write!(out, " {t:.1} |");
-                }
-                None => out.push_str(" - |"),
+            .map(|p| {
+                let n = stem(p).split('.').next().unwrap_or_default().to_string();
+                names.iter().position(|x| *x == n).unwrap_or_else(|| {
+                    names.push(n);
+                    names.len() - 1
+                })
+            })
+            .collect();
+        let auto = names.iter().position(|n| n == "auto");
+        // size -> per column the (time, algorithm) of every repeat, out of place.
+        let mut samples: std::collections::BTreeMap<usize, Vec<Vec<(f64, String)>>> =
+            Default::default();
+        for (r, &c) in reports.iter().zip(&column) {
+            for row in r.results.iter().filter(|x| x.placement == "out-of-place") {
+                samples
+                    .entry(row.size)
+                    .or_insert_with(|| vec![Vec::new(); names.len()])[c]
+                    .push((row.time_us, row.algo.clone()));
             }
         }
-        if let Some(a) = auto {
-            match (&cols[a], best) {
-                (Some((t, algo)), Some((_, b))) if b > 0.0 => {
-                    let picked = names
-                        .iter()
-                        .position(|n| n == algo)
-                        .and_then(|i| cols[i].as_ref())
-                        .map(|(tp, _)| tp / b);
-                    worst_run = worst_run.max(t / b);
-                    let _ = write!(out, " {algo} |");
-                    match picked {
-                        Some(x) => {
-                            worst_pick = worst_pick.max(x);
-                            let _ = write!(out, " {x:.2} |");
-                        }
-                        None => out.push_str(" - |"),
-                    }
-                    let _ = write!(out, " {:.2} |", t / b);
-                }
-                _ => out.push_str(" - | - | - |"),
-            }
+        let cells = samples
+            .into_iter()
+            .map(|(size, cols)| {
+                let medians = cols
+                    .into_iter()
+                    .map(|mut v| {
+                        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+                        let mid = v.len() / 2;
+                        v.into_iter().nth(mid)
+                    })
+                    .collect();
+                (size, medians)
+            })
+            .collect();
+        Medians { names, auto, cells }
+    }
+
+    fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        out.push_str("| size |");
+        for n in &self.names {
+            let _ = write!(out, " {n} (us) |");
+        }
+        if self.auto.is_some() {
+            out.push_str(" auto picked | picked / best | auto run / best |");
         }
         out.push('\n');
+        out.push_str(&"|---".repeat(self.names.len() + 1 + 3 * usize::from(self.auto.is_some())));
+        out.push_str("|\n");
+        // Two views of the automatic choice: the time its algorithm took in that algorithm's own
+        // sweep (what the choice is worth, free of the auto run's noise), and the auto run itself.
+        let mut worst: (f64, f64) = (0.0, 0.0);
+        for (size, cols) in &self.cells {
+            // The fastest among the fixed algorithms (the auto column is not a contender).
+            let best = cols
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| Some(i) != self.auto)
+                .filter_map(|(i, c)| c.as_ref().map(|(t, _)| (i, *t)))
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            let _ = write!(out, "| {} |", size_name(*size));
+            for (i, c) in cols.iter().enumerate() {
+                match c {
+                    Some((t, _)) if best.is_some_and(|b| b.0 == i) => {
+                        let _ = write!(out, " **{t:.1}** |");
+                    }
+                    Some((t, _)) => {
+                        let _ = write!(out, " {t:.1} |");
+                    }
+                    None => out.push_str(" - |"),
+                }
+            }
+            if let Some(a) = self.auto {
+                out.push_str(&self.auto_cells(cols, a, best.map(|b| b.1), &mut worst));
+            }
+            out.push('\n');
+        }
+        if self.auto.is_some() {
+            let _ = writeln!(
+                out,
+                "\nWorst picked / best: {:.2}; worst auto run / best: {:.2}",
+                worst.0, worst.1
+            );
+        }
+        out
     }
-    if auto.is_some() {
-        let _ = writeln!(
-            out,
-            "\nWorst picked / best: {worst_pick:.2}; worst auto run / best: {worst_run:.2}"
-        );
+
+    /// The auto column's extra cells of one row (its algorithm, its own sweep's time and the
+    /// auto run's time over the `best` fixed time), raising the worst ratios seen so far.
+    fn auto_cells(
+        &self,
+        cols: &[Option<(f64, String)>],
+        auto: usize,
+        best: Option<f64>,
+        worst: &mut (f64, f64),
+    ) -> String {
+        let (Some((t, algo)), Some(b)) = (&cols[auto], best) else {
+            return " - | - | - |".into();
+        };
+        if b <= 0.0 {
+            return " - | - | - |".into();
+        }
+        let picked = self
+            .names
+            .iter()
+            .position(|n| n == algo)
+            .and_then(|i| cols[i].as_ref())
+            .map(|(tp, _)| tp / b);
+        worst.1 = worst.1.max(t / b);
+        let picked = match picked {
+            Some(x) => {
+                worst.0 = worst.0.max(x);
+                format!("{x:.2}")
+            }
+            None => "-".into(),
+        };
+        format!(" {algo} | {picked} | {:.2} |", t / b)
     }
-    Ok(out)
 }
 
 fn size_name(b: usize) -> String {
@@ -748,4 +800,70 @@ fn plot_reports(p: &PlotArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rows: &[(usize, f64, &str)]) -> Report {
+        let row = |&(size, time_us, algo): &(usize, f64, &str), placement: &str| Row {
+            size,
+            count: size,
+            dtype: "uint8".into(),
+            op: "sum".into(),
+            placement: placement.into(),
+            algo: algo.into(),
+            time_us,
+            algbw_gbs: 0.0,
+            busbw_gbs: 0.0,
+            wrong: 0,
+        };
+        Report {
+            collective: "allreduce".into(),
+            nranks: 4,
+            transport: "tcp".into(),
+            // In-place rows are left out of the comparison.
+            results: rows
+                .iter()
+                .flat_map(|r| [row(r, "out-of-place"), row(r, "in-place")])
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn compare_table_takes_medians_and_rates_the_automatic_choice() {
+        let reports = [
+            report(&[(8, 10.0, "ring"), (64, 4.0, "ring"), (1024, 100.0, "ring")]),
+            report(&[(8, 5.0, "tree"), (1024, 200.0, "tree")]),
+            report(&[(8, 6.0, "tree"), (64, 3.0, "hd"), (1024, 150.0, "ring")]),
+            report(&[(8, 7.0, "tree"), (1024, 110.0, "ring")]),
+            report(&[(8, 100.0, "tree"), (1024, 120.0, "ring")]),
+        ];
+        let paths: Vec<PathBuf> = ["ring.json", "tree.json", "auto.1.json", "auto.2.json"]
+            .iter()
+            .chain(&["x/auto.3.json"])
+            .map(PathBuf::from)
+            .collect();
+        let want = "\
+| size | ring (us) | tree (us) | auto (us) | auto picked | picked / best | auto run / best |
+|---|---|---|---|---|---|---|
+| 8 B | 10.0 | **5.0** | 7.0 | tree | 1.00 | 1.40 |
+| 64 B | **4.0** | - | 3.0 | hd | - | 0.75 |
+| 1 KiB | **100.0** | 200.0 | 120.0 | ring | 1.00 | 1.20 |
+
+Worst picked / best: 1.00; worst auto run / best: 1.40
+";
+        assert_eq!(compare_table(&reports, &paths).unwrap(), want);
+    }
+
+    #[test]
+    fn compare_table_refuses_reports_of_different_jobs() {
+        let mut other = report(&[(8, 1.0, "ring")]);
+        other.nranks = 8;
+        let reports = [report(&[(8, 1.0, "ring")]), other];
+        let paths = [PathBuf::from("a.json"), PathBuf::from("b.json")];
+        let e = compare_table(&reports, &paths).unwrap_err();
+        assert!(e.contains("b.json is allreduce over 8 ranks"), "{e}");
+    }
 }

@@ -200,42 +200,78 @@ fn overlaps(a: usize, alen: usize, b: usize, blen: usize) -> bool {
     alen > 0 && blen > 0 && a < b + blen && b < a + alen
 }
 
+/// A collective as the C caller passed it: raw pointers and C enums, not yet checked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawCall {
+    pub coll: Collective,
+    pub sendbuff: *const c_void,
+    pub recvbuff: *mut c_void,
+    pub count: usize,
+    pub datatype: c_int,
+    /// Read only by the collectives that reduce.
+    pub op: c_int,
+    /// Read only by the collectives with a root.
+    pub root: c_int,
+}
+
+impl RawCall {
+    /// A call of `coll` without an operator or a root (set them with [`op`](Self::op) and
+    /// [`root`](Self::root)).
+    pub fn new(
+        coll: Collective,
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+    ) -> RawCall {
+        RawCall {
+            coll,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            op: 0,
+            root: 0,
+        }
+    }
+
+    pub fn op(self, op: c_int) -> RawCall {
+        RawCall { op, ..self }
+    }
+
+    pub fn root(self, root: c_int) -> RawCall {
+        RawCall { root, ..self }
+    }
+}
+
 /// Checks a collective's arguments on this rank against NCCL's rules and wraps its buffers.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn prepare(
-    c: &Communicator,
-    coll: Collective,
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    op: c_int,
-    root: c_int,
-) -> Result<Prepared, Fail> {
+pub(crate) fn prepare(c: &Communicator, call: &RawCall) -> Result<Prepared, Fail> {
+    let coll = call.coll;
     let (rank, n) = (c.rank(), c.size());
-    let dtype = dtype_of(datatype)?;
+    let dtype = dtype_of(call.datatype)?;
     let op = match coll {
-        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => op_of(op)?,
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter => op_of(call.op)?,
         _ => ReduceOp::Sum,
     };
     op.check(dtype)?;
     let root = match coll {
-        c if c.rooted() => match usize::try_from(root) {
+        c if c.rooted() => match usize::try_from(call.root) {
             Ok(r) if r < n => r,
             _ => {
                 return Err(Fail::arg(format!(
-                    "root {root} is out of range for {n} ranks"
+                    "root {} is out of range for {n} ranks",
+                    call.root
                 )));
             }
         },
         _ => 0,
     };
     let elems = coll
-        .buffer_lens(count, n)
+        .buffer_lens(call.count, n)
         .map_err(|e| Fail::arg(e.to_string()))?;
     let sb = bytes_of(elems.send, dtype, "sendbuff")?;
     let rb = bytes_of(elems.recv, dtype, "recvbuff")?;
-    let (s, r) = (sendbuff as usize, recvbuff as usize);
+    let (s, r) = (call.sendbuff as usize, call.recvbuff as usize);
     let is_root = rank == root;
 
     // NCCL's in-place forms. A non-root rank's sendbuff of broadcast is never read, so it runs
@@ -251,45 +287,65 @@ pub(crate) fn prepare(
         Collective::Broadcast if !is_root => true,
         _ => s == r,
     } && (sb > 0 || rb > 0);
+    let (send, recv) = if in_place {
+        (None, wrap_in_place(coll, (s, sb), (r, rb))?)
+    } else {
+        // A non-root rank's recvbuff of reduce is never written; NCCL lets it be NULL.
+        let reduce_leaf = coll == Collective::Reduce && !is_root && r == 0;
+        let (send, recv) = wrap_apart(coll, (s, sb), (r, rb), reduce_leaf, is_root)?;
+        (Some(send), recv)
+    };
+    Ok(Prepared {
+        coll,
+        send,
+        recv,
+        count: call.count,
+        dtype,
+        op,
+        root,
+    })
+}
 
-    if in_place {
-        // One buffer, the larger of the two: allgather's output, reduce-scatter's input.
-        let (name, p, len) = match coll {
-            Collective::ReduceScatter | Collective::Scatter => ("sendbuff", s, sb),
-            _ => ("recvbuff", r, rb),
-        };
-        if p == 0 {
-            return Err(Fail::arg(format!(
-                "sendbuff and recvbuff are NULL (in place) but {len} bytes are needed"
-            )));
-        }
-        check_region(name, p, len)?;
-        // SAFETY: `check_region` found the range non-NULL and not wrapping, `bytes_of` bounded
-        // it by `isize::MAX`, and the header's contract makes the caller's buffer valid and
-        // writable (it is the receive buffer) and untouched by others until the call completes.
-        let buf = unsafe { RawOut::new(p as *mut u8, len) };
-        return Ok(Prepared {
-            coll,
-            send: None,
-            recv: OutBuf::Raw(buf),
-            count,
-            dtype,
-            op,
-            root,
-        });
+/// The one buffer of an in-place call (address, bytes of `send` and `recv`): the larger of the
+/// two, allgather's output, reduce-scatter's input.
+fn wrap_in_place(
+    coll: Collective,
+    (s, sb): (usize, usize),
+    (r, rb): (usize, usize),
+) -> Result<OutBuf, Fail> {
+    let (name, p, len) = match coll {
+        Collective::ReduceScatter | Collective::Scatter => ("sendbuff", s, sb),
+        _ => ("recvbuff", r, rb),
+    };
+    if p == 0 {
+        return Err(Fail::arg(format!(
+            "sendbuff and recvbuff are NULL (in place) but {len} bytes are needed"
+        )));
     }
+    check_region(name, p, len)?;
+    // SAFETY: `check_region` found the range non-NULL and not wrapping, `bytes_of` bounded
+    // it by `isize::MAX`, and the header's contract makes the caller's buffer valid and
+    // writable (it is the receive buffer) and untouched by others until the call completes.
+    let buf = unsafe { RawOut::new(p as *mut u8, len) };
+    Ok(OutBuf::Raw(buf))
+}
 
-    // A non-root rank's sendbuff of scatter is never read, its recvbuff of gather never
-    // written: both may be NULL, and are not used whatever they are.
+/// The two buffers (address, bytes) of an out-of-place call, which must not overlap. A
+/// `reduce_leaf` (a non-root rank of reduce with a NULL recvbuff) gets a buffer of ours to
+/// receive into. A non-root rank's sendbuff of scatter is never read, its recvbuff of gather
+/// never written: both may be NULL, and are not used whatever they are.
+fn wrap_apart(
+    coll: Collective,
+    (s, sb): (usize, usize),
+    (r, rb): (usize, usize),
+    reduce_leaf: bool,
+    is_root: bool,
+) -> Result<(RawIn, OutBuf), Fail> {
     let unused_send = coll == Collective::Scatter && !is_root;
     let unused_recv = coll == Collective::Gather && !is_root;
     let sb = if unused_send { 0 } else { sb };
     check_region("sendbuff", s, sb)?;
-    // A non-root rank's recvbuff of reduce is never written; NCCL lets it be NULL.
-    let reduce_leaf = coll == Collective::Reduce && !is_root && r == 0;
-    if unused_recv {
-        // Nothing to check.
-    } else if !reduce_leaf {
+    if !reduce_leaf && !unused_recv {
         check_region("recvbuff", r, rb)?;
         if overlaps(s, sb, r, rb) {
             let rule = match coll {
@@ -330,13 +386,5 @@ pub(crate) fn prepare(
         // do not overlap, so the shared and the mutable slice never alias.
         OutBuf::Raw(unsafe { RawOut::new(r as *mut u8, rb) })
     };
-    Ok(Prepared {
-        coll,
-        send: Some(send),
-        recv,
-        count,
-        dtype,
-        op,
-        root,
-    })
+    Ok((send, recv))
 }

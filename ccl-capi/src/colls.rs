@@ -4,30 +4,19 @@ use std::ffi::{c_int, c_void};
 
 use ccl::Collective;
 
-use crate::buffers::{Prepared, prepare};
+use crate::buffers::{Prepared, RawCall, prepare};
 use crate::error::{Fail, guard, out};
 use crate::handles::{comm_from, insert_request, take_request, test_request};
 use crate::{cclComm_t, cclDataType_t, cclRedOp_t, cclRequest_t, cclResult_t, group};
 
 /// A blocking collective: checked, then run (or recorded, inside a group).
-#[allow(clippy::too_many_arguments)]
-fn blocking(
-    name: &str,
-    coll: Collective,
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    op: c_int,
-    root: c_int,
-    comm: cclComm_t,
-) -> cclResult_t {
+fn blocking(name: &str, call: RawCall, comm: cclComm_t) -> cclResult_t {
     guard(name, || {
         let c = comm_from(comm)?;
-        let p = if coll == Collective::Barrier {
+        let p = if call.coll == Collective::Barrier {
             Prepared::barrier()
         } else {
-            prepare(&c, coll, sendbuff, recvbuff, count, datatype, op, root)?
+            prepare(&c, &call)?
         };
         if group::active() {
             group::defer(comm, c, p);
@@ -38,16 +27,9 @@ fn blocking(
 }
 
 /// A non-blocking collective: checked, then queued; the request is registered.
-#[allow(clippy::too_many_arguments)]
 fn nonblocking(
     name: &str,
-    coll: Collective,
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: c_int,
-    op: c_int,
-    root: c_int,
+    call: RawCall,
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
@@ -60,10 +42,10 @@ fn nonblocking(
             ));
         }
         let c = comm_from(comm)?;
-        let p = if coll == Collective::Barrier {
+        let p = if call.coll == Collective::Barrier {
             Prepared::barrier()
         } else {
-            prepare(&c, coll, sendbuff, recvbuff, count, datatype, op, root)?
+            prepare(&c, &call)?
         };
         let req = c.collective_bytes_async(p.coll, p.send, p.recv, p.count, p.dtype, p.op, p.root);
         out(request, "request", insert_request(Box::new(req)))
@@ -82,18 +64,8 @@ pub extern "C" fn cclAllReduce(
     op: cclRedOp_t,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::AllReduce;
-    blocking(
-        "cclAllReduce",
-        c,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        op,
-        0,
-        comm,
-    )
+    let call = RawCall::new(Collective::AllReduce, sendbuff, recvbuff, count, datatype).op(op);
+    blocking("cclAllReduce", call, comm)
 }
 
 /// Broadcast from `root`.
@@ -106,18 +78,8 @@ pub extern "C" fn cclBroadcast(
     root: c_int,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::Broadcast;
-    blocking(
-        "cclBroadcast",
-        c,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        0,
-        root,
-        comm,
-    )
+    let call = RawCall::new(Collective::Broadcast, sendbuff, recvbuff, count, datatype).root(root);
+    blocking("cclBroadcast", call, comm)
 }
 
 /// Reduce to `root`.
@@ -131,18 +93,10 @@ pub extern "C" fn cclReduce(
     root: c_int,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::Reduce;
-    blocking(
-        "cclReduce",
-        c,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        op,
-        root,
-        comm,
-    )
+    let call = RawCall::new(Collective::Reduce, sendbuff, recvbuff, count, datatype)
+        .op(op)
+        .root(root);
+    blocking("cclReduce", call, comm)
 }
 
 /// Allgather of `sendcount` elements per rank.
@@ -154,18 +108,14 @@ pub extern "C" fn cclAllGather(
     datatype: cclDataType_t,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::AllGather;
-    blocking(
-        "cclAllGather",
-        c,
+    let call = RawCall::new(
+        Collective::AllGather,
         sendbuff,
         recvbuff,
         sendcount,
         datatype,
-        0,
-        0,
-        comm,
-    )
+    );
+    blocking("cclAllGather", call, comm)
 }
 
 /// Reduce-scatter of `recvcount` elements per rank.
@@ -178,18 +128,15 @@ pub extern "C" fn cclReduceScatter(
     op: cclRedOp_t,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::ReduceScatter;
-    blocking(
-        "cclReduceScatter",
-        c,
+    let call = RawCall::new(
+        Collective::ReduceScatter,
         sendbuff,
         recvbuff,
         recvcount,
         datatype,
-        op,
-        0,
-        comm,
     )
+    .op(op);
+    blocking("cclReduceScatter", call, comm)
 }
 
 /// Alltoall of `count` elements per peer.
@@ -201,18 +148,8 @@ pub extern "C" fn cclAlltoAll(
     datatype: cclDataType_t,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::AllToAll;
-    blocking(
-        "cclAlltoAll",
-        c,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        0,
-        0,
-        comm,
-    )
+    let call = RawCall::new(Collective::AllToAll, sendbuff, recvbuff, count, datatype);
+    blocking("cclAlltoAll", call, comm)
 }
 
 /// Gather of `count` elements per rank to `root` (NCCL 2.28's `ncclGather`).
@@ -225,18 +162,8 @@ pub extern "C" fn cclGather(
     root: c_int,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::Gather;
-    blocking(
-        "cclGather",
-        c,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        0,
-        root,
-        comm,
-    )
+    let call = RawCall::new(Collective::Gather, sendbuff, recvbuff, count, datatype).root(root);
+    blocking("cclGather", call, comm)
 }
 
 /// Scatter of `count` elements per rank from `root` (NCCL 2.28's `ncclScatter`).
@@ -249,18 +176,8 @@ pub extern "C" fn cclScatter(
     root: c_int,
     comm: cclComm_t,
 ) -> cclResult_t {
-    let c = Collective::Scatter;
-    blocking(
-        "cclScatter",
-        c,
-        sendbuff,
-        recvbuff,
-        count,
-        datatype,
-        0,
-        root,
-        comm,
-    )
+    let call = RawCall::new(Collective::Scatter, sendbuff, recvbuff, count, datatype).root(root);
+    blocking("cclScatter", call, comm)
 }
 
 /// Non-blocking gather.
@@ -274,10 +191,8 @@ pub extern "C" fn cclGatherAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclGatherAsync", Collective::Gather);
-    nonblocking(
-        n, c, sendbuff, recvbuff, count, datatype, 0, root, comm, request,
-    )
+    let call = RawCall::new(Collective::Gather, sendbuff, recvbuff, count, datatype).root(root);
+    nonblocking("cclGatherAsync", call, comm, request)
 }
 
 /// Non-blocking scatter.
@@ -291,17 +206,15 @@ pub extern "C" fn cclScatterAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclScatterAsync", Collective::Scatter);
-    nonblocking(
-        n, c, sendbuff, recvbuff, count, datatype, 0, root, comm, request,
-    )
+    let call = RawCall::new(Collective::Scatter, sendbuff, recvbuff, count, datatype).root(root);
+    nonblocking("cclScatterAsync", call, comm, request)
 }
 
 /// Barrier.
 #[unsafe(no_mangle)]
 pub extern "C" fn cclBarrier(comm: cclComm_t) -> cclResult_t {
-    let c = Collective::Barrier;
-    blocking("cclBarrier", c, NO_BUF, NO_BUF, 0, 0, 0, 0, comm)
+    let call = RawCall::new(Collective::Barrier, NO_BUF, NO_BUF, 0, 0);
+    blocking("cclBarrier", call, comm)
 }
 
 /// Non-blocking allreduce.
@@ -315,10 +228,8 @@ pub extern "C" fn cclAllReduceAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclAllReduceAsync", Collective::AllReduce);
-    nonblocking(
-        n, c, sendbuff, recvbuff, count, datatype, op, 0, comm, request,
-    )
+    let call = RawCall::new(Collective::AllReduce, sendbuff, recvbuff, count, datatype).op(op);
+    nonblocking("cclAllReduceAsync", call, comm, request)
 }
 
 /// Non-blocking broadcast.
@@ -332,10 +243,8 @@ pub extern "C" fn cclBroadcastAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclBroadcastAsync", Collective::Broadcast);
-    nonblocking(
-        n, c, sendbuff, recvbuff, count, datatype, 0, root, comm, request,
-    )
+    let call = RawCall::new(Collective::Broadcast, sendbuff, recvbuff, count, datatype).root(root);
+    nonblocking("cclBroadcastAsync", call, comm, request)
 }
 
 /// Non-blocking reduce.
@@ -351,10 +260,10 @@ pub extern "C" fn cclReduceAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclReduceAsync", Collective::Reduce);
-    nonblocking(
-        n, c, sendbuff, recvbuff, count, datatype, op, root, comm, request,
-    )
+    let call = RawCall::new(Collective::Reduce, sendbuff, recvbuff, count, datatype)
+        .op(op)
+        .root(root);
+    nonblocking("cclReduceAsync", call, comm, request)
 }
 
 /// Non-blocking allgather.
@@ -367,10 +276,14 @@ pub extern "C" fn cclAllGatherAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclAllGatherAsync", Collective::AllGather);
-    nonblocking(
-        n, c, sendbuff, recvbuff, sendcount, datatype, 0, 0, comm, request,
-    )
+    let call = RawCall::new(
+        Collective::AllGather,
+        sendbuff,
+        recvbuff,
+        sendcount,
+        datatype,
+    );
+    nonblocking("cclAllGatherAsync", call, comm, request)
 }
 
 /// Non-blocking reduce-scatter.
@@ -384,10 +297,15 @@ pub extern "C" fn cclReduceScatterAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclReduceScatterAsync", Collective::ReduceScatter);
-    nonblocking(
-        n, c, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, request,
+    let call = RawCall::new(
+        Collective::ReduceScatter,
+        sendbuff,
+        recvbuff,
+        recvcount,
+        datatype,
     )
+    .op(op);
+    nonblocking("cclReduceScatterAsync", call, comm, request)
 }
 
 /// Non-blocking alltoall.
@@ -400,17 +318,15 @@ pub extern "C" fn cclAlltoAllAsync(
     comm: cclComm_t,
     request: *mut cclRequest_t,
 ) -> cclResult_t {
-    let (n, c) = ("cclAlltoAllAsync", Collective::AllToAll);
-    nonblocking(
-        n, c, sendbuff, recvbuff, count, datatype, 0, 0, comm, request,
-    )
+    let call = RawCall::new(Collective::AllToAll, sendbuff, recvbuff, count, datatype);
+    nonblocking("cclAlltoAllAsync", call, comm, request)
 }
 
 /// Non-blocking barrier.
 #[unsafe(no_mangle)]
 pub extern "C" fn cclBarrierAsync(comm: cclComm_t, request: *mut cclRequest_t) -> cclResult_t {
-    let (n, c) = ("cclBarrierAsync", Collective::Barrier);
-    nonblocking(n, c, NO_BUF, NO_BUF, 0, 0, 0, 0, comm, request)
+    let call = RawCall::new(Collective::Barrier, NO_BUF, NO_BUF, 0, 0);
+    nonblocking("cclBarrierAsync", call, comm, request)
 }
 
 /// Whether the request has finished; if so, releases it and returns its result.

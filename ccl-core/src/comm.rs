@@ -1,9 +1,10 @@
-//! The transport-level part of a communicator: who the ranks are, connections to every peer, the
-//! sticky error and abort.
+//! The transport half of a communicator: who the ranks are, connections to every peer, the
+//! sticky error and abort. (The `ccl` crate's `Communicator` adds algorithms, schedules and
+//! issue order on top.)
 //!
-//! [`Comm`] is the shared, thread-safe half (rank, size, settings, host names, abort signal, first
-//! error); [`Links`] holds the endpoints, which the collective executor drives with exclusive
-//! access. Keeping them apart lets `abort()` run from any thread while a collective holds the
+//! [`Peers`] is the shared, thread-safe part (rank, size, settings, host names, abort signal,
+//! first error); [`Links`] holds the endpoints, which the collective executor drives with
+//! exclusive access. Keeping them apart lets `abort()` run from any thread while a collective holds the
 //! links. How a rank waits for its peers (spin, then sleep on the endpoints, the abort signal and
 //! the job monitor) is in [`wait`].
 
@@ -19,7 +20,9 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::{TopoFile, Topology};
 use crate::trace::{Meta, Recorder};
-use crate::transport::{ConnectContext, Endpoint, Handle, HostMemory, Transport};
+use crate::transport::{
+    ConnectContext, Endpoint, Handle, HostMemory, Listener, Transport, TransportProperties,
+};
 use crate::wireup::{self, HostId, Record};
 use crate::{ccl_info, ccl_warn, net};
 
@@ -59,9 +62,11 @@ impl AbortSignal {
     }
 }
 
-/// The shared half of a communicator.
+/// The ranks of a communicator as the transport layer holds them: rank and size, settings, hosts
+/// and topology, which transport each peer uses, the job monitor, the flight recorder, abort and
+/// the sticky error. Thread-safe; the endpoints themselves are in [`Links`].
 #[derive(Debug)]
-pub struct Comm {
+pub struct Peers {
     rank: usize,
     size: usize,
     config: Config,
@@ -105,7 +110,7 @@ impl Links {
     }
 }
 
-impl Comm {
+impl Peers {
     /// Connects to every peer, using `bootstrap` to exchange where each rank runs and a handle
     /// for each of its transports, then releases the bootstrap.
     ///
@@ -116,7 +121,7 @@ impl Comm {
         mut bootstrap: Bootstrap,
         candidates: Vec<Arc<dyn Transport>>,
         config: Config,
-    ) -> Result<(Arc<Comm>, Links)> {
+    ) -> Result<(Arc<Peers>, Links)> {
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
         for var in &config.unknown {
             ccl_warn!(
@@ -146,28 +151,7 @@ impl Comm {
             (None, Some(f)) => f.fingerprint(),
             (None, None) => 0,
         };
-        let record = Record {
-            runs_root: crate::bootstrap::root_is_local(bootstrap.root()),
-            topo_fp: fp,
-            host: HostId::current(),
-            offers: candidates
-                .iter()
-                .zip(&listeners)
-                .map(|(t, l)| {
-                    (
-                        t.name().to_string(),
-                        l.as_ref()
-                            .map_or_else(|| Handle::new(&[]).expect("empty"), |l| l.handle()),
-                    )
-                })
-                .collect(),
-        };
-        let records = bootstrap
-            .allgather(&record.encode())?
-            .iter()
-            .enumerate()
-            .map(|(r, b)| Record::decode(b, r).map_err(|e| e.rank(rank)))
-            .collect::<Result<Vec<_>>>()?;
+        let records = exchange_records(&mut bootstrap, &candidates, &listeners, fp)?;
         check_fingerprints(&records, fp, rank)?;
         let hosts: Vec<String> = records.iter().map(|r| r.host.name.clone()).collect();
         let topology = match (&config.topology, &topo_file) {
@@ -208,42 +192,21 @@ impl Comm {
             "communicator ready: {size} ranks, {summary} (listening on {local_ip})"
         );
         if let (Some(path), true, 0) = (&config.topo_file, topo_file.is_some(), rank) {
-            let sm = topology.summary();
-            ccl_info!(
-                Some(rank),
-                "topology from {path}: {} hosts ({} to {} ranks each), {} racks, {} zones",
-                sm.hosts,
-                sm.min_per_host,
-                sm.max_per_host,
-                sm.racks,
-                sm.zones
-            );
+            log_topology(path, &topology);
         }
-        let peer_transports: Vec<Option<&'static str>> = chosen
-            .iter()
-            .map(|c| c.map(|t| candidates[t].name()))
-            .collect();
-        let used: Vec<&Arc<dyn Transport>> = candidates
-            .iter()
-            .enumerate()
-            .filter(|(t, _)| chosen.contains(&Some(*t)))
-            .map(|(_, t)| t)
-            .collect();
-        // Host memory serves collectives only when it spans the whole communicator (the
-        // hierarchical algorithms do not use it yet).
-        let host = used
-            .iter()
-            .find_map(|t| t.take_host())
-            .filter(|h| h.ranks().len() == size);
-        let mut props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
-        props.host_memory = host.is_some();
+        let InUse {
+            peer_transports,
+            props,
+            name: transport_name,
+            host,
+        } = in_use(&chosen, &candidates, size);
         let tag = comm_tag(&ctx.secret);
         let trace_buffer = config.trace_buffer;
-        let comm = Comm {
+        let comm = Peers {
             rank,
             size,
             config,
-            transport_name: transport_label(&used, &candidates),
+            transport_name,
             peer_transports,
             summary,
             transport_props: props,
@@ -604,6 +567,54 @@ fn read_topology(config: &Config, size: usize, rank: usize) -> Result<Option<Top
         .transpose()
 }
 
+/// Publishes this rank's record (where it runs, its topology's fingerprint `fp`, a handle per
+/// transport: `listeners[t]` listens for `candidates[t]`, none when alone) and returns every
+/// rank's, in rank order.
+fn exchange_records(
+    bootstrap: &mut Bootstrap,
+    candidates: &[Arc<dyn Transport>],
+    listeners: &[Option<Box<dyn Listener>>],
+    fp: u64,
+) -> Result<Vec<Record>> {
+    let record = Record {
+        runs_root: crate::bootstrap::root_is_local(bootstrap.root()),
+        topo_fp: fp,
+        host: HostId::current(),
+        offers: candidates
+            .iter()
+            .zip(listeners)
+            .map(|(t, l)| {
+                (
+                    t.name().to_string(),
+                    l.as_ref()
+                        .map_or_else(|| Handle::new(&[]).expect("empty"), |l| l.handle()),
+                )
+            })
+            .collect(),
+    };
+    let rank = bootstrap.rank();
+    bootstrap
+        .allgather(&record.encode())?
+        .iter()
+        .enumerate()
+        .map(|(r, b)| Record::decode(b, r).map_err(|e| e.rank(rank)))
+        .collect()
+}
+
+/// Says (rank 0, info level) what the topology file at `path` described.
+fn log_topology(path: &str, topology: &Topology) {
+    let sm = topology.summary();
+    ccl_info!(
+        Some(0),
+        "topology from {path}: {} hosts ({} to {} ranks each), {} racks, {} zones",
+        sm.hosts,
+        sm.min_per_host,
+        sm.max_per_host,
+        sm.racks,
+        sm.zones
+    );
+}
+
 /// Fails when, during set-up, the root has announced another rank's failure, or when the rank
 /// that ran the root, which this rank still waits for, has gone.
 fn setup_watch(
@@ -647,6 +658,48 @@ fn check_fingerprints(records: &[Record], fp: u64, rank: usize) -> Result<()> {
     }
 }
 
+/// Of the `candidates`, given the one `chosen` for each peer: each peer's transport by name, the
+/// properties of those in use together ([`slowest`]), and their label ([`transport_label`]).
+/// What a communicator's connections use, once made.
+struct InUse {
+    /// Per peer, the transport's name.
+    peer_transports: Vec<Option<&'static str>>,
+    /// As the cost model sees them: the slowest transport in use, and whether host memory spans
+    /// the communicator.
+    props: TransportProperties,
+    /// `tcp`, `shm+tcp`, ...
+    name: String,
+    /// The memory every rank shares, when they all run on this host.
+    host: Option<Box<dyn HostMemory>>,
+}
+
+fn in_use(chosen: &[Option<usize>], candidates: &[Arc<dyn Transport>], size: usize) -> InUse {
+    let peer_transports = chosen
+        .iter()
+        .map(|c| c.map(|t| candidates[t].name()))
+        .collect();
+    let used: Vec<&Arc<dyn Transport>> = candidates
+        .iter()
+        .enumerate()
+        .filter(|(t, _)| chosen.contains(&Some(*t)))
+        .map(|(_, t)| t)
+        .collect();
+    // Host memory serves collectives only when it spans the whole communicator (the
+    // hierarchical algorithms do not use it yet).
+    let host = used
+        .iter()
+        .find_map(|t| t.take_host())
+        .filter(|h| h.ranks().len() == size);
+    let mut props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
+    props.host_memory = host.is_some();
+    InUse {
+        peer_transports,
+        props,
+        name: transport_label(&used, candidates),
+        host,
+    }
+}
+
 /// The transport with the lowest bandwidth among those in use (what bounds an algorithm whose
 /// steps cross every kind of link), with the longest spin any of them wants.
 fn slowest(used: &[&Arc<dyn Transport>]) -> Option<crate::transport::TransportProperties> {
@@ -677,14 +730,14 @@ fn comm_tag(secret: &[u8; 32]) -> String {
 }
 
 /// Communicators that dump their recorder on `SIGUSR1`.
-fn dumpers() -> &'static Mutex<Vec<std::sync::Weak<Comm>>> {
-    static D: std::sync::OnceLock<Mutex<Vec<std::sync::Weak<Comm>>>> = std::sync::OnceLock::new();
+fn dumpers() -> &'static Mutex<Vec<std::sync::Weak<Peers>>> {
+    static D: std::sync::OnceLock<Mutex<Vec<std::sync::Weak<Peers>>>> = std::sync::OnceLock::new();
     D.get_or_init(|| Mutex::new(Vec::new()))
 }
 
 /// Registers `comm` for `SIGUSR1` dumps, starting the (one, process-wide) signal thread on first
 /// use. The handler only wakes the thread; the thread writes the files.
-fn watch_sigusr1(comm: &Arc<Comm>) {
+fn watch_sigusr1(comm: &Arc<Peers>) {
     static STARTED: std::sync::Once = std::sync::Once::new();
     {
         let mut d = dumpers().lock().unwrap_or_else(|p| p.into_inner());
@@ -704,7 +757,7 @@ fn watch_sigusr1(comm: &Arc<Comm>) {
             .name("ccl-sigusr1".into())
             .spawn(move || {
                 for _ in signals.forever() {
-                    let live: Vec<Arc<Comm>> = dumpers()
+                    let live: Vec<Arc<Peers>> = dumpers()
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .iter()

@@ -3,7 +3,6 @@
 #![deny(unsafe_code)]
 
 pub mod bootstrap;
-pub mod check;
 pub mod comm;
 pub mod config;
 pub mod entropy;
@@ -11,6 +10,7 @@ pub mod error;
 pub mod log;
 pub mod net;
 pub mod reduce;
+pub mod test_values;
 pub mod topology;
 pub mod trace;
 pub mod transport;

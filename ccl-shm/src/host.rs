@@ -15,13 +15,14 @@
 //! `ccl-algos` verifies that no schedule reads a slot before its owner posted the write, or
 //! writes a slot before every reader posted that it is done.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use ccl_core::{Error, Result};
 use crossbeam_utils::CachePadded;
 
 use crate::mem::{Mapping, MemFile, PAGE};
+use crate::wake::{drain, new_eventfd, signal};
 
 const MAGIC: [u8; 8] = *b"CCLHOST1";
 
@@ -100,7 +101,7 @@ impl HostSegment {
         let layout = Layout::new(ranks, slot)?;
         let file = MemFile::create("ccl-host", layout.len, "CCL_SHM_SLOT_SIZE")?;
         let events = (0..ranks)
-            .map(|_| crate::transport::new_eventfd())
+            .map(|_| new_eventfd())
             .collect::<Result<Vec<_>>>()?;
         let seg = HostSegment::map(file, layout, 0, events)?;
         let mut head = [0u8; 24];
@@ -220,7 +221,7 @@ impl HostSegment {
         for r in 0..self.layout.ranks {
             let s = &self.flags(r).sleeping;
             if r != self.me && s.load(Ordering::Relaxed) != 0 && s.swap(0, Ordering::AcqRel) != 0 {
-                let _ = nix::unistd::write(&self.events[r], &1u64.to_ne_bytes());
+                signal(&self.events[r]);
             }
         }
     }
@@ -233,8 +234,7 @@ impl HostSegment {
     /// Raises this rank's sleep flag unless `ranks` have reached `count` by now; returns whether
     /// the caller may sleep (on [`wait_fd`](HostSegment::wait_fd)).
     pub fn arm(&self, ranks: impl IntoIterator<Item = usize> + Clone, count: u64) -> bool {
-        let mut b = [0u8; 8];
-        let _ = nix::unistd::read(self.events[self.me].as_raw_fd(), &mut b);
+        drain(&self.events[self.me]);
         let s = &self.flags(self.me).sleeping;
         s.store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);

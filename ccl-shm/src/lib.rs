@@ -42,6 +42,7 @@ pub mod host;
 pub mod mem;
 mod ring;
 mod transport;
+mod wake;
 
 pub use host::HostSegment;
 pub use transport::{HostGroup, ShmTransport};

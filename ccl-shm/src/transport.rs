@@ -24,12 +24,12 @@ use ccl_core::transport::{
 };
 use ccl_core::{Error, ErrorKind, Result, ccl_trace, net};
 use nix::poll::PollFlags;
-use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::fdpass;
 use crate::host::HostSegment;
 use crate::mem::{Mapping, MemFile, Mirror, PAGE, page_size};
 use crate::ring::{Consumer, Producer, RingCtl, RingMem};
+use crate::wake::{drain, new_eventfd, signal};
 
 const HANDLE_MAGIC: [u8; 2] = *b"CS";
 const HANDLE_VERSION: u8 = 1;
@@ -169,24 +169,6 @@ fn decode_handle(h: &Handle) -> Result<Vec<u8>> {
 
 fn sys(what: impl Into<String>, e: io::Error) -> Error {
     Error::io(ErrorKind::System, what, e)
-}
-
-pub(crate) fn new_eventfd() -> Result<OwnedFd> {
-    EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-        .map(OwnedFd::from)
-        .map_err(|e| sys("eventfd", e.into()))
-}
-
-/// Wakes whoever polls `fd`.
-fn signal(fd: &OwnedFd) {
-    // EAGAIN (a full counter) still leaves it readable.
-    let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
-}
-
-/// Clears a pending wake-up.
-fn drain(fd: &OwnedFd) {
-    let mut b = [0u8; 8];
-    let _ = nix::unistd::read(fd.as_raw_fd(), &mut b);
 }
 
 impl Transport for ShmTransport {

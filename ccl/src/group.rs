@@ -8,6 +8,7 @@
 use ccl_algos::exec::{ExtraBuf, OpInfo, OpKind};
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule};
 
+use crate::engine::Execution;
 use crate::{Communicator, DataType, Element, Error, ReduceOp, Result};
 
 enum Op<'b> {
@@ -131,9 +132,18 @@ impl<'c, 'b> Group<'c, 'b> {
             root: 0,
             count: 0,
         };
-        self.comm
-            .sub()
-            .blocking(|s| s.execute(&sched, None, &mut [], extra, DataType::U8, ReduceOp::Sum, d))
+        let engine = &self.comm.engine;
+        self.comm.order.blocking(|| {
+            engine.execute(Execution {
+                sched: &sched,
+                send: None,
+                recv: &mut [],
+                extra,
+                dtype: DataType::U8,
+                op: ReduceOp::Sum,
+                info: d,
+            })
+        })
     }
 }
 

@@ -1,7 +1,8 @@
 //! # ccl: collective communication for training programs
 //!
-//! Allreduce (and, as they land, the other collectives) across processes and hosts over RDMA
-//! (RoCEv2 verbs), TCP, or threads of one process, with NCCL's semantics and a safe Rust API.
+//! Allreduce, broadcast, reduce, allgather, reduce-scatter, alltoall, barrier and point-to-point
+//! sends and receives across processes and hosts over RDMA (RoCEv2 verbs), TCP, shared memory,
+//! or threads of one process, with NCCL's semantics and a safe Rust API.
 //!
 //! ## Quick start
 //!
@@ -45,13 +46,13 @@
 //!   matching arguments on every rank, as with NCCL and MPI.
 //! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ccl_algos::overrides::Overrides;
 use ccl_core::bootstrap::Bootstrap;
 use ccl_core::bootstrap::env::Launch;
 use ccl_core::ccl_info;
-use ccl_core::comm::Comm;
+use ccl_core::comm::Peers;
 use ccl_core::config::TransportKind;
 use ccl_core::transport::Transport;
 use ccl_core::transport::local::LocalTransport;
@@ -61,17 +62,17 @@ pub use ccl_algos::algo::{Algo, BufferLens, Collective};
 pub use ccl_core::config::Config;
 pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, UniqueId};
 
+mod engine;
 mod group;
 mod order;
-mod shared;
 mod split;
 mod vcoll;
 pub use group::Group;
 pub use order::Request;
 pub use vcoll::Counts;
 
-use order::{Progress, Submitter};
-use shared::Shared;
+use engine::{Call, Engine};
+use order::Order;
 
 /// A group of ranks that run collectives together.
 ///
@@ -80,8 +81,11 @@ use shared::Shared;
 /// at a time, in the order they were issued on this rank, blocking or not; every rank must issue
 /// the same operations in the same order.
 pub struct Communicator {
-    s: Arc<Shared>,
-    progress: Mutex<Option<Progress>>,
+    engine: Arc<Engine>,
+    /// Dropped with the communicator: finishes (or fails at their deadlines) the operations
+    /// already issued, then stops the progress thread; the connections close when the last
+    /// reference to the engine goes.
+    order: Order,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -94,11 +98,9 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// Elements of `coll`'s count for buffers of these lengths (in place when `send` is `None`),
-/// following NCCL: allgather's count is the input block, reduce-scatter's the output block.
 /// A collective on typed buffers: NCCL's count from their lengths, then the untyped run.
 fn run_typed<T: Element>(
-    s: &Shared,
+    engine: &Engine,
     coll: Collective,
     send: Option<&[T]>,
     recv: &mut [T],
@@ -106,18 +108,17 @@ fn run_typed<T: Element>(
     root: usize,
 ) -> Result<()> {
     let count = coll
-        .count_for(send.map(|b| b.len()), recv.len(), s.size())
-        .map_err(|e| Error::invalid_argument(format!("{coll}: {e}")).rank(s.rank()))?;
+        .count_for(send.map(|b| b.len()), recv.len(), engine.size())
+        .map_err(|e| Error::invalid_argument(format!("{coll}: {e}")).rank(engine.rank()))?;
     let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
-    s.run(
+    let call = Call {
         coll,
-        send,
-        bytemuck::cast_slice_mut(recv),
         count,
-        T::DTYPE,
+        dtype: T::DTYPE,
         op,
         root,
-    )
+    };
+    engine.run(call, send, bytemuck::cast_slice_mut(recv))
 }
 
 impl Communicator {
@@ -163,52 +164,45 @@ impl Communicator {
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
             .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
         let candidates = transports(&config, rank)?;
-        let (comm, links) = Comm::connect(b, candidates, config)?;
+        let (peers, links) = Peers::connect(b, candidates, config)?;
         let c = Communicator {
-            s: Arc::new(Shared::new(comm, links, overrides)),
-            progress: Mutex::new(None),
+            order: Order::new(peers.clone()),
+            engine: Arc::new(Engine::new(peers, links, overrides)),
         };
-        c.s.log_algorithm_table();
+        c.engine.log_algorithm_table();
         Ok(c)
-    }
-
-    fn sub(&self) -> Submitter<'_> {
-        Submitter {
-            shared: &self.s,
-            progress: &self.progress,
-        }
     }
 
     /// This process's rank.
     pub fn rank(&self) -> usize {
-        self.s.rank()
+        self.engine.rank()
     }
 
     /// Number of ranks.
     pub fn size(&self) -> usize {
-        self.s.size()
+        self.engine.size()
     }
 
     /// The transport every pair of ranks uses (`shm`, `tcp`, `ib`, `local`), or those in use
     /// joined by `+` (`shm+tcp`: shared memory within hosts, TCP across).
     pub fn transport_name(&self) -> &str {
-        self.s.comm.transport_name()
+        self.engine.peers.transport_name()
     }
 
     /// What connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across (as seen
     /// from rank 0)`.
     pub fn transport_summary(&self) -> &str {
-        self.s.comm.transport_summary()
+        self.engine.peers.transport_summary()
     }
 
     /// Host name of every rank.
     pub fn hosts(&self) -> &[String] {
-        self.s.comm.hosts()
+        self.engine.peers.hosts()
     }
 
     /// The settings this communicator was created with.
     pub fn config(&self) -> &Config {
-        self.s.comm.config()
+        self.engine.peers.config()
     }
 
     /// The algorithms `coll` can run on this communicator: those the library has for it, less
@@ -217,7 +211,7 @@ impl Communicator {
         coll.algos()
             .iter()
             .copied()
-            .filter(|&a| a != Algo::Shm || self.s.has_host_memory())
+            .filter(|&a| a != Algo::Shm || self.engine.has_host_memory())
             .collect()
     }
 
@@ -234,7 +228,11 @@ impl Communicator {
             )
             .rank(self.rank()));
         }
-        let mut o = self.s.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = self
+            .engine
+            .overrides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         match algo {
             Some(a) => o
                 .set(coll, a)
@@ -248,25 +246,25 @@ impl Communicator {
 
     /// Fails the communicator and ends every wait at once, from any thread; idempotent.
     pub fn abort(&self) {
-        self.s.comm.abort();
-        self.s.turns.wake_all();
+        self.engine.peers.abort();
+        self.order.wake_all();
     }
 
     /// Peers the slow-rank report named in its last window: ranks that entered operations
     /// `CCL_SLOW_MS` or more after this one on average, two windows of `CCL_SLOW_WINDOW`
     /// operations in a row (also logged at warn level).
     pub fn slow_peers(&self) -> Vec<ccl_core::comm::SlowPeer> {
-        self.s.comm.slow_peers()
+        self.engine.peers.slow_peers()
     }
 
     /// The flight recorder as JSON (what `CCL_TRACE_DIR` dumps hold; `ccl-trace` reads it).
     pub fn trace_json(&self) -> String {
-        self.s.comm.trace_json("snapshot")
+        self.engine.peers.trace_json("snapshot")
     }
 
     /// Writes the flight recorder to `CCL_TRACE_DIR` now; returns the file, if written.
     pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
-        self.s.comm.dump_trace(reason)
+        self.engine.peers.dump_trace(reason)
     }
 
     /// The algorithm `coll` runs for a buffer of `size_bytes` (the whole buffer for allreduce,
@@ -274,12 +272,12 @@ impl Communicator {
     /// and alltoall): the one forced by `CCL_ALGO` or [`set_algorithm`](Self::set_algorithm),
     /// else the cost model's choice.
     pub fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
-        self.s.algorithm(coll, size_bytes)
+        self.engine.algorithm(coll, size_bytes)
     }
 
     /// The error the communicator failed with, if it has (NCCL's `ncclCommGetAsyncError`).
     pub fn error(&self) -> Option<Error> {
-        self.s.comm.error()
+        self.engine.peers.error()
     }
 
     /// Any collective on typed buffers: from `send`, or in place in `recv` when `send` is
@@ -294,12 +292,14 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.sub()
-            .blocking(|s| run_typed(s, coll, send, recv, op, root))
+        self.order
+            .blocking(|| run_typed(&self.engine, coll, send, recv, op, root))
     }
 
     /// Any collective on untyped buffers, NCCL style: `count` is NCCL's count, `send` is `None`
     /// in place. Buffer lengths are checked against the collective's rules.
+    // Seven arguments: NCCL's own list (buffers, count, type, operator, root), which the C ABI
+    // passes through one for one.
     #[allow(clippy::too_many_arguments)]
     pub fn collective_bytes(
         &self,
@@ -311,8 +311,14 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.sub()
-            .blocking(|s| s.run(coll, send, recv, count, dtype, op, root))
+        let call = Call {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        };
+        self.order.blocking(|| self.engine.run(call, send, recv))
     }
 
     /// Non-blocking [`collective`](Communicator::collective): takes ownership of the buffers
@@ -331,9 +337,10 @@ impl Communicator {
         S: AsRef<[T]> + Send + 'static,
         R: AsMut<[T]> + Send + 'static,
     {
-        self.sub().submit((send, recv), move |s, (send, recv)| {
+        let engine = self.engine.clone();
+        self.order.submit((send, recv), move |(send, recv)| {
             run_typed(
-                s,
+                &engine,
                 coll,
                 send.as_ref().map(|b| b.as_ref()),
                 recv.as_mut(),
@@ -344,6 +351,7 @@ impl Communicator {
     }
 
     /// Non-blocking [`collective_bytes`](Communicator::collective_bytes) on owned byte buffers.
+    // Seven arguments: as `collective_bytes`.
     #[allow(clippy::too_many_arguments)]
     pub fn collective_bytes_async<S, R>(
         &self,
@@ -359,9 +367,17 @@ impl Communicator {
         S: AsRef<[u8]> + Send + 'static,
         R: AsMut<[u8]> + Send + 'static,
     {
-        self.sub().submit((send, recv), move |s, (send, recv)| {
+        let call = Call {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        };
+        let engine = self.engine.clone();
+        self.order.submit((send, recv), move |(send, recv)| {
             let send = send.as_ref().map(|b| b.as_ref());
-            s.run(coll, send, recv.as_mut(), count, dtype, op, root)
+            engine.run(call, send, recv.as_mut())
         })
     }
 
@@ -394,18 +410,9 @@ impl Communicator {
         T: Element,
         B: AsMut<[T]> + Send + 'static,
     {
-        self.sub().submit(buf, move |s, buf| {
-            let buf = buf.as_mut();
-            let count = buf.len();
-            s.run(
-                Collective::AllReduce,
-                None,
-                bytemuck::cast_slice_mut(buf),
-                count,
-                T::DTYPE,
-                op,
-                0,
-            )
+        let engine = self.engine.clone();
+        self.order.submit(buf, move |buf| {
+            run_typed(&engine, Collective::AllReduce, None, buf.as_mut(), op, 0)
         })
     }
 
@@ -486,30 +493,17 @@ impl Communicator {
 
     /// Non-blocking barrier.
     pub fn barrier_async(&self) -> Request<()> {
-        self.sub().submit((), |s, ()| {
-            s.run(
+        let engine = self.engine.clone();
+        self.order.submit((), move |()| {
+            run_typed::<u8>(
+                &engine,
                 Collective::Barrier,
                 None,
                 &mut [],
-                0,
-                DataType::U8,
                 ReduceOp::Sum,
                 0,
             )
         })
-    }
-}
-
-impl Drop for Communicator {
-    fn drop(&mut self) {
-        // Finish (or fail at their deadlines) the operations already issued, then stop the
-        // progress thread; the connections close when the shared state goes.
-        drop(
-            self.progress
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(),
-        );
     }
 }
 

@@ -6,15 +6,17 @@
 //! call); non-blocking calls queue to one progress thread per communicator, started on first use.
 //! Ticket and queue position are taken under one lock, so the progress thread never waits for a
 //! ticket that sits behind it in its own queue.
+//!
+//! This module knows nothing of collectives: it orders closures. The communicator passes in what
+//! each operation runs.
 
-use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ccl_core::comm::Comm;
+use ccl_core::comm::Peers;
+use crossbeam_channel::{Receiver, Sender};
 
-use crate::shared::Shared;
 use crate::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -27,13 +29,13 @@ struct TurnState {
 
 /// Tickets and turns.
 #[derive(Debug, Default)]
-pub(crate) struct Turns {
+struct Turns {
     state: Mutex<TurnState>,
     cv: Condvar,
 }
 
 impl Turns {
-    pub fn ticket(&self) -> u64 {
+    fn ticket(&self) -> u64 {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let t = s.next;
         s.next += 1;
@@ -42,7 +44,7 @@ impl Turns {
 
     /// Waits until ticket `t` may run. Returns early with the communicator's error once it has
     /// failed: nothing will run anyway, so order no longer matters.
-    pub fn wait(&self, t: u64, comm: &Comm) -> Result<Turn<'_>> {
+    fn wait(&self, t: u64, comm: &Peers) -> Result<Turn<'_>> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if s.serving == t {
@@ -59,13 +61,13 @@ impl Turns {
     }
 
     /// Wakes every waiter (after an abort).
-    pub fn wake_all(&self) {
+    fn wake_all(&self) {
         self.cv.notify_all();
     }
 }
 
 /// The right to run; the next ticket's turn comes when it is dropped, even on unwinding.
-pub(crate) struct Turn<'a> {
+struct Turn<'a> {
     turns: &'a Turns,
     t: u64,
 }
@@ -82,8 +84,8 @@ impl Drop for Turn<'_> {
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The progress thread of one communicator.
-pub(crate) struct Progress {
-    tx: Option<SyncSender<Job>>,
+struct Progress {
+    tx: Option<Sender<Job>>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -92,7 +94,7 @@ const QUEUE: usize = 1024;
 
 impl Progress {
     fn start(rank: usize) -> Result<Progress> {
-        let (tx, rx): (SyncSender<Job>, Receiver<Job>) = mpsc::sync_channel(QUEUE);
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(QUEUE);
         let handle = std::thread::Builder::new()
             .name(format!("ccl-progress-{rank}"))
             .spawn(move || {
@@ -121,19 +123,21 @@ impl Drop for Progress {
     }
 }
 
-/// Issues `work` in order: inline when `progress` is `None`, on the progress thread otherwise.
-pub(crate) struct Submitter<'a> {
-    pub shared: &'a Arc<Shared>,
-    pub progress: &'a Mutex<Option<Progress>>,
+/// Issues operations in order: blocking ones on the caller's thread, non-blocking ones on the
+/// progress thread, started on first use and stopped (after finishing what was submitted) when
+/// this is dropped.
+pub(crate) struct Order {
+    comm: Arc<Peers>,
+    turns: Arc<Turns>,
+    progress: Mutex<Option<Progress>>,
 }
-
-type Slot<R> = Arc<(Mutex<Option<Result<R>>>, Condvar)>;
 
 /// A non-blocking operation in flight: [`wait`](Request::wait) for its result, which hands back
 /// the buffers it took.
 #[must_use = "a request does nothing unless waited on or tested (the operation runs regardless)"]
 pub struct Request<R> {
-    slot: Slot<R>,
+    /// Receives the one result (a channel of capacity one).
+    rx: Receiver<Result<R>>,
 }
 
 impl<R> std::fmt::Debug for Request<R> {
@@ -145,35 +149,36 @@ impl<R> std::fmt::Debug for Request<R> {
 impl<R> Request<R> {
     /// Whether the operation has finished (successfully or not).
     pub fn test(&self) -> bool {
-        self.slot
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+        !self.rx.is_empty()
     }
 
     /// Waits for the operation and returns its buffers, or its error. The wait ends: the
     /// operation itself fails at its deadline (`CCL_TIMEOUT` without progress) or on abort.
     pub fn wait(self) -> Result<R> {
-        let (m, cv) = &*self.slot;
-        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(r) = g.take() {
-                return r;
-            }
-            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
+        // The completion always sends before it goes (see its Drop), so the channel is never
+        // closed empty; the fallback only keeps this total.
+        self.rx.recv().unwrap_or_else(|_| Err(lost()))
     }
 }
 
-/// Fills a request's slot when dropped, so a job that panics or is dropped unrun still answers
-/// its waiter.
+fn lost() -> Error {
+    Error::internal("the operation was lost (its thread panicked)")
+}
+
+/// Sends a request its result when dropped, so a job that panics or is dropped unrun still
+/// answers its waiter.
 struct Completion<R> {
-    slot: Slot<R>,
+    tx: Sender<Result<R>>,
     value: Option<Result<R>>,
 }
 
 impl<R> Completion<R> {
+    /// A request and the completion that answers it.
+    fn pair() -> (Request<R>, Completion<R>) {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        (Request { rx }, Completion { tx, value: None })
+    }
+
     fn finish(mut self, v: Result<R>) {
         self.value = Some(v);
     }
@@ -181,43 +186,44 @@ impl<R> Completion<R> {
 
 impl<R> Drop for Completion<R> {
     fn drop(&mut self) {
-        let v = self.value.take().unwrap_or_else(|| {
-            Err(Error::internal(
-                "the operation was lost (its thread panicked)",
-            ))
-        });
-        let (m, cv) = &*self.slot;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-        cv.notify_all();
+        let v = self.value.take().unwrap_or_else(|| Err(lost()));
+        // Never full (one send per channel); a request dropped unwaited leaves nobody to tell.
+        let _ = self.tx.try_send(v);
     }
 }
 
-impl Submitter<'_> {
+impl Order {
+    /// Orders the operations of the communicator `comm`, whose sticky error ends every wait for a
+    /// turn.
+    pub fn new(comm: Arc<Peers>) -> Order {
+        Order {
+            comm,
+            turns: Arc::default(),
+            progress: Mutex::new(None),
+        }
+    }
+
     /// Runs `f` on the caller's thread when its turn comes.
-    pub fn blocking<T>(&self, f: impl FnOnce(&Shared) -> Result<T>) -> Result<T> {
-        let s = &**self.shared;
+    pub fn blocking<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let t = {
             // Tickets are taken under the progress lock too (see the module docs).
             let _q = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-            s.turns.ticket()
+            self.turns.ticket()
         };
-        let _turn = s.turns.wait(t, &s.comm)?;
-        f(s)
+        let _turn = self.turns.wait(t, &self.comm)?;
+        f()
     }
 
     /// Queues `f` (which owns `bufs`) to the progress thread; the request returns `bufs`.
     pub fn submit<B: Send + 'static>(
         &self,
         bufs: B,
-        f: impl FnOnce(&Shared, &mut B) -> Result<()> + Send + 'static,
+        f: impl FnOnce(&mut B) -> Result<()> + Send + 'static,
     ) -> Request<B> {
-        let slot: Slot<B> = Arc::new((Mutex::new(None), Condvar::new()));
-        let req = Request { slot: slot.clone() };
-        let done = Completion { slot, value: None };
-        let shared = self.shared.clone();
+        let (req, done) = Completion::pair();
         let mut q = self.progress.lock().unwrap_or_else(|p| p.into_inner());
         if q.is_none() {
-            match Progress::start(shared.rank()) {
+            match Progress::start(self.comm.rank()) {
                 Ok(p) => *q = Some(p),
                 Err(e) => {
                     done.finish(Err(e));
@@ -225,11 +231,12 @@ impl Submitter<'_> {
                 }
             }
         }
-        let t = shared.turns.ticket();
+        let t = self.turns.ticket();
+        let (comm, turns) = (self.comm.clone(), self.turns.clone());
         let job: Job = Box::new(move || {
             let mut bufs = bufs;
-            let r = match shared.turns.wait(t, &shared.comm) {
-                Ok(_turn) => f(&shared, &mut bufs),
+            let r = match turns.wait(t, &comm) {
+                Ok(_turn) => f(&mut bufs),
                 Err(e) => Err(e),
             };
             done.finish(r.map(|()| bufs));
@@ -242,5 +249,10 @@ impl Submitter<'_> {
         // job, whose completion then reports the loss.
         let _ = tx.send(job);
         req
+    }
+
+    /// Wakes every operation waiting for its turn (after an abort), so it sees the error.
+    pub fn wake_all(&self) {
+        self.turns.wake_all();
     }
 }

@@ -30,7 +30,7 @@ impl Communicator {
         let leader = my_members.as_ref().map(|m| m[0]);
         let mut id_bytes = [0u8; UNIQUE_ID_BYTES];
         if leader == Some(me) {
-            let id = UniqueId::new_at(self.s.comm.local_ip(), self.config())?;
+            let id = UniqueId::new_at(self.engine.peers.local_ip(), self.config())?;
             id_bytes.copy_from_slice(id.as_bytes());
         }
         let mut ids = vec![0u8; UNIQUE_ID_BYTES * n];
@@ -50,7 +50,7 @@ impl Communicator {
         // topology file would name this communicator's ranks).
         let mut config = self.config().clone();
         config.topo_file = None;
-        config.topology = Some(self.s.comm.topology().subset(&m));
+        config.topology = Some(self.engine.peers.topology().subset(&m));
         Communicator::init_with_config(&id, new_rank, m.len(), config)
             .map(Some)
             .map_err(|e| e.context(format!("split: joining color {}", color.unwrap_or(0))))

@@ -13,7 +13,7 @@ use ccl_algos::exec::{OpInfo, OpKind};
 use ccl_algos::vcoll::VShape;
 
 use crate::order::Request;
-use crate::shared::Shared;
+use crate::engine::{Engine, Execution};
 use crate::{BufferLens, Communicator, DataType, Element, Error, ReduceOp, Result};
 
 /// The counts of a collective with a count per rank, in elements. Displacements are element
@@ -152,7 +152,7 @@ fn check_len(
 /// Runs a collective with a count per rank on untyped buffers, after checking the counts and
 /// the buffers against each other. Not ordered: callers hold the turn.
 fn run_v(
-    s: &Shared,
+    s: &Engine,
     counts: &Counts,
     send: Option<&[u8]>,
     recv: &mut [u8],
@@ -186,7 +186,7 @@ fn run_v(
     };
     let exact = counts.packed(false);
     check_len(coll, rank, what, recv.len(), v.recv_len, dtype, exact)?;
-    s.comm.check()?;
+    s.peers.check()?;
     let bytes = v.size_bytes(dtype.size());
     let algo = s.algorithm(coll, bytes);
     let sched = algo::build_per_rank(coll, algo, &v)
@@ -198,7 +198,15 @@ fn run_v(
         // What the ranks must agree on travels as the header's count.
         count: v.agreed as usize,
     };
-    s.execute(&sched, send, recv, Vec::new(), dtype, op, info)
+    s.execute(Execution {
+        sched: &sched,
+        send,
+        recv,
+        extra: Vec::new(),
+        dtype,
+        op,
+        info,
+    })
 }
 
 impl Communicator {
@@ -238,8 +246,8 @@ impl Communicator {
     ) -> Result<()> {
         let send = send.map(|b| bytemuck::cast_slice::<T, u8>(b));
         let recv = bytemuck::cast_slice_mut(recv);
-        self.sub()
-            .blocking(|s| run_v(s, counts, send, recv, T::DTYPE, op))
+        self.order
+            .blocking(|| run_v(&self.engine, counts, send, recv, T::DTYPE, op))
     }
 
     /// [`collective_v`](Communicator::collective_v) on untyped buffers of `dtype`.
@@ -251,8 +259,8 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.sub()
-            .blocking(|s| run_v(s, counts, send, recv, dtype, op))
+        self.order
+            .blocking(|| run_v(&self.engine, counts, send, recv, dtype, op))
     }
 
     /// Non-blocking [`collective_v`](Communicator::collective_v): takes ownership of the
@@ -269,12 +277,13 @@ impl Communicator {
         S: AsRef<[T]> + Send + 'static,
         R: AsMut<[T]> + Send + 'static,
     {
-        self.sub().submit((send, recv), move |s, (send, recv)| {
+        let engine = self.engine.clone();
+        self.order.submit((send, recv), move |(send, recv)| {
             let send = send
                 .as_ref()
                 .map(|b| bytemuck::cast_slice::<T, u8>(b.as_ref()));
             let recv = bytemuck::cast_slice_mut(recv.as_mut());
-            run_v(s, &counts, send, recv, T::DTYPE, op)
+            run_v(&engine, &counts, send, recv, T::DTYPE, op)
         })
     }
 
@@ -292,9 +301,10 @@ impl Communicator {
         S: AsRef<[u8]> + Send + 'static,
         R: AsMut<[u8]> + Send + 'static,
     {
-        self.sub().submit((send, recv), move |s, (send, recv)| {
+        let engine = self.engine.clone();
+        self.order.submit((send, recv), move |(send, recv)| {
             let send = send.as_ref().map(|b| b.as_ref());
-            run_v(s, &counts, send, recv.as_mut(), dtype, op)
+            run_v(&engine, &counts, send, recv.as_mut(), dtype, op)
         })
     }
 

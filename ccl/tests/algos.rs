@@ -158,11 +158,11 @@ fn large_counts_pipeline() {
 #[test]
 fn rooted_trees_every_root_with_a_topology() {
     use ccl::Collective;
-    use ccl_core::check::{self, CheckValue};
+    use ccl_core::test_values::{self, CheckValue};
     fn one<T: CheckValue>(comm: &Communicator, c: usize, op: ReduceOp, in_place: bool) -> usize {
         let (r, n) = (comm.rank(), comm.size());
         let mine: Vec<T> = (0..c)
-            .map(|i| T::from_i64(check::input(op, r, i)))
+            .map(|i| T::from_i64(test_values::input(op, r, i)))
             .collect();
         let poison = || vec![T::from_i64(99); c];
         let same = |a: &T, b: &T| bytemuck::bytes_of(a) == bytemuck::bytes_of(b);
@@ -179,7 +179,7 @@ fn rooted_trees_every_root_with_a_topology() {
                 b
             };
             wrong += (0..c)
-                .filter(|&i| !same(&out[i], &T::from_i64(check::input(op, root, i))))
+                .filter(|&i| !same(&out[i], &T::from_i64(test_values::input(op, root, i))))
                 .count();
             // Reduce: the result at the root only.
             let out = if in_place {
@@ -194,7 +194,7 @@ fn rooted_trees_every_root_with_a_topology() {
             wrong += (0..c)
                 .filter(|&i| {
                     let want = if r == root {
-                        check::expected::<T>(op, n, i)
+                        test_values::expected::<T>(op, n, i)
                     } else if in_place {
                         mine[i]
                     } else {

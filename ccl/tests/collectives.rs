@@ -9,16 +9,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ccl::{Collective, Communicator, DataType, ReduceOp};
-use ccl_core::check::{self, CheckValue};
 use ccl_core::config::TransportKind;
 use ccl_core::dispatch_dtype;
+use ccl_core::test_values::{self, CheckValue};
 use common::*;
 
 const COUNTS: [usize; 4] = [0, 1, 7, 1023];
 
 fn vals<T: CheckValue>(op: ReduceOp, r: usize, len: usize) -> Vec<T> {
     (0..len)
-        .map(|i| T::from_i64(check::input(op, r, i)))
+        .map(|i| T::from_i64(test_values::input(op, r, i)))
         .collect()
 }
 
@@ -51,7 +51,7 @@ fn case<T: CheckValue>(
     };
     match coll {
         Collective::Broadcast => {
-            let want = |i: usize| T::from_i64(check::input(ReduceOp::Sum, root, i));
+            let want = |i: usize| T::from_i64(test_values::input(ReduceOp::Sum, root, i));
             let mine = vals::<T>(ReduceOp::Sum, r, c);
             let out = if in_place {
                 let mut b = mine;
@@ -76,7 +76,7 @@ fn case<T: CheckValue>(
                 b
             };
             if r == root {
-                mismatches(&out, |i| check::expected::<T>(op, n, i))
+                mismatches(&out, |i| test_values::expected::<T>(op, n, i))
             } else if in_place {
                 // Non-root buffers are left alone.
                 mismatches(&out, |i| mine[i])
@@ -85,8 +85,13 @@ fn case<T: CheckValue>(
             }
         }
         Collective::AllGather => {
-            let want =
-                |j: usize| T::from_i64(check::input(ReduceOp::Sum, j / c.max(1), j % c.max(1)));
+            let want = |j: usize| {
+                T::from_i64(test_values::input(
+                    ReduceOp::Sum,
+                    j / c.max(1),
+                    j % c.max(1),
+                ))
+            };
             let out = if in_place {
                 let mut b = poison::<T>(c * n);
                 b[r * c..(r + 1) * c].copy_from_slice(&vals::<T>(ReduceOp::Sum, r, c));
@@ -108,7 +113,7 @@ fn case<T: CheckValue>(
                     .unwrap_or_else(fail);
                 mismatches(&b, |j| {
                     if j / c.max(1) == r {
-                        check::expected::<T>(op, n, j)
+                        test_values::expected::<T>(op, n, j)
                     } else {
                         input[j]
                     }
@@ -116,13 +121,13 @@ fn case<T: CheckValue>(
             } else {
                 let mut b = poison(c);
                 comm.reduce_scatter(&input, &mut b, op).unwrap_or_else(fail);
-                mismatches(&b, |i| check::expected::<T>(op, n, r * c + i))
+                mismatches(&b, |i| test_values::expected::<T>(op, n, r * c + i))
             }
         }
         Collective::AllToAll => {
             let input = vals::<T>(ReduceOp::Sum, r, c * n);
             let want = |j: usize| {
-                T::from_i64(check::input(
+                T::from_i64(test_values::input(
                     ReduceOp::Sum,
                     j / c.max(1),
                     r * c + j % c.max(1),

@@ -7,9 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ccl::{Collective, Communicator, DataType, ReduceOp};
-use ccl_core::check::{self, CheckValue};
 use ccl_core::config::TransportKind;
 use ccl_core::dispatch_dtype;
+use ccl_core::test_values::{self, CheckValue};
 use common::*;
 
 fn rss_kib() -> u64 {
@@ -50,7 +50,7 @@ fn one<T: CheckValue>(
 ) -> usize {
     let (r, n) = (comm.rank(), comm.size());
     let c1 = count.max(1);
-    let val = |o: ReduceOp, k: usize, i: usize| T::from_i64(check::input(o, k, i));
+    let val = |o: ReduceOp, k: usize, i: usize| T::from_i64(test_values::input(o, k, i));
     let fail = |e: ccl::Error| {
         panic!(
             "rank {r}: {coll} count {count} {} {op} in_place={in_place}: {e}",
@@ -93,17 +93,17 @@ fn one<T: CheckValue>(
     }
     let want = |i: usize| -> Option<T> {
         Some(match coll {
-            Collective::AllReduce => check::expected(op, n, i),
+            Collective::AllReduce => test_values::expected(op, n, i),
             Collective::Broadcast => val(ReduceOp::Sum, root, i),
-            Collective::Reduce if r == root => check::expected(op, n, i),
+            Collective::Reduce if r == root => test_values::expected(op, n, i),
             Collective::AllGather => val(ReduceOp::Sum, i / c1, i % c1),
             Collective::ReduceScatter if in_place => {
                 if i / c1 != r {
                     return None;
                 }
-                check::expected(op, n, i)
+                test_values::expected(op, n, i)
             }
-            Collective::ReduceScatter => check::expected(op, n, r * count + i),
+            Collective::ReduceScatter => test_values::expected(op, n, r * count + i),
             Collective::AllToAll => val(ReduceOp::Sum, i / c1, r * count + i % c1),
             _ => return None,
         })

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ccl::{Communicator, Counts, ReduceOp};
-use ccl_core::check::CheckValue;
+use ccl_core::test_values::CheckValue;
 use ccl_core::config::TransportKind;
 use common::*;
 

@@ -290,16 +290,24 @@ impl Root {
 
     fn run(self) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
-        let mut ranks: Vec<Option<TcpStream>> = Vec::new();
-        let mut size = 0usize;
-        let mut joined = 0usize;
         self.listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
-        // Phase 1: admit ranks.
+        let mut streams = self.admit(deadline)?;
+        for s in &mut streams {
+            let _ = wire::write_frame(s, &Frame::new(FrameKind::Welcome, Vec::new()), deadline);
+        }
+        self.relay(streams)
+    }
+
+    /// Phase 1: admits ranks until as many have joined as the first one's hello announced, and
+    /// returns their connections in rank order.
+    fn admit(&self, deadline: Instant) -> Result<Vec<TcpStream>> {
+        let mut ranks: Vec<Option<TcpStream>> = Vec::new();
+        let mut size = 0usize;
+        let mut joined = 0usize;
         while joined < size || size == 0 {
             if Instant::now() >= deadline {
-                let missing = missing_ranks(&ranks, size);
                 let msg = if size == 0 {
                     format!(
                         "no rank arrived at the rendezvous {} within {:?}",
@@ -307,8 +315,10 @@ impl Root {
                     )
                 } else {
                     format!(
-                        "rank(s) {missing} never arrived at the rendezvous {} within {:?} ({joined} of {size} did)",
-                        self.addr, self.timeout
+                        "rank(s) {} never arrived at the rendezvous {} within {:?} ({joined} of {size} did)",
+                        missing_ranks(&ranks, size),
+                        self.addr,
+                        self.timeout
                     )
                 };
                 broadcast_error(&mut ranks, &msg);
@@ -323,40 +333,9 @@ impl Root {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Error::io(ErrorKind::System, "bootstrap root: accept", e)),
             };
-            let _ = s.set_nonblocking(false);
-            let _ = s.set_nodelay(true);
-            let hello_by = (Instant::now() + HELLO_GRACE).min(deadline);
-            let hello = match wire::read_frame(&mut s, hello_by, &|| format!("hello from {from}")) {
-                Ok(f) => f,
-                Err(e) => {
-                    ccl_warn!(
-                        None,
-                        "bootstrap root {}: dropped connection from {from}: {e}",
-                        self.addr
-                    );
-                    continue;
-                }
-            };
-            let h = match wire::Hello::decode(&hello) {
-                Ok(h) => h,
-                Err(why) => {
-                    ccl_warn!(
-                        None,
-                        "bootstrap root {}: dropped connection from {from}: {why}",
-                        self.addr
-                    );
-                    continue;
-                }
-            };
-            if !crate::transport::handshake::secrets_equal(&h.secret, &self.secret) {
-                ccl_warn!(
-                    None,
-                    "bootstrap root {}: dropped connection from {from} claiming rank {}: wrong secret (another job?)",
-                    self.addr,
-                    h.rank
-                );
+            let Some(h) = self.hello(&mut s, from, deadline) else {
                 continue;
-            }
+            };
             // From here the peer is one of ours: problems are the job's, and everyone hears.
             if size == 0 {
                 if h.size == 0 || h.size > MAX_RANKS {
@@ -370,22 +349,7 @@ impl Root {
                 size = h.size;
                 ranks.resize_with(size, || None);
             }
-            let problem = if h.size != size {
-                Some(format!(
-                    "rank {} from {from} says the world size is {} but rank(s) before it said {size}",
-                    h.rank, h.size
-                ))
-            } else if h.rank >= size {
-                Some(format!(
-                    "rank {} from {from} is out of range for world size {size}",
-                    h.rank
-                ))
-            } else if ranks[h.rank].is_some() {
-                Some(format!("rank {} joined twice (again from {from})", h.rank))
-            } else {
-                None
-            };
-            if let Some(msg) = problem {
+            if let Some(msg) = admission_problem(&h, from, &ranks) {
                 let _ = wire::write_frame(&mut s, &Frame::error(&msg), deadline);
                 broadcast_error(&mut ranks, &msg);
                 return Err(Error::invalid_argument(msg));
@@ -404,63 +368,67 @@ impl Root {
             "bootstrap root {}: all {size} ranks joined",
             self.addr
         );
-        let mut streams: Vec<TcpStream> =
-            ranks.into_iter().map(|s| s.expect("all joined")).collect();
-        for s in &mut streams {
-            let _ = wire::write_frame(s, &Frame::new(FrameKind::Welcome, Vec::new()), deadline);
+        Ok(ranks.into_iter().map(|s| s.expect("all joined")).collect())
+    }
+
+    /// Reads a new connection's hello and checks its secret: `None` (and a warning) when the
+    /// connection is no rank of this job, which is dropped without disturbing the job.
+    fn hello(&self, s: &mut TcpStream, from: SocketAddr, deadline: Instant) -> Option<wire::Hello> {
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_nodelay(true);
+        let hello_by = (Instant::now() + HELLO_GRACE).min(deadline);
+        let h = wire::read_frame(s, hello_by, &|| format!("hello from {from}"))
+            .map_err(|e| e.to_string())
+            .and_then(|f| wire::Hello::decode(&f).map_err(|why| why.to_string()));
+        let h = match h {
+            Ok(h) => h,
+            Err(why) => {
+                ccl_warn!(
+                    None,
+                    "bootstrap root {}: dropped connection from {from}: {why}",
+                    self.addr
+                );
+                return None;
+            }
+        };
+        if !crate::transport::handshake::secrets_equal(&h.secret, &self.secret) {
+            ccl_warn!(
+                None,
+                "bootstrap root {}: dropped connection from {from} claiming rank {}: wrong secret (another job?)",
+                self.addr,
+                h.rank
+            );
+            return None;
         }
-        // Phase 2: allgather rounds until every rank says goodbye.
+        Some(h)
+    }
+
+    /// Phase 2: relays allgather rounds until every rank says goodbye, or hands the connections
+    /// to [`watch`] when every rank asks for the monitor.
+    fn relay(&self, mut streams: Vec<TcpStream>) -> Result<()> {
         let mut round = 0u32;
         loop {
             let round_deadline = Instant::now() + self.timeout;
-            let mut blobs = Vec::with_capacity(size);
-            let mut byes = 0;
-            let mut watchers = 0;
-            for r in 0..size {
-                let f = match wire::read_frame(&mut streams[r], round_deadline, &|| {
-                    format!("round {round} from rank {r}")
-                }) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        let msg = format!("rank {r} left the rendezvous during round {round}: {e}");
-                        broadcast_error_streams(&mut streams, &msg);
-                        return Err(Error::remote(msg).peer(r));
-                    }
-                };
-                match f.kind {
-                    FrameKind::Data => blobs.push(f.payload),
-                    FrameKind::Bye => byes += 1,
-                    FrameKind::Monitor => watchers += 1,
-                    other => {
-                        let msg = format!("rank {r} sent {other:?} in round {round}");
-                        broadcast_error_streams(&mut streams, &msg);
-                        return Err(Error::remote(msg).peer(r));
-                    }
+            let blobs = match self.collect(&mut streams, round, round_deadline)? {
+                Round::Data(blobs) => blobs,
+                Round::Bye => {
+                    ccl_trace!(
+                        None,
+                        "bootstrap root {}: done after {round} round(s)",
+                        self.addr
+                    );
+                    return Ok(());
                 }
-            }
-            if byes == size {
-                ccl_trace!(
-                    None,
-                    "bootstrap root {}: done after {round} round(s)",
-                    self.addr
-                );
-                return Ok(());
-            }
-            if watchers == size {
-                ccl_trace!(
-                    None,
-                    "bootstrap root {}: watching the job after {round} round(s)",
-                    self.addr
-                );
-                watch(streams, self.addr);
-                return Ok(());
-            }
-            if byes + watchers != 0 {
-                let msg =
-                    format!("ranks disagree on the number of bootstrap rounds (round {round})");
-                broadcast_error_streams(&mut streams, &msg);
-                return Err(Error::internal(msg));
-            }
+                Round::Monitor => {
+                    ccl_trace!(
+                        None,
+                        "bootstrap root {}: watching the job after {round} round(s)",
+                        self.addr
+                    );
+                    watch(streams, self.addr);
+                    return Ok(());
+                }
+            };
             let all = Frame::new(FrameKind::All, wire::encode_blobs(&blobs));
             for (r, s) in streams.iter_mut().enumerate() {
                 if let Err(e) = wire::write_frame(s, &all, round_deadline) {
@@ -471,6 +439,83 @@ impl Root {
             }
             round += 1;
         }
+    }
+
+    /// Reads one frame from every rank for `round`; they must all be data, all goodbyes or all
+    /// monitor requests.
+    fn collect(&self, streams: &mut [TcpStream], round: u32, deadline: Instant) -> Result<Round> {
+        let size = streams.len();
+        let mut blobs = Vec::with_capacity(size);
+        let mut byes = 0;
+        let mut watchers = 0;
+        for r in 0..size {
+            let f = match wire::read_frame(&mut streams[r], deadline, &|| {
+                format!("round {round} from rank {r}")
+            }) {
+                Ok(f) => f,
+                Err(e) => {
+                    let msg = format!("rank {r} left the rendezvous during round {round}: {e}");
+                    broadcast_error_streams(streams, &msg);
+                    return Err(Error::remote(msg).peer(r));
+                }
+            };
+            match f.kind {
+                FrameKind::Data => blobs.push(f.payload),
+                FrameKind::Bye => byes += 1,
+                FrameKind::Monitor => watchers += 1,
+                other => {
+                    let msg = format!("rank {r} sent {other:?} in round {round}");
+                    broadcast_error_streams(streams, &msg);
+                    return Err(Error::remote(msg).peer(r));
+                }
+            }
+        }
+        match (byes, watchers) {
+            (b, _) if b == size => Ok(Round::Bye),
+            (_, w) if w == size => Ok(Round::Monitor),
+            (0, 0) => Ok(Round::Data(blobs)),
+            _ => {
+                let msg =
+                    format!("ranks disagree on the number of bootstrap rounds (round {round})");
+                broadcast_error_streams(streams, &msg);
+                Err(Error::internal(msg))
+            }
+        }
+    }
+}
+
+/// What every rank sent the root in one round.
+enum Round {
+    /// Every rank's contribution to an allgather, in rank order.
+    Data(Vec<Vec<u8>>),
+    /// Every rank is done with the bootstrap.
+    Bye,
+    /// Every rank wants the root to watch the job.
+    Monitor,
+}
+
+/// Why the rank that sent `h` from `from` cannot join the ranks admitted so far (`ranks` is as
+/// long as the world size the first rank announced), if it cannot.
+fn admission_problem(
+    h: &wire::Hello,
+    from: SocketAddr,
+    ranks: &[Option<TcpStream>],
+) -> Option<String> {
+    let size = ranks.len();
+    if h.size != size {
+        Some(format!(
+            "rank {} from {from} says the world size is {} but rank(s) before it said {size}",
+            h.rank, h.size
+        ))
+    } else if h.rank >= size {
+        Some(format!(
+            "rank {} from {from} is out of range for world size {size}",
+            h.rank
+        ))
+    } else if ranks[h.rank].is_some() {
+        Some(format!("rank {} joined twice (again from {from})", h.rank))
+    } else {
+        None
     }
 }
 

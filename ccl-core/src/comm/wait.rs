@@ -1,8 +1,8 @@
 //! Waiting for peers: spin over all of them, then sleep.
 //!
 //! A rank with nothing to do first busy-polls: its caller keeps retrying the non-blocking calls
-//! of every peer it waits on, for [`Comm::spin_window`]. Only then does it sleep, in
-//! [`Comm::block`]: `poll(2)` on those endpoints' descriptors, the communicator's abort signal
+//! of every peer it waits on, for [`Peers::spin_window`]. Only then does it sleep, in
+//! [`Peers::block`]: `poll(2)` on those endpoints' descriptors, the communicator's abort signal
 //! and the job monitor, waking at least every 100 ms so the caller can look at its deadline.
 //!
 //! Spinning is what makes small messages fast on virtual machines whose idle vCPUs wake slowly;
@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
-use super::{Comm, Links};
+use super::{Links, Peers};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::{HostMemory, Interest};
 
 /// The longest one sleep lasts, so that the caller's deadline is looked at again.
 const RECHECK: Duration = Duration::from_millis(100);
 
-impl Comm {
+impl Peers {
     /// How long a rank with nothing to do busy-polls its peers before it sleeps: `CCL_SPIN_US`,
     /// plus the transport's own window (`CCL_IB_SPIN_US` for verbs, where waking through the
     /// completion channel costs far more than a poll).

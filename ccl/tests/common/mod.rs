@@ -58,7 +58,7 @@ pub fn run_ranks_with<R: Send + 'static>(
         .collect()
 }
 
-pub use ccl_core::check::{CheckValue as TestVal, input};
+pub use ccl_core::test_values::{CheckValue as TestVal, input};
 
 /// Runs one allreduce of `count` elements and returns the number of wrong elements.
 pub fn allreduce_case<T: TestVal>(
@@ -81,7 +81,7 @@ pub fn allreduce_case<T: TestVal>(
             .unwrap_or_else(|e| panic!("rank {r}: {} count {count} {op}: {e}", T::DTYPE));
         recv
     };
-    ccl_core::check::count_wrong(&out, op, n)
+    ccl_core::test_values::count_wrong(&out, op, n)
 }
 
 /// Every dtype for one (count, op, placement).

@@ -1,5 +1,6 @@
-//! The state a communicator shares with its progress thread, and the one path every operation
-//! takes: check the arguments, pick the algorithm, fetch or build the schedule, execute it.
+//! The engine of a communicator: what runs an operation, on the caller's thread or the progress
+//! thread, and the one path every operation takes: check the arguments, pick the algorithm,
+//! fetch or build the schedule, execute it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -9,23 +10,48 @@ use ccl_algos::cost;
 use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind};
 use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
-use ccl_core::comm::{Comm, Links};
+use ccl_core::comm::{Links, Peers};
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
 
-use crate::order::Turns;
 use crate::{DataType, Error, ReduceOp, Result};
 
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
 
-pub(crate) struct Shared {
-    pub comm: Arc<Comm>,
+/// One collective as NCCL takes it: `count` elements of `dtype` (NCCL's count for `coll`), the
+/// operator (ignored by collectives that do not reduce) and the root (ignored by those without
+/// one).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    pub coll: Collective,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: usize,
+}
+
+/// A schedule to run on the caller's buffers (`send` is `None` in place) and a group's extra
+/// buffers, with the type and operator its reductions use and what the trace records of it.
+pub(crate) struct Execution<'s, 'b> {
+    pub sched: &'s Schedule,
+    pub send: Option<&'b [u8]>,
+    pub recv: &'b mut [u8],
+    pub extra: Vec<ExtraBuf<'b>>,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub info: OpInfo,
+}
+
+/// What a `Communicator` shares with its progress thread to run operations: the transport half
+/// ([`Peers`] and the [`Links`]), the algorithm choice, cached schedules, executor state and
+/// scratch space. Issue order is not its business (`crate::order` keeps it).
+pub(crate) struct Engine {
+    pub peers: Arc<Peers>,
     /// The transport as the cost model sees it on this machine.
     model: TransportProperties,
     pub overrides: Mutex<Overrides>,
-    pub turns: Turns,
     /// Bytes of this rank's slot in host memory (0: the communicator has none).
     host_slot: usize,
     inner: Mutex<Inner>,
@@ -39,7 +65,7 @@ struct Inner {
     scratch: Vec<u64>,
 }
 
-impl Shared {
+impl Engine {
     /// The algorithm `coll` runs at `size_bytes` (the nccl-tests size): the one set by
     /// `CCL_ALGO` or `set_algorithm`, else the cost model's choice.
     pub(crate) fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
@@ -54,17 +80,16 @@ impl Shared {
                 self.size(),
                 size_bytes,
                 &self.model,
-                self.comm.topology(),
+                self.peers.topology(),
             )
         })
     }
 
-    pub fn new(comm: Arc<Comm>, links: Links, overrides: Overrides) -> Shared {
-        Shared {
-            model: cost::properties_of(&comm),
-            comm,
+    pub fn new(peers: Arc<Peers>, links: Links, overrides: Overrides) -> Engine {
+        Engine {
+            model: cost::properties_of(&peers),
+            peers,
             overrides: Mutex::new(overrides),
-            turns: Turns::default(),
             host_slot: links.host.as_ref().map_or(0, |h| h.slot_len()),
             inner: Mutex::new(Inner {
                 links,
@@ -76,7 +101,7 @@ impl Shared {
     }
 
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.peers.rank()
     }
 
     /// Whether the `shm` algorithms can run: every rank shares this host's memory.
@@ -85,22 +110,20 @@ impl Shared {
     }
 
     pub fn size(&self) -> usize {
-        self.comm.size()
+        self.peers.size()
     }
 
-    /// Runs `coll` on untyped buffers after checking every argument: lengths against the
-    /// collective's rules, the root against the world size. Not ordered: callers hold the turn.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
-        &self,
-        coll: Collective,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
+    /// Runs `call` on untyped buffers (`send` is `None` in place) after checking every
+    /// argument: lengths against the collective's rules, the root against the world size. Not
+    /// ordered: callers hold the turn.
+    pub fn run(&self, call: Call, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+        let Call {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        } = call;
         let (rank, n) = (self.rank(), self.size());
         let bad = |m: String| Error::invalid_argument(format!("{coll}: {m}")).rank(rank);
         if root >= n {
@@ -155,7 +178,7 @@ impl Shared {
                 s.len()
             )));
         }
-        self.comm.check()?;
+        self.peers.check()?;
         // The nccl-tests size, for the cost model: the larger buffer (allgather's output,
         // reduce-scatter's and alltoall's input, the buffer of the others).
         let size_bytes = lens.in_place();
@@ -169,31 +192,40 @@ impl Shared {
             root,
             host_slot: self.host_slot / dtype.size(),
         };
-        let sched = self.lock().plan(coll, algo, &shape, self.comm.topology())?;
+        let sched = self
+            .lock()
+            .plan(coll, algo, &shape, self.peers.topology())?;
         let info = OpInfo {
             kind: OpKind::Collective { coll, algo },
             bytes: size_bytes,
             root,
             count,
         };
-        self.execute(&sched, send, recv, Vec::new(), dtype, op, info)
+        self.execute(Execution {
+            sched: &sched,
+            send,
+            recv,
+            extra: Vec::new(),
+            dtype,
+            op,
+            info,
+        })
     }
 
     /// Runs a schedule with the communicator's links, scratch space and executor state.
-    #[allow(clippy::too_many_arguments)]
-    pub fn execute(
-        &self,
-        sched: &Schedule,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        extra: Vec<ExtraBuf<'_>>,
-        dtype: DataType,
-        op: ReduceOp,
-        info: OpInfo,
-    ) -> Result<()> {
+    pub fn execute(&self, e: Execution<'_, '_>) -> Result<()> {
+        let Execution {
+            sched,
+            send,
+            recv,
+            extra,
+            dtype,
+            op,
+            info,
+        } = e;
         let mut g = self.lock();
-        self.comm.check()?;
-        let seq = self.comm.next_seq();
+        self.peers.check()?;
+        let seq = self.peers.next_seq();
         let inner = &mut *g;
         let scratch_bytes = sched.scratch * dtype.size();
         let need = scratch_bytes.div_ceil(8);
@@ -214,14 +246,15 @@ impl Shared {
             info,
             seq,
         };
-        exec::run(&self.comm, &mut inner.links, &mut inner.exec, job).map_err(|e| self.comm.fail(e))
+        exec::run(&self.peers, &mut inner.links, &mut inner.exec, job)
+            .map_err(|e| self.peers.fail(e))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic inside a collective leaves the links in an unknown state; the communicator
         // records that as its error, and the lock itself stays usable for abort/drop.
         self.inner.lock().unwrap_or_else(|p| {
-            self.comm
+            self.peers
                 .fail(Error::internal("a previous collective panicked").rank(self.rank()));
             p.into_inner()
         })
@@ -249,7 +282,7 @@ impl Shared {
             let mut prev = None;
             for p in 0..=34 {
                 let b = 1usize << p;
-                let a = algo::choose(coll, self.size(), b, &self.model, self.comm.topology());
+                let a = algo::choose(coll, self.size(), b, &self.model, self.peers.topology());
                 if prev != Some(a) {
                     table.push_str(&format!(" {a} from {b} B;"));
                     prev = Some(a);
