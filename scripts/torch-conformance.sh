@@ -3,8 +3,11 @@
 # DistributedTest._DistTestBase, as PyTorch's test_distributed_spawn.py runs them) on Gloo and on
 # the ccl backend, side by side, at world sizes 2 and 4; then the comparison: every test that
 # passes on Gloo must pass on ccl or be listed, with its reason, in docs/torch.md ("Known
-# differences from Gloo"). Exit status 1 otherwise. Takes about an hour per backend and world
-# size on a quiet 2-core machine (every test starts its ranks as fresh processes).
+# differences from Gloo"). Exit status 1 otherwise. Slow: every test starts its ranks as fresh
+# processes, GPU tests too before they skip; on the shared 2-core machine under load (load
+# average 10-15) a test took 40-70 s, about three hours for the class per backend and world
+# size. Name tests to run a part; each run's report is rewritten after every test, so a run
+# stopped part way keeps its results (compare them with compare.py --common).
 #
 #   WORLD_SIZES="2 4"   world sizes to run
 #   BACKENDS="gloo ccl" backends to run

@@ -4,6 +4,8 @@ and DDP training steps. Not a test: numbers, written as JSON lines, summarized a
     python python/bench/torch_bench.py allreduce --backend ccl --ranks 2 --out r.jsonl
     python python/bench/torch_bench.py ddp --backend gloo --ranks 4 --out r.jsonl
     python python/bench/torch_bench.py summary r.jsonl
+    python python/bench/torch_bench.py overhead
+
 
 scripts/torch-bench.sh runs both backends in interleaved rounds and prints the summary.
 
@@ -14,6 +16,11 @@ barrier; time per call is the slowest rank's mean; algbw = bytes / time, busbw =
 (GB = 1e9 B). Each size is checked once afterwards (rank r contributes r + 1). The ranks are
 processes of this script meeting through a file:// store (torch's TCP store does reverse-DNS
 lookups); Gloo is pinned to loopback with GLOO_SOCKET_IFNAME=lo, ccl with CCL_SOCKET_IFNAME=lo.
+
+overhead measures what one small all_reduce costs on the calling thread, in CPU time (which
+load on the machine changes far less than wall time), with one rank so that no peer is waited
+for: torch's own path down to a Python backend that does nothing, the ccl backend blocking and
+with async_op=True plus wait(), the library call alone through ctypes, and Gloo.
 
 ddp runs examples/python/ddp_train.py --time-steps (a model wide enough that its gradient
 allreduces matter) and records its time per step.
@@ -125,6 +132,67 @@ def rank_main(args):
     if rank == 0:
         with open(args.rows, "w") as f:
             json.dump(rows, f)
+
+
+# ---- CPU cost of the Python path ---------------------------------------------------------
+
+
+def overhead_main(args):
+    import torch
+    import torch.distributed as dist
+
+    import ccl.torch as cclt
+
+    torch.set_num_threads(1)
+    n = args.calls
+
+    def per_call(fn):
+        for _ in range(min(n, 200)):
+            fn()
+        c0 = time.process_time()
+        for _ in range(n):
+            fn()
+        return (time.process_time() - c0) / n * 1e6
+
+    with tempfile.TemporaryDirectory(prefix="ccl-torch-overhead-") as d:
+        rows = {}
+        t = torch.zeros(2)
+        for backend in ("gloo", "ccl"):
+            dist.init_process_group(
+                backend, init_method=f"file://{d}/{backend}", rank=0, world_size=1
+            )
+            if backend == "gloo":
+                rows["gloo: dist.all_reduce"] = per_call(lambda: dist.all_reduce(t))
+            else:
+                pg = dist.distributed_c10d._get_default_group()._get_backend(
+                    torch.device("cpu")
+                )
+                lib, h, p = cclt._lib, pg.comm._h, t.data_ptr()
+                f32, total = cclt._FAST_DTYPES[torch.float32], cclt._ccl.SUM
+                rows["ccl: dist.all_reduce"] = per_call(lambda: dist.all_reduce(t))
+                rows["ccl: dist.all_reduce(async_op=True).wait()"] = per_call(
+                    lambda: dist.all_reduce(t, async_op=True).wait()
+                )
+                rows["ccl: cclAllReduce through ctypes alone"] = per_call(
+                    lambda: lib.cclAllReduce(p, p, 2, f32, total, h)
+                )
+                real = cclt.ProcessGroupCCL.allreduce
+                cclt.ProcessGroupCCL.allreduce = lambda self, ts, opts=None: cclt._finished(ts)
+                try:
+                    rows["torch alone: dist.all_reduce, backend returns at once"] = per_call(
+                        lambda: dist.all_reduce(t)
+                    )
+                    rows["torch alone: async_op=True then wait()"] = per_call(
+                        lambda: dist.all_reduce(t, async_op=True).wait()
+                    )
+                finally:
+                    cclt.ProcessGroupCCL.allreduce = real
+            dist.destroy_process_group()
+    out = [
+        {"kind": "overhead", "what": k, "cpu_us": v, "calls": n, "load": load()}
+        for k, v in rows.items()
+    ]
+    emit(args.out, out)
 
 
 # ---- launching ranks -----------------------------------------------------------------
@@ -343,6 +411,9 @@ def main():
     d.add_argument("--depth", type=int, default=4)
     d.add_argument("--batch", type=int, default=64)
     d.add_argument("--steps", type=int, default=20)
+    o = sub.add_parser("overhead", help="CPU time per 8-byte all_reduce, one rank")
+    o.add_argument("--calls", type=int, default=20000)
+    o.add_argument("--out", help="append JSON lines here")
     s = sub.add_parser("summary", help="tables from JSON lines")
     s.add_argument("files", nargs="+")
     r = sub.add_parser("_rank")
@@ -355,7 +426,13 @@ def main():
     r.add_argument("--warmup", type=int, default=5)
     r.add_argument("--seconds", type=float, default=0.25)
     args = ap.parse_args()
-    {"allreduce": cmd_allreduce, "ddp": cmd_ddp, "summary": cmd_summary, "_rank": rank_main}[
+    {
+        "allreduce": cmd_allreduce,
+        "ddp": cmd_ddp,
+        "overhead": overhead_main,
+        "summary": cmd_summary,
+        "_rank": rank_main,
+    }[
         args.cmd
     ](args)
 

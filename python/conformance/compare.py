@@ -8,6 +8,9 @@ not on ccl. Those must be listed, with a reason, in the table of the section "Kn
 from Gloo" of docs/torch.md (rows ``| test_name | world sizes | reason |``); the exit status is 1
 if one is not, or if a listed test now passes on ccl wherever it passes on Gloo (the list is out
 of date). Tests ccl passes and Gloo does not are reported too.
+
+--common compares only the tests both runs of a world size have outcomes for (runs stopped part
+way: dist_suite.py writes its report after every test); it says how many it left out.
 """
 
 import argparse
@@ -46,6 +49,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results")
     ap.add_argument("--known", default=str(Path(__file__).resolve().parents[2] / "docs/torch.md"))
+    ap.add_argument(
+        "--common", action="store_true", help="only the tests both backends' runs reached"
+    )
     args = ap.parse_args()
     known = known_differences(args.known)
     res = Path(args.results)
@@ -58,12 +64,20 @@ def main():
         raise SystemExit(f"no gloo-N.json with a matching ccl-N.json in {res}")
     bad = False
     still_listed = set(known)
+    gloo_passed = set()
     for n in sizes:
         gloo, ccl = load(res / f"gloo-{n}.json"), load(res / f"ccl-{n}.json")
         print(f"\n== world size {n}")
+        if args.common:
+            both = set(gloo) & set(ccl)
+            left = len(set(gloo) | set(ccl)) - len(both)
+            gloo = {k: v for k, v in gloo.items() if k in both}
+            ccl = {k: v for k, v in ccl.items() if k in both}
+            print(f"  {len(both)} tests reached by both runs ({left} reached by one only, left out)")
         for name, t in (("gloo", gloo), ("ccl", ccl)):
             c = {k: sum(v["outcome"] == k for v in t.values()) for k in ("pass", "fail", "skip")}
             print(f"  {name:5s} {c['pass']:4d} pass {c['fail']:4d} fail {c['skip']:4d} skipped")
+        gloo_passed |= {k for k in gloo if gloo[k]["outcome"] == "pass"}
         lost = sorted(k for k in gloo if gloo[k]["outcome"] == "pass" and outcome(ccl, k) != "pass")
         gained = sorted(
             k for k in ccl if ccl[k]["outcome"] == "pass" and outcome(gloo, k) != "pass"
@@ -83,11 +97,7 @@ def main():
             if k in lost:
                 still_listed.discard(k)
     # Listed, passing on Gloo somewhere, and never lost: ccl passes it too now.
-    stale = [
-        k
-        for k in still_listed
-        if any(outcome(load(res / f"gloo-{n}.json"), k) == "pass" for n in sizes)
-    ]
+    stale = still_listed & gloo_passed
     for k in sorted(stale):
         bad = True
         print(f"\nlisted in {args.known} but passes on ccl wherever Gloo passes it: {k}")

@@ -96,6 +96,8 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
 class _Recorder(unittest.TextTestResult):
     """Records every test's outcome, reason and time for the JSON report."""
 
+    json_path = None
+
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.records = {}
@@ -115,6 +117,9 @@ class _Recorder(unittest.TextTestResult):
             "detail": detail[-4000:],
             "seconds": round(time.monotonic() - self._t0.get(n, time.monotonic()), 2),
         }
+        if self.json_path:
+            # After every test, so that a run stopped part way keeps what it measured.
+            write_json(self.json_path, self.records)
 
     def addSuccess(self, test):
         super().addSuccess(test)
@@ -141,6 +146,24 @@ class _Recorder(unittest.TextTestResult):
         self._rec(test, "fail", "unexpected success")
 
 
+def write_json(path, records):
+    """The report: {backend, world_size, torch, tests: {test: {outcome, detail, seconds}}}."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(
+            {
+                "backend": BACKEND,
+                "world_size": int(os.environ["WORLD_SIZE"]),
+                "torch": torch.__version__,
+                "tests": records,
+            },
+            f,
+            indent=1,
+            sort_keys=True,
+        )
+    os.replace(tmp, path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help="test method names (default: all)")
@@ -158,21 +181,11 @@ def main():
     if unknown:
         raise SystemExit(f"no such tests in _DistTestBase: {', '.join(unknown)}")
     suite = unittest.TestSuite(TestDistBackendWithSpawn(n) for n in names)
+    _Recorder.json_path = args.json
     runner = unittest.TextTestRunner(verbosity=2, resultclass=_Recorder, stream=sys.stdout)
     result = runner.run(suite)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "backend": BACKEND,
-                    "world_size": int(os.environ["WORLD_SIZE"]),
-                    "torch": torch.__version__,
-                    "tests": result.records,
-                },
-                f,
-                indent=1,
-                sort_keys=True,
-            )
+        write_json(args.json, result.records)
     return 0 if result.wasSuccessful() else 1
 
 

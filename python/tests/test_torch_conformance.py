@@ -46,7 +46,8 @@ SUBSET = [
 ]
 
 
-def test_pytorch_distributed_subset(tmp_path):
+def _run_suite(tmp_path, names, pythonpath=()):
+    """Runs dist_suite.py on ccl at world size 2; {test: {outcome, detail, seconds}}."""
     out = tmp_path / "results.json"
     env = dict(
         os.environ,
@@ -58,10 +59,10 @@ def test_pytorch_distributed_subset(tmp_path):
         GLOO_SOCKET_IFNAME="lo",
     )
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(SUITE.parents[1]), env.get("PYTHONPATH")) if p
+        p for p in (*pythonpath, str(SUITE.parents[1]), env.get("PYTHONPATH")) if p
     )
     p = subprocess.run(
-        [sys.executable, str(SUITE), "--json", str(out), *SUBSET],
+        [sys.executable, str(SUITE), "--json", str(out), *names],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -69,8 +70,48 @@ def test_pytorch_distributed_subset(tmp_path):
         timeout=3600,
     )
     assert out.exists(), p.stdout[-4000:] + p.stderr[-4000:]
-    tests = json.loads(out.read_text())["tests"]
+    results = json.loads(out.read_text())
+    assert results["backend"] == "ccl" and results["world_size"] == 2
+    return results["tests"]
+
+
+def test_pytorch_distributed_subset(tmp_path):
+    tests = _run_suite(tmp_path, SUBSET)
     bad = {k: v for k, v in tests.items() if v["outcome"] != "pass"}
     missing = sorted(set(SUBSET) - set(tests))
     report = "\n\n".join(f"{k}: {v['outcome']}\n{v['detail'][-2000:]}" for k, v in bad.items())
     assert not bad and not missing, f"missing: {missing}\n{report}"
+
+
+# Loaded at start-up by every process of the suite (the runner and each rank): makes the ccl
+# backend's all_reduce add one to its result.
+_BREAK_ALLREDUCE = """
+import ccl.torch as m
+
+_allreduce = m.ProcessGroupCCL.allreduce
+
+
+def allreduce(self, tensors, opts=None):
+    work = _allreduce(self, tensors, opts)
+    work.wait()
+    for t in tensors:
+        t.add_(1)
+    return work
+
+
+m.ProcessGroupCCL.allreduce = allreduce
+"""
+
+
+def test_subset_fails_when_the_backend_is_wrong(tmp_path):
+    """The subset checks results: with an all_reduce that is off by one, DDP's test fails (and
+    it is the ccl backend the suite runs, not Gloo). PyTorch's own all_reduce tests
+    (test_all_reduce_sum and the others built on _test_all_reduce_helper) do not compare the
+    result with the expected value in torch 2.15: they pass with this broken all_reduce too, so
+    they are in the subset to run the calls, and DDP's test to check the sums."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_BREAK_ALLREDUCE)
+    tests = _run_suite(tmp_path, ["test_DistributedDataParallelCPU"], pythonpath=[str(hook)])
+    t = tests["test_DistributedDataParallelCPU"]
+    assert t["outcome"] == "fail" and "Tensor-likes are not close" in t["detail"], tests
