@@ -158,7 +158,9 @@ fn wrong_t<T: CheckValue>(
                 }
                 T::from_i64(test_values::input(sum, b.root, i))
             }
-            Op::Coll(Collective::Scatter) => T::from_i64(test_values::input(sum, b.root, r * c + i)),
+            Op::Coll(Collective::Scatter) => {
+                T::from_i64(test_values::input(sum, b.root, r * c + i))
+            }
             Op::Coll(Collective::AllToAllV) => {
                 // Which sender's block element `i` lies in, and where that block starts.
                 let (mut from, mut start) = (0, 0);

@@ -105,6 +105,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "bytes of each rank's slot in its host's shared segment, which collectives among the ranks of a host run on (64K-256M, whole pages)",
     },
     Setting {
+        name: "CCL_SHM_SPIN_US",
+        default: "1000",
+        help: "microseconds more than CCL_SPIN_US that a rank waiting on shared memory busy-polls before it sleeps, when the host's ranks have a CPU each (0-10000000)",
+    },
+    Setting {
         name: "CCL_ALGO",
         default: "",
         help: "algorithm override, e.g. 'ring' or per collective 'allreduce:ring;allgather:ring'",
@@ -325,6 +330,8 @@ pub struct Config {
     pub shm_ring_size: usize,
     /// `CCL_SHM_SLOT_SIZE`
     pub shm_slot_size: usize,
+    /// `CCL_SHM_SPIN_US`
+    pub shm_spin: Duration,
     /// `CCL_ALGO`
     pub algo: Option<String>,
     /// `CCL_TOPO_FILE`
@@ -481,6 +488,12 @@ impl Config {
             shm_disable: parse_bool("CCL_SHM_DISABLE", &req("CCL_SHM_DISABLE"))?,
             shm_ring_size: parse_pages("CCL_SHM_RING_SIZE", &req("CCL_SHM_RING_SIZE"))?,
             shm_slot_size: parse_pages("CCL_SHM_SLOT_SIZE", &req("CCL_SHM_SLOT_SIZE"))?,
+            shm_spin: Duration::from_micros(parse_in(
+                "CCL_SHM_SPIN_US",
+                &req("CCL_SHM_SPIN_US"),
+                0,
+                10_000_000,
+            )?),
             algo: get("CCL_ALGO"),
             topo_file: get("CCL_TOPO_FILE"),
             topology: None,

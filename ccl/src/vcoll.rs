@@ -12,8 +12,8 @@ use ccl_algos::algo::{self, Collective};
 use ccl_algos::exec::{OpInfo, OpKind};
 use ccl_algos::vcoll::VShape;
 
-use crate::order::Request;
 use crate::engine::{Engine, Execution};
+use crate::order::Request;
 use crate::{BufferLens, Communicator, DataType, Element, Error, ReduceOp, Result};
 
 /// The counts of a collective with a count per rank, in elements. Displacements are element

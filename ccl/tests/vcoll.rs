@@ -9,8 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ccl::{Communicator, Counts, ReduceOp};
-use ccl_core::test_values::CheckValue;
 use ccl_core::config::TransportKind;
+use ccl_core::test_values::CheckValue;
 use common::*;
 
 /// Rank `r`'s input element `i`: exact in every type used here.
