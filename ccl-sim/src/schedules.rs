@@ -17,11 +17,13 @@ use crate::program::{Dep, Flow, Local, Lock, Program};
 /// Bytes per element of the simulated buffers (f32).
 pub const ELEM: usize = 4;
 
-/// The allreduce algorithms, by name.
+/// The allreduce algorithms the fabric model runs, by name: all but the one in host memory
+/// (`shm`), which needs every rank on one host and moves nothing over the fabric.
 pub fn allreduce_algos() -> Vec<&'static str> {
     Collective::AllReduce
         .algos()
         .iter()
+        .filter(|&&a| a != Algo::Shm)
         .map(|a| a.name())
         .collect()
 }
@@ -31,6 +33,9 @@ pub fn parse_algo(name: &str) -> Result<&'static str, String> {
     let a = name.parse::<Algo>().map_err(|e| e.to_string())?;
     if !Collective::AllReduce.algos().contains(&a) {
         return Err(format!("allreduce has no {a} algorithm"));
+    }
+    if a == Algo::Shm {
+        return Err("the fabric model does not run the host-memory algorithm (shm)".into());
     }
     Ok(a.name())
 }
