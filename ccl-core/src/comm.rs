@@ -117,6 +117,9 @@ impl Peers {
     /// `candidates` are the transports usable on this rank, most preferred first; each pair of
     /// ranks uses the first one that both have and that can connect them ([`wireup::choose`]):
     /// shared memory within a host, verbs or TCP across.
+    // Long: one sequence whose every step needs what the one before produced (settings and
+    // topology, listeners, the record exchange, the choice per pair, the job monitor, the
+    // connections, what ended up in use); each step's work is a function of its own.
     pub fn connect(
         mut bootstrap: Bootstrap,
         candidates: Vec<Arc<dyn Transport>>,
