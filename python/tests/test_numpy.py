@@ -298,8 +298,13 @@ def rooted_and_uneven(rank, size, uid):
     comm.all_to_all_v(None, None, send, rc)  # in place: the counts are symmetric
     assert (send == want).all()
 
-    # Disagreeing counts fail on the rank that finds out, naming the peer, and fail the
-    # communicator everywhere by the next call.
+
+def disagreeing_counts(rank, size, uid):
+    """Counts that disagree fail on the rank that finds out, naming the peer, and fail the
+    communicator everywhere by the next call. A fresh communicator, so that no earlier call can
+    still be in flight on a rank when the failure reaches it: a failure ends every operation in
+    flight, earlier ones included (docs/diagnosis.md)."""
+    comm = ccl.Communicator(rank, size, uid)
     bad = [2] * size
     if rank == size - 1:
         bad[0] = 1
@@ -313,12 +318,9 @@ def rooted_and_uneven(rank, size, uid):
         ccl.Communicator.all_gather_v(comm, np.zeros(1), np.zeros(2), [1, 1])
 
 
-# Known defect: about one run in four, the first allgatherv after the gathers and scatters
-# fails on two ranks with "mismatched calls" (each rank's header carries a different counts
-# fingerprint and byte count), over TCP and shared memory alike. The error is detected and
-# raised (no wrong data); the cause is not found yet. Reported as an expected failure so that
-# every run shows it until it is fixed.
-@pytest.mark.xfail(reason="intermittent false counts mismatch in allgatherv (known defect)",
-                   strict=False)
 def test_gather_scatter_and_v_collectives_three_ranks():
     run_ranks(rooted_and_uneven, 3)
+
+
+def test_disagreeing_counts_fail_every_rank():
+    run_ranks(disagreeing_counts, 3)
