@@ -68,9 +68,12 @@ mod order;
 mod registry;
 mod split;
 mod vcoll;
+/// Page-aligned memory (huge pages when the system has them), as [`Buffer`] uses; for callers
+/// that allocate memory to register later (the C ABI's `cclMemAlloc`).
+pub use ccl_shm::pages::Pages;
 pub use group::Group;
 pub use order::Request;
-pub use registry::{Buffer, Registration};
+pub use registry::{Buffer, Registration, UnboundRegistration};
 pub use vcoll::Counts;
 
 use engine::{Call, Engine};
@@ -426,6 +429,13 @@ impl Communicator {
     /// ```
     pub fn register<'a, T: Element>(&self, mem: &'a mut [T]) -> Result<Registration<'a, T>> {
         Registration::new(&self.engine.registry, mem)
+    }
+
+    /// Registers `mem` without borrowing it, for callers that manage its life themselves (the
+    /// C ABI's `cclCommRegister`): see [`UnboundRegistration`] for the rule they must keep.
+    /// Rust code should use [`register`](Communicator::register).
+    pub fn register_unbound(&self, mem: &[u8]) -> Result<UnboundRegistration> {
+        UnboundRegistration::new(&self.engine.registry, mem)
     }
 
     /// Bytes this communicator holds registered now (from [`alloc`](Communicator::alloc) and

@@ -174,6 +174,54 @@ impl Drop for Ticket {
     }
 }
 
+/// A registration that does not borrow its memory, for callers that manage the memory's life
+/// themselves: the C ABI's `cclCommRegister`, whose callers promise (as NCCL's do) to
+/// deregister before they free. From [`Communicator::register_unbound`](
+/// crate::Communicator::register_unbound); deregisters when dropped.
+///
+/// Nothing unsafe follows from breaking that promise: the transports only read registered
+/// memory, and only for a collective whose buffers lie in it, which the collective borrows. But
+/// pinned pages outlive a `free`: if the range is freed while registered and the address is
+/// mapped again, a collective on the new memory there may send the old pages' bytes. Rust code
+/// should use [`Communicator::register`](crate::Communicator::register), where that cannot
+/// happen.
+#[derive(Debug)]
+pub struct UnboundRegistration {
+    ticket: Ticket,
+}
+
+impl UnboundRegistration {
+    pub(crate) fn new(registry: &Arc<Registry>, mem: &[u8]) -> Result<UnboundRegistration> {
+        Ok(UnboundRegistration {
+            ticket: Ticket {
+                registry: registry.clone(),
+                entry: registry.add(mem)?,
+            },
+        })
+    }
+
+    /// First byte registered.
+    pub fn addr(&self) -> usize {
+        self.ticket.entry.addr
+    }
+
+    /// Bytes registered.
+    pub fn len(&self) -> usize {
+        self.ticket.entry.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ticket.entry.len == 0
+    }
+
+    /// Whether an operation that is running now uses it (it holds the registration until it
+    /// ends).
+    pub fn in_use(&self) -> bool {
+        // The table's reference and this one; any other is a running operation's.
+        Arc::strong_count(&self.ticket.entry) > 2
+    }
+}
+
 /// The caller's memory registered with a communicator's transports, from
 /// [`Communicator::register`](crate::Communicator::register).
 ///
