@@ -194,9 +194,10 @@ cclResult_t cclMemFree(void* ptr);
  * identifies the registration. */
 cclResult_t cclCommRegister(const cclComm_t comm, void* buff, size_t size, void** handle);
 
-/* Ends a registration. A handle that is not a live registration of comm is an error; so is
- * memory an operation in flight on comm uses (a non-blocking call not yet completed by
- * cclWait/cclTest, or a running one): cclInvalidUsage, and the registration stays. */
+/* Ends a registration (also after comm was destroyed). A handle that is not a live
+ * registration of comm is an error; so is memory an operation in flight on comm uses (a
+ * non-blocking call not yet completed by cclWait/cclTest, or a running one): cclInvalidUsage,
+ * and the registration stays. */
 cclResult_t cclCommDeregister(const cclComm_t comm, void* handle);
 
 /* ---- Collectives ------------------------------------------------------------------------
