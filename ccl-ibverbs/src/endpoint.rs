@@ -114,6 +114,10 @@ pub(crate) struct IbEndpoint {
     zc_start: usize,
     zc_posted: usize,
     zc_seq: u64,
+    /// Bytes sent from the caller's registered memory and through staging slots, for the
+    /// trace line at teardown.
+    sent_zero_copy: u64,
+    sent_staged: u64,
 
     // Receiver.
     /// Next piece to deliver.
@@ -167,6 +171,8 @@ impl IbEndpoint {
             zc_start: 0,
             zc_posted: 0,
             zc_seq: 0,
+            sent_zero_copy: 0,
+            sent_staged: 0,
             recv_seq: 0,
             arrived: vec![NONE; layout.slots].into_boxed_slice(),
             head_off: 0,
@@ -467,6 +473,10 @@ impl IbEndpoint {
             self.next_qp = (self.next_qp + 1) % nqp;
             taken += n;
         }
+        match zero_copy {
+            Some(_) => self.sent_zero_copy += taken as u64,
+            None => self.sent_staged += taken as u64,
+        }
         // Piece k went to QP (first_qp + k) % nqp.
         for q in 0..nqp.min(pieces) {
             let qi = (first_qp + q) % nqp;
@@ -679,6 +689,13 @@ impl Drop for IbEndpoint {
             }
             std::thread::sleep(Duration::from_micros(100));
         }
+        ccl_core::ccl_trace!(
+            Some(self.rank),
+            "verbs connection to peer {} closes: sent {} bytes zero-copy, {} staged",
+            self.peer,
+            self.sent_zero_copy,
+            self.sent_staged
+        );
         // Dropping `res` then tears the connection down.
     }
 }

@@ -1,9 +1,10 @@
 //! Registered memory.
 //!
-//! The transport registers only memory it allocated itself ([`RegisteredBuf`]: page-aligned,
-//! anonymous `mmap`, so `MADV_DONTFORK` from fork safety touches nothing else): each connection
-//! registers its two staging rings when it is made and deregisters them when it is torn down.
-//! It does **not** register or cache arbitrary user pointers: without memory hooks (and rxe on
+//! The transport's own memory ([`RegisteredBuf`]: page-aligned, anonymous `mmap`, so
+//! `MADV_DONTFORK` from fork safety touches nothing else): each connection registers its two
+//! staging rings when it is made and deregisters them when it is torn down. Caller memory
+//! ([`UserMr`]) only on request, for a registration whose owner cannot outlive the memory. It
+//! does **not** register or cache arbitrary user pointers: without memory hooks (and rxe on
 //! the 6.1 kernel has no on-demand paging), a buffer the program frees and the allocator maps
 //! again at the same address would keep the old pinned pages in a cached registration and the
 //! device would send stale data, silently. See the crate documentation on zero copy.
