@@ -41,21 +41,25 @@ impl Pages {
         let size = NonZeroUsize::new(mapped).expect("at least one page");
         let prot = ProtFlags::PROT_READ | ProtFlags::PROT_WRITE;
         let private = MapFlags::MAP_PRIVATE;
-        if mapped >= HUGE && mapped % HUGE == 0 {
+        if mapped >= HUGE {
+            // Reserved huge pages come in whole huge pages.
+            let hmapped = mapped.next_multiple_of(HUGE);
+            let hsize = NonZeroUsize::new(hmapped).expect("at least one huge page");
+            let flags = private | MapFlags::MAP_HUGETLB;
             // SAFETY: an anonymous mapping with no address hint replaces nothing; it is
-            // unmapped once, in Drop.
-            if let Ok(p) =
-                unsafe { mmap_anonymous(None, size, prot, private | MapFlags::MAP_HUGETLB) }
-            {
+            // unmapped once, in Drop, with the length it was made with.
+            let r = unsafe { mmap_anonymous(None, hsize, prot, flags) };
+            if let Ok(p) = r {
                 return Ok(Pages {
                     ptr: p.cast(),
                     len,
-                    mapped,
+                    mapped: hmapped,
                     huge: true,
                 });
             }
         }
-        // SAFETY: as above.
+        // SAFETY: an anonymous mapping with no address hint replaces nothing; it is unmapped
+        // once, in Drop.
         let p = unsafe { mmap_anonymous(None, size, prot, private) }.map_err(|e| {
             Error::io(
                 ErrorKind::System,

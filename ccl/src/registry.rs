@@ -230,6 +230,18 @@ impl UnboundRegistration {
 /// lives. Use it as the slice it derefs to; collectives given (part of) it send from it without
 /// copying on transports that support zero copy, and exactly as from any slice on the others.
 ///
+/// ```no_run
+/// # fn f(comm: &ccl::Communicator) -> ccl::Result<()> {
+/// let mut v = vec![0f32; 1024];
+/// let mut reg = comm.register(&mut v)?;
+/// comm.all_reduce_in_place(&mut reg, ccl::ReduceOp::Sum)?;
+/// drop(reg); // deregisters
+/// drop(v);
+/// # Ok(()) }
+/// ```
+///
+/// The memory cannot go first:
+///
 /// ```compile_fail
 /// # fn f(comm: &ccl::Communicator) -> ccl::Result<()> {
 /// let mut v = vec![0f32; 1024];
@@ -281,6 +293,15 @@ impl<T> fmt::Debug for Registration<'_, T> {
 /// when dropped. Derefs to `[T]`; being owned and `Send`, it can also be handed to the
 /// non-blocking calls, which give it back when the operation ends, so it cannot be freed while
 /// an operation uses it:
+///
+/// ```no_run
+/// # fn f(comm: &ccl::Communicator) -> ccl::Result<()> {
+/// let buf = comm.alloc::<f32>(1024)?;
+/// let req = comm.all_reduce_async(buf, ccl::ReduceOp::Sum);
+/// let buf = req.wait()?; // given back when the operation ends
+/// drop(buf);
+/// # Ok(()) }
+/// ```
 ///
 /// ```compile_fail
 /// # fn f(comm: &ccl::Communicator) -> ccl::Result<()> {
