@@ -2,11 +2,13 @@
 # rxe-perftest.sh - perftest baseline on a SoftRoCE device: server and client
 # of one perftest tool, for each message size.
 #
-#   scripts/rxe-vm.sh scripts/rxe-perftest.sh [-t TOOL] [-n ITERS] [SIZE...]
+#   scripts/rxe-vm.sh scripts/rxe-perftest.sh [-t TOOL] [-n ITERS] [-b] [SIZE...]
 #   scripts/rxe-vm-pair.sh 'scripts/rxe-perftest.sh' 'scripts/rxe-perftest.sh'
 #
 #   -t TOOL   ib_write_bw (default), ib_read_bw, ib_send_bw, ib_write_lat, ...
 #   -n ITERS  iterations (default 1000 below 64 KiB, 200 from 64 KiB on)
+#   -b        bidirectional (perftest's -b: both sides send at once; the *_bw tools then
+#             report the sum of both directions)
 #   SIZE      message sizes in bytes (default 65536 1048576)
 #
 # Needs RXE_DEV and RXE_GID_INDEX (set by scripts/rxe-vm.sh, or
@@ -21,10 +23,12 @@ set -uo pipefail
 
 TOOL=ib_write_bw
 ITERS=
-while getopts ":t:n:h" opt; do
+BIDIR=()
+while getopts ":t:n:bh" opt; do
   case "$opt" in
     t) TOOL=$OPTARG ;;
     n) ITERS=$OPTARG ;;
+    b) BIDIR=(-b) ;;
     *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2
        [ "$opt" = h ]; exit $? ;;
   esac
@@ -70,7 +74,7 @@ for s in "${SIZES[@]}"; do
   n=${ITERS:-1000}
   [ -z "$ITERS" ] && [ "$s" -ge 65536 ] && n=200
   port=$((port + 1))
-  args=(-d "$DEV" -x "$GIDX" -s "$s" -n "$n" -F -p "$port")
+  args=(-d "$DEV" -x "$GIDX" -s "$s" -n "$n" -F -p "$port" "${BIDIR[@]}")
   t0=$(date +%s%N)
   case "$ROLE" in
     b)

@@ -9,7 +9,9 @@
 #     64 MiB, in and out of place, a peer that goes away), ccl-bench's multi-process ones
 #     (--np runs with -c 1, SIGKILL of a rank mid-collective), every other collective and
 #     allreduce algorithm (the `ib_` tests of ccl's collectives and algos suites: 1-5 ranks,
-#     every dtype, op, placement and root) and ccl-ibverbs' endpoint tests;
+#     every dtype, op, placement and root), the registered-buffer sweep (zero-copy sends: every
+#     collective and algorithm, 2 and 3 ranks, bit for bit against plain buffers) and
+#     ccl-ibverbs' endpoint tests;
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
 #     run a checked allreduce over rxe between the two "hosts", then in the same boot the
 #     runs of scripts/rxe-entropy.sh (1 and 4 QPs per connection, round-robin and split,
@@ -90,15 +92,16 @@ run() {
 while read -r name kind exe; do
   case "$name/$kind" in
     ib/test) run "$name ($exe)" "$exe" --include-ignored --test-threads=1 ;;
-    collectives/test|algos/test) run "$name (ib_*)" "$exe" --include-ignored --test-threads=1 ib_ ;;
+    collectives/test|algos/test|registered/test) run "$name (ib_*)" "$exe" --include-ignored --test-threads=1 ib_ ;;
     endpoint/test) run "$name" "$exe" --include-ignored --test-threads=1 ;;
     *) continue ;;
   esac
   ran="$ran $name"
 done < target/rxe-tests/bins
-# ccl's and ccl-bench's ib suites, the collectives and algos sweeps, the endpoint tests.
-if [ "$(tr ' ' '\n' <<<"$ran" | sort | xargs)" != "algos collectives endpoint ib ib" ]; then
-  echo "FAILED: expected the test binaries algos collectives endpoint ib ib, ran:$ran"; bad=1
+# ccl's and ccl-bench's ib suites, the collectives, algos and registered-buffer sweeps, the
+# endpoint tests.
+if [ "$(tr ' ' '\n' <<<"$ran" | sort | xargs)" != "algos collectives endpoint ib ib registered" ]; then
+  echo "FAILED: expected the test binaries algos collectives endpoint ib ib registered, ran:$ran"; bad=1
 fi
 echo "$tests_ok $tests_bad" > target/rxe-tests/guest-counts
 echo "guest tests: $tests_ok passed, $tests_bad failed"

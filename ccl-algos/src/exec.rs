@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use ccl_core::comm::{Links, Peers};
 use ccl_core::reduce::{self, Order};
 use ccl_core::trace::{self, Begin};
-use ccl_core::transport::{HostMemory, Interest};
+use ccl_core::transport::{HostMemory, Interest, MemRegion};
 use ccl_core::{DataType, Error, ReduceOp, Result};
 
 use crate::algo::{Algo, Collective};
@@ -42,6 +42,30 @@ pub struct Buffers<'a> {
     pub scratch: &'a mut [u8],
     /// More caller buffers (`Buf::Extra(i)`), for groups of sends and receives.
     pub extra: Vec<ExtraBuf<'a>>,
+}
+
+/// The caller buffers that are registered with the transports (`ccl`'s `Registration` and
+/// `Buffer`): one region per transport that needs registration, empty for a plain buffer. Sends
+/// out of a registered buffer go to the endpoint as zero-copy sends
+/// ([`Endpoint::send_registered`](ccl_core::transport::Endpoint::send_registered)); a
+/// transport without zero copy stages them as usual.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Registered<'a> {
+    pub send: &'a [Box<dyn MemRegion>],
+    pub recv: &'a [Box<dyn MemRegion>],
+}
+
+impl Registered<'_> {
+    /// The region of buffer `buf` registered with transport `transport`, if any.
+    fn region(&self, buf: Buf, transport: Option<&str>) -> Option<&dyn MemRegion> {
+        let regions = match buf {
+            Buf::Send => self.send,
+            Buf::Recv => self.recv,
+            _ => return None,
+        };
+        let t = transport?;
+        regions.iter().find(|r| r.transport() == t).map(|r| &**r)
+    }
 }
 
 /// A caller buffer of a point-to-point group: sent from, or received into.
@@ -239,6 +263,8 @@ pub struct Job<'s, 'b> {
     pub info: OpInfo,
     /// The communicator's number for this operation (1, 2, ...).
     pub seq: u64,
+    /// Which of the buffers are registered.
+    pub registered: Registered<'b>,
 }
 
 /// A first send this small travels in the same write as the header.
@@ -440,6 +466,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
         st: state,
         sched,
         bufs: job.buffers,
+        registered: job.registered,
         dtype: job.dtype,
         op: job.op,
         info: job.info,
@@ -479,6 +506,7 @@ struct Run<'r, 'b> {
     st: &'r mut ExecState,
     sched: &'r Schedule,
     bufs: Buffers<'b>,
+    registered: Registered<'b>,
     dtype: DataType,
     op: ReduceOp,
     info: OpInfo,
@@ -944,10 +972,15 @@ impl Run<'_, '_> {
                 let done = self.st.done[id];
                 let data =
                     &Self::region(&self.bufs, self.host.as_deref(), &src, self.elem)?[done..end];
-                self.links
-                    .get(peer)?
-                    .send(data)
-                    .map_err(|e| e.context(format!("sending step {step} to peer {peer}")))
+                let reg = self
+                    .registered
+                    .region(src.buf, self.comm.peer_transport(peer));
+                let ep = self.links.get(peer)?;
+                match reg {
+                    Some(r) => ep.send_registered(data, r),
+                    None => ep.send(data),
+                }
+                .map_err(|e| e.context(format!("sending step {step} to peer {peer}")))
             }
             Dir::Recv => self
                 .receive_into(id, peer, end)

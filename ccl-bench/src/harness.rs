@@ -70,6 +70,9 @@ pub struct Plan {
     pub check: bool,
     pub op: ReduceOp,
     pub dtype: DataType,
+    /// Buffers from `Communicator::alloc` (registered: zero-copy sends where the transport has
+    /// them) instead of plain vectors.
+    pub registered: bool,
 }
 
 /// One row of results (one size, one placement).
@@ -173,8 +176,16 @@ pub fn run(b: &dyn Bench, comm: &Communicator, p: &Plan, out: &mut dyn Write) ->
     // u64 storage keeps the buffers aligned for every element type; no buffer exceeds the
     // largest size.
     let words = max.div_ceil(8);
-    let mut send_store = vec![0u64; words];
-    let mut recv_store = vec![0u64; words];
+    let (mut send_vec, mut recv_vec, mut send_reg, mut recv_reg);
+    let (send_store, recv_store): (&mut [u64], &mut [u64]) = if p.registered {
+        send_reg = comm.alloc::<u64>(words)?;
+        recv_reg = comm.alloc::<u64>(words)?;
+        (&mut send_reg, &mut recv_reg)
+    } else {
+        send_vec = vec![0u64; words];
+        recv_vec = vec![0u64; words];
+        (&mut send_vec, &mut recv_vec)
+    };
     let rank0 = comm.rank() == 0;
     let progress = rank0 && std::io::stderr().is_terminal();
     if rank0 {
@@ -187,9 +198,9 @@ pub fn run(b: &dyn Bench, comm: &Communicator, p: &Plan, out: &mut dyn Write) ->
         if progress {
             eprint!("\r# size {} ({}/{})   ", bytes, k + 1, p.sizes.len());
         }
-        let (t_oop, w_oop) = measure(b, comm, &mut send_store, &mut recv_store, count, false, p)?;
+        let (t_oop, w_oop) = measure(b, comm, send_store, recv_store, count, false, p)?;
         let (t_ip, w_ip) = if b.has_in_place() {
-            measure(b, comm, &mut send_store, &mut recv_store, count, true, p)?
+            measure(b, comm, send_store, recv_store, count, true, p)?
         } else {
             (0.0, 0)
         };
@@ -244,6 +255,9 @@ fn header(b: &dyn Bench, comm: &Communicator, p: &Plan, out: &mut dyn Write) {
         p.warmup,
         u8::from(p.check)
     );
+    if p.registered {
+        let _ = writeln!(out, "# buffers: registered (Communicator::alloc)");
+    }
     let _ = writeln!(out, "#");
     let _ = writeln!(
         out,

@@ -162,6 +162,10 @@ struct BenchArgs {
     /// scheduler (`none`). Two ranks sharing a CPU take turns instead of overlapping.
     #[arg(long, default_value = "core", value_parser = ["core", "none"])]
     bind: String,
+    /// Run on buffers from `Communicator::alloc` (registered with the transports: zero-copy
+    /// sends over verbs) instead of plain vectors.
+    #[arg(long)]
+    registered: bool,
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -260,6 +264,7 @@ fn plan(args: &BenchArgs) -> Plan {
         check: args.check == 1,
         op: args.op,
         dtype: args.dtype,
+        registered: args.registered,
     }
 }
 

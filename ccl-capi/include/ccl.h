@@ -174,6 +174,32 @@ cclResult_t cclCommCount(const cclComm_t comm, int* count);
 /* This process's rank in comm. */
 cclResult_t cclCommUserRank(const cclComm_t comm, int* rank);
 
+/* ---- Registered memory (NCCL's ncclMemAlloc / ncclCommRegister) --------------------------
+ *
+ * Collectives whose buffers lie in memory registered with their communicator send straight
+ * from it where the transport can (verbs: RDMA writes from it instead of a copy into staging
+ * buffers); on other transports registration changes nothing. Registered bytes count toward
+ * CCL_REG_MAX_BYTES. Memory must stay allocated until it is deregistered. */
+
+/* Allocates size bytes (page aligned, zeroed, huge pages when the system has them) into *ptr,
+ * for registration. size 0 is cclInvalidArgument. */
+cclResult_t cclMemAlloc(void** ptr, size_t size);
+
+/* Frees memory from cclMemAlloc. A pointer cclMemAlloc did not return (or not its start) is
+ * cclInvalidArgument; a double free, or memory still registered with a communicator, is
+ * cclInvalidUsage. */
+cclResult_t cclMemFree(void* ptr);
+
+/* Registers size bytes at buff (any caller memory, not only cclMemAlloc's) with comm; *handle
+ * identifies the registration. */
+cclResult_t cclCommRegister(const cclComm_t comm, void* buff, size_t size, void** handle);
+
+/* Ends a registration (also after comm was destroyed). A handle that is not a live
+ * registration of comm is an error; so is memory an operation in flight on comm uses (a
+ * non-blocking call not yet completed by cclWait/cclTest, or a running one): cclInvalidUsage,
+ * and the registration stays. */
+cclResult_t cclCommDeregister(const cclComm_t comm, void* handle);
+
 /* ---- Collectives ------------------------------------------------------------------------
  *
  * Counts are in elements, as in NCCL. In place when sendbuff == recvbuff, except: allgather is

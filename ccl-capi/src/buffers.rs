@@ -35,6 +35,19 @@ impl RawIn {
     }
 }
 
+/// `(address, length)` of the caller memory an operation's buffers use, for
+/// `cclCommDeregister` to refuse memory that a pending operation uses.
+pub(crate) fn ranges(send: Option<&RawIn>, recv: &OutBuf) -> Vec<(usize, usize)> {
+    let mut v = Vec::with_capacity(2);
+    if let Some(s) = send {
+        v.push((s.ptr as usize, s.len));
+    }
+    if let OutBuf::Raw(r) = recv {
+        v.push((r.ptr as usize, r.len));
+    }
+    v
+}
+
 impl AsRef<[u8]> for RawIn {
     fn as_ref(&self) -> &[u8] {
         if self.len == 0 {

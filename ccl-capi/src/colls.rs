@@ -4,9 +4,9 @@ use std::ffi::{c_int, c_void};
 
 use ccl::Collective;
 
-use crate::buffers::{Prepared, RawCall, prepare};
+use crate::buffers::{Prepared, RawCall, prepare, ranges};
 use crate::error::{Fail, guard, out};
-use crate::handles::{comm_from, insert_request, take_request, test_request};
+use crate::handles::{Tracked, comm_from, insert_request, take_request, test_request};
 use crate::{cclComm_t, cclDataType_t, cclRedOp_t, cclRequest_t, cclResult_t, group};
 
 /// A blocking collective: checked, then run (or recorded, inside a group).
@@ -47,7 +47,14 @@ fn nonblocking(
         } else {
             prepare(&c, &call)?
         };
-        let req = c.collective_bytes_async(p.coll, p.send, p.recv, p.count, p.dtype, p.op, p.root);
+        let ranges = ranges(p.send.as_ref(), &p.recv);
+        let inner =
+            c.collective_bytes_async(p.coll, p.send, p.recv, p.count, p.dtype, p.op, p.root);
+        let req = Tracked {
+            comm: comm as usize,
+            ranges,
+            inner,
+        };
         out(request, "request", insert_request(Box::new(req)))
     })
 }

@@ -20,6 +20,7 @@ compile_error!("ccl-capi encodes handles in 64-bit pointers");
 const COUNTER_BITS: u32 = 40;
 const COMM_TAG: usize = 0xcc1c;
 const REQUEST_TAG: usize = 0xcc1e;
+const REG_TAG: usize = 0xcc1f;
 
 /// A non-blocking operation behind a `cclRequest_t`.
 pub(crate) trait Pending: Send {
@@ -27,6 +28,38 @@ pub(crate) trait Pending: Send {
     fn done(&self) -> bool;
     /// Waits for it and returns its result.
     fn finish(self: Box<Self>) -> ccl::Result<()>;
+    /// Whether it runs on communicator `comm` and uses memory overlapping `addr..addr + len`.
+    fn touches(&self, _comm: usize, _addr: usize, _len: usize) -> bool {
+        false
+    }
+}
+
+/// A request with the communicator and caller memory it uses, so deregistering that memory
+/// while the request is pending can be refused.
+pub(crate) struct Tracked<P> {
+    /// The communicator's handle value.
+    pub comm: usize,
+    /// `(address, length)` of each caller buffer.
+    pub ranges: Vec<(usize, usize)>,
+    pub inner: P,
+}
+
+impl<P: Pending> Pending for Tracked<P> {
+    fn done(&self) -> bool {
+        self.inner.done()
+    }
+
+    fn finish(self: Box<Self>) -> ccl::Result<()> {
+        Box::new(self.inner).finish()
+    }
+
+    fn touches(&self, comm: usize, addr: usize, len: usize) -> bool {
+        comm == self.comm
+            && self
+                .ranges
+                .iter()
+                .any(|&(a, l)| l > 0 && len > 0 && a < addr + len && addr < a + l)
+    }
 }
 
 impl<B: Send> Pending for ccl::Request<B> {
@@ -77,6 +110,7 @@ impl<T> Registry<T> {
         let other = match tag {
             COMM_TAG => Some("communicator"),
             REQUEST_TAG => Some("request"),
+            REG_TAG => Some("registration"),
             _ => None,
         };
         match other {
@@ -104,6 +138,8 @@ impl<T> Registry<T> {
 
 static COMMS: Mutex<Registry<Arc<Communicator>>> =
     Mutex::new(Registry::new(COMM_TAG, "communicator", "destroyed"));
+static REGS: Mutex<Registry<(usize, ccl::UnboundRegistration)>> =
+    Mutex::new(Registry::new(REG_TAG, "registration", "deregistered"));
 static REQUESTS: Mutex<Registry<Box<dyn Pending>>> = Mutex::new(Registry::new(
     REQUEST_TAG,
     "request",
@@ -155,4 +191,49 @@ pub(crate) fn test_request(h: cclRequest_t) -> Result<Option<ccl::Result<()>>, F
 /// Unregisters the request behind `h` so the caller can wait for it.
 pub(crate) fn take_request(h: cclRequest_t) -> Result<Box<dyn Pending>, Fail> {
     lock(&REQUESTS).remove(h as usize)
+}
+
+/// A registration of caller memory with communicator `comm` (`cclCommRegister`).
+pub(crate) fn insert_reg(comm: cclComm_t, r: ccl::UnboundRegistration) -> usize {
+    let comm = comm as usize;
+    lock(&REGS).insert((comm, r))
+}
+
+/// Unregisters registration `h` of `comm`, unless an operation uses its memory: a running one,
+/// or a pending request on `comm` whose buffers overlap it.
+pub(crate) fn remove_reg(comm: cclComm_t, h: usize) -> Result<(), Fail> {
+    let comm = comm as usize;
+    let mut regs = lock(&REGS);
+    let (owner, r) = regs.get(h)?;
+    if *owner != comm {
+        return Err(Fail::arg(format!(
+            "registration {h:#x} belongs to communicator {:#x}, not {:#x}",
+            *owner, comm
+        )));
+    }
+    let (addr, len) = (r.addr(), r.len());
+    let busy = r.in_use()
+        || lock(&REQUESTS)
+            .live
+            .iter()
+            .find(|(_, p)| !p.done() && p.touches(comm, addr, len))
+            .map(|(k, _)| *k)
+            .is_some();
+    if busy {
+        return Err(Fail::usage(format!(
+            "registration {h:#x} ({len} bytes at {addr:#x}) is used by an operation in flight: \
+             wait for it (cclWait) before deregistering"
+        )));
+    }
+    regs.remove(h)?;
+    Ok(())
+}
+
+/// Whether some live registration (with any communicator) overlaps `addr..addr + len`.
+pub(crate) fn registered_overlap(addr: usize, len: usize) -> Option<usize> {
+    lock(&REGS)
+        .live
+        .iter()
+        .find(|(_, (_, r))| r.addr() < addr + len && addr < r.addr() + r.len())
+        .map(|(h, _)| *h)
 }

@@ -20,10 +20,12 @@ mod colls;
 mod error;
 mod group;
 mod handles;
+mod mem;
 mod vcolls;
 
 pub use colls::*;
 pub use group::{cclGroupEnd, cclGroupStart, cclRecv, cclSend};
+pub use mem::{cclCommDeregister, cclCommRegister, cclMemAlloc, cclMemFree};
 pub use vcolls::*;
 
 use error::{Fail, guard, out};

@@ -6,9 +6,10 @@ use std::ffi::{c_int, c_void};
 
 use ccl::{Communicator, Counts, DataType, ReduceOp};
 
+use crate::buffers::ranges;
 use crate::buffers::{OutBuf, RawIn, RawOut, bytes_of, check_region, dtype_of, op_of};
 use crate::error::{Fail, guard, out};
-use crate::handles::{comm_from, insert_request};
+use crate::handles::{Tracked, comm_from, insert_request};
 use crate::{cclComm_t, cclDataType_t, cclRedOp_t, cclRequest_t, cclResult_t, group};
 
 /// A per-rank collective's arguments, checked and ready for `Communicator::collective_v_bytes`.
@@ -255,7 +256,13 @@ fn nonblocking(
             ));
         }
         let (c, p) = prepare(comm, &raw, sendbuff, recvbuff, datatype, op)?;
-        let req = c.collective_v_bytes_async(p.counts, p.send, p.recv, p.dtype, p.op);
+        let ranges = ranges(p.send.as_ref(), &p.recv);
+        let inner = c.collective_v_bytes_async(p.counts, p.send, p.recv, p.dtype, p.op);
+        let req = Tracked {
+            comm: comm as usize,
+            ranges,
+            inner,
+        };
         out(request, "request", insert_request(Box::new(req)))
     })
 }

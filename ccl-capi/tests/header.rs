@@ -107,7 +107,7 @@ fn header_functions() -> BTreeMap<String, (String, Vec<String>)> {
 /// `pub extern "C" fn` exports of the crate's sources: name -> (return type, parameter types).
 fn rust_functions() -> BTreeMap<String, (String, Vec<String>)> {
     let mut m = BTreeMap::new();
-    for f in ["lib.rs", "colls.rs", "group.rs", "vcolls.rs"] {
+    for f in ["lib.rs", "colls.rs", "group.rs", "vcolls.rs", "mem.rs"] {
         let src = read(&format!("src/{f}"));
         for part in src.split("#[unsafe(no_mangle)]").skip(1) {
             let sig_start = part.find("extern \"C\" fn ").expect("export is extern C") + 14;

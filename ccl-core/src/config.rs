@@ -85,6 +85,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "pipelining granularity in bytes: a rank forwards data once this much of a step has arrived",
     },
     Setting {
+        name: "CCL_REG_MAX_BYTES",
+        default: "0",
+        help: "most bytes a communicator may hold registered (alloc and register) at once; 0 = no limit",
+    },
+    Setting {
         name: "CCL_SOCKET_BUFFER",
         default: "4194304",
         help: "SO_SNDBUF/SO_RCVBUF of TCP data connections in bytes (0 = kernel default)",
@@ -324,6 +329,8 @@ pub struct Config {
     pub chunk_size: usize,
     /// `CCL_SOCKET_BUFFER`
     pub socket_buffer: usize,
+    /// `CCL_REG_MAX_BYTES` (0 = no limit)
+    pub reg_max_bytes: usize,
     /// `CCL_SHM_DISABLE`
     pub shm_disable: bool,
     /// `CCL_SHM_RING_SIZE`
@@ -485,6 +492,7 @@ impl Config {
             spin: Duration::from_micros(parse_num("CCL_SPIN_US", &req("CCL_SPIN_US"))?),
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
             socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
+            reg_max_bytes: parse_size("CCL_REG_MAX_BYTES", &req("CCL_REG_MAX_BYTES"), 0)?,
             shm_disable: parse_bool("CCL_SHM_DISABLE", &req("CCL_SHM_DISABLE"))?,
             shm_ring_size: parse_pages("CCL_SHM_RING_SIZE", &req("CCL_SHM_RING_SIZE"))?,
             shm_slot_size: parse_pages("CCL_SHM_SLOT_SIZE", &req("CCL_SHM_SLOT_SIZE"))?,

@@ -15,6 +15,11 @@
 //!   different QPs may complete out of order). `recv` copies out; `recv_with` lends the slot's
 //!   bytes in place (a partial element at the end of a slot is joined with the next slot's bytes
 //!   in a small carry buffer).
+//! - **Zero copy.** `send_registered` posts the same writes into the same slots, but from the
+//!   caller's registered memory ([`UserMr`]) instead of a local staging slot: the receiver
+//!   cannot tell the difference, and the sender copies nothing. Bytes count as taken only once
+//!   their write completed (the device reads the caller's memory until then), so the caller
+//!   calls again from the first byte not taken.
 //! - **Credits.** When slots have been consumed, the receiver returns the cumulative count of
 //!   freed slots in the immediate value of a zero-length SEND on the control QP (its own traffic
 //!   class, `CCL_IB_CTRL_TC`).
@@ -29,11 +34,12 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use ccl_core::transport::{ConnectContext, Endpoint, Interest};
+use ccl_core::transport::{ConnectContext, Endpoint, Interest, MemRegion};
 use ccl_core::{Error, Result};
 use nix::poll::PollFlags;
 
 use crate::cq::{Completion, POLL_BATCH};
+use crate::mr::UserMr;
 use crate::qp::{POST_BATCH, WriteImm};
 use crate::resources::{
     CTRL_RECV, CTRL_SEND, DATA_RECV, DATA_SEND, KIND_SHIFT, Layout, Resources, wr_id,
@@ -99,6 +105,19 @@ pub(crate) struct IbEndpoint {
     send_busy: Box<[bool]>,
     send_outstanding: usize,
     next_qp: usize,
+    /// Zero-copy pieces: bytes of the piece written from each slot index (0 = staged, or free),
+    /// and whether its write completed.
+    zc_len: Box<[u32]>,
+    zc_acked: Box<[bool]>,
+    /// Address of the first caller byte posted zero-copy and not yet reported taken, the bytes
+    /// posted from it, and the sequence number of its piece.
+    zc_start: usize,
+    zc_posted: usize,
+    zc_seq: u64,
+    /// Bytes sent from the caller's registered memory and through staging slots, for the
+    /// trace line at teardown.
+    sent_zero_copy: u64,
+    sent_staged: u64,
 
     // Receiver.
     /// Next piece to deliver.
@@ -147,6 +166,13 @@ impl IbEndpoint {
             send_busy: vec![false; layout.slots].into_boxed_slice(),
             send_outstanding: 0,
             next_qp: 0,
+            zc_len: vec![0; layout.slots].into_boxed_slice(),
+            zc_acked: vec![false; layout.slots].into_boxed_slice(),
+            zc_start: 0,
+            zc_posted: 0,
+            zc_seq: 0,
+            sent_zero_copy: 0,
+            sent_staged: 0,
             recv_seq: 0,
             arrived: vec![NONE; layout.slots].into_boxed_slice(),
             head_off: 0,
@@ -211,6 +237,9 @@ impl IbEndpoint {
                 }
                 self.send_busy[index] = false;
                 self.send_outstanding -= 1;
+                if self.zc_len[index] > 0 {
+                    self.zc_acked[index] = true;
+                }
             }
             DATA_RECV => {
                 let Some(imm) = wc.imm else {
@@ -377,38 +406,56 @@ impl IbEndpoint {
     }
 
     fn ready(&self, interest: Interest) -> bool {
-        (interest.recv && self.head().is_some()) || (interest.send && self.can_send())
+        (interest.recv && self.head().is_some())
+            || (interest.send
+                && if self.zc_posted > 0 {
+                    // What the caller waits for is its bytes in flight.
+                    self.zc_head_acked()
+                } else {
+                    self.can_send()
+                })
     }
-}
 
-impl Endpoint for IbEndpoint {
-    fn peer(&self) -> usize {
-        self.peer
+    /// Whether the oldest zero-copy piece in flight has completed (its bytes can be reported).
+    fn zc_head_acked(&self) -> bool {
+        let slot = (self.zc_seq % self.layout.slots as u64) as usize;
+        self.zc_posted > 0 && self.zc_acked[slot]
     }
 
-    fn send(&mut self, src: &[u8]) -> Result<usize> {
-        self.progress()?;
+    /// Stages (copies into local slots) or, with `zero_copy` (the lkey of the registration
+    /// `src` lies in), points at `src` directly, as many pieces of `src` as credits and free
+    /// slots allow, and posts them with one chained call per QP. Returns the bytes posted.
+    fn post(&mut self, src: &[u8], zero_copy: Option<u32>) -> Result<usize> {
         let (s, b, nqp) = (self.layout.slots, self.layout.slot_size, self.layout.nqp);
         let piece = piece_size(src.len(), nqp, b, self.split);
         let buf = &self.res.send_buf;
-        let (base, lkey) = (buf.as_ptr(), buf.lkey());
-        // Stage as many pieces as credits and free local slots allow, then post them with one
-        // chained call per QP.
+        let (base, staging_lkey) = (buf.as_ptr(), buf.lkey());
         let first_qp = self.next_qp;
         let mut pieces = 0;
         let mut taken = 0;
         while taken < src.len() && self.can_send() {
             let slot = (self.send_seq % s as u64) as usize;
             let n = (src.len() - taken).min(piece);
-            // SAFETY:
-            // - The local slot is not busy: its previous write completed, so the device does
-            //   not read it now.
-            // - `slot * b + n <= s * b`, the buffer's size; `src[taken..taken + n]` is in bounds;
-            //   the regions do not overlap (ours is registered staging memory).
-            let local = unsafe {
-                let dst = base.add(slot * b);
-                std::ptr::copy_nonoverlapping(src[taken..].as_ptr(), dst, n);
-                dst as u64
+            let (local, lkey) = match zero_copy {
+                Some(lkey) => {
+                    self.zc_len[slot] = n as u32;
+                    self.zc_acked[slot] = false;
+                    (src[taken..].as_ptr() as u64, lkey)
+                }
+                None => {
+                    // SAFETY:
+                    // - The local slot is not busy: its previous write completed, so the
+                    //   device does not read it now.
+                    // - `slot * b + n <= s * b`, the buffer's size; `src[taken..taken + n]` is
+                    //   in bounds; the regions do not overlap (ours is registered staging
+                    //   memory).
+                    let dst = unsafe {
+                        let dst = base.add(slot * b);
+                        std::ptr::copy_nonoverlapping(src[taken..].as_ptr(), dst, n);
+                        dst
+                    };
+                    (dst as u64, staging_lkey)
+                }
             };
             self.pending[pieces] = WriteImm {
                 wr_id: wr_id(DATA_SEND, slot),
@@ -426,6 +473,10 @@ impl Endpoint for IbEndpoint {
             self.next_qp = (self.next_qp + 1) % nqp;
             taken += n;
         }
+        match zero_copy {
+            Some(_) => self.sent_zero_copy += taken as u64,
+            None => self.sent_staged += taken as u64,
+        }
         // Piece k went to QP (first_qp + k) % nqp.
         for q in 0..nqp.min(pieces) {
             let qi = (first_qp + q) % nqp;
@@ -438,9 +489,13 @@ impl Endpoint for IbEndpoint {
                 k += nqp;
                 if g == POST_BATCH || k >= pieces {
                     // SAFETY:
-                    // - Each request's source is its local slot in the send buffer registered
-                    //   with `lkey`; the slot stays busy (unwritten) until the request's
-                    //   completion is polled.
+                    // - A staged request's source is its local slot in the send buffer
+                    //   registered with `staging_lkey`; the slot stays busy (unwritten) until
+                    //   the request's completion is polled.
+                    // - A zero-copy request's source lies in the caller's registration with
+                    //   `lkey` (checked by `send_registered`); by `send_registered`'s contract
+                    //   the caller keeps those bytes borrowed and unchanged until they are
+                    //   reported taken, which happens only after the completion is polled.
                     // - Each remote slot was granted: `seq < granted + slots` held when it was
                     //   staged, i.e. the peer freed its previous contents; it lies inside the
                     //   ring the peer registered (`slot * b + n <= s * b`).
@@ -451,6 +506,72 @@ impl Endpoint for IbEndpoint {
             }
         }
         Ok(taken)
+    }
+
+    /// Reports the zero-copy bytes whose writes completed, in order, and frees their pieces.
+    fn zc_reap(&mut self) -> usize {
+        let mut done = 0;
+        while self.zc_head_acked() {
+            let slot = (self.zc_seq % self.layout.slots as u64) as usize;
+            let n = self.zc_len[slot] as usize;
+            self.zc_len[slot] = 0;
+            self.zc_acked[slot] = false;
+            self.zc_seq += 1;
+            self.zc_posted -= n;
+            done += n;
+        }
+        self.zc_start += done;
+        done
+    }
+}
+
+impl Endpoint for IbEndpoint {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn send(&mut self, src: &[u8]) -> Result<usize> {
+        self.progress()?;
+        if self.zc_posted > 0 {
+            return Err(Error::internal(format!(
+                "verbs transport: a staged send to peer {} while {} zero-copy bytes are in flight",
+                self.peer, self.zc_posted
+            )));
+        }
+        self.post(src, None)
+    }
+
+    fn send_registered(&mut self, src: &[u8], region: &dyn MemRegion) -> Result<usize> {
+        let pd = self.res.send_buf.pd();
+        let mr = region
+            .as_any()
+            .downcast_ref::<UserMr>()
+            .filter(|m| std::sync::Arc::ptr_eq(m.pd(), pd) && m.covers(src));
+        let Some(mr) = mr else {
+            return self.send(src);
+        };
+        let lkey = mr.lkey();
+        self.progress()?;
+        let at = src.as_ptr() as usize;
+        if self.zc_posted > 0 && (at != self.zc_start || src.len() < self.zc_posted) {
+            return Err(Error::internal(format!(
+                "verbs transport: zero-copy send to peer {} resumed at {at:#x} ({} bytes) but \
+                 {} bytes from {:#x} are in flight",
+                self.peer,
+                src.len(),
+                self.zc_posted,
+                self.zc_start
+            )));
+        }
+        if self.zc_posted == 0 {
+            self.zc_start = at;
+            self.zc_seq = self.send_seq;
+        }
+        let done = self.zc_reap();
+        let from = done + self.zc_posted;
+        let posted = self.post(&src[from..], Some(lkey))?;
+        self.zc_posted += posted;
+        Ok(done)
     }
 
     fn recv(&mut self, dst: &mut [u8]) -> Result<usize> {
@@ -568,6 +689,13 @@ impl Drop for IbEndpoint {
             }
             std::thread::sleep(Duration::from_micros(100));
         }
+        ccl_core::ccl_trace!(
+            Some(self.rank),
+            "verbs connection to peer {} closes: sent {} bytes zero-copy, {} staged",
+            self.peer,
+            self.sent_zero_copy,
+            self.sent_staged
+        );
         // Dropping `res` then tears the connection down.
     }
 }

@@ -64,21 +64,29 @@
 //!   completions become errors naming the peer ([`wc::wc_error`]).
 //! - **Fork safety.** `ibv_fork_init` is called once, before any other verbs call of this crate
 //!   ([`device::fork_init`]); staging memory is page-aligned `mmap` memory of its own, so
-//!   `MADV_DONTFORK` affects nothing else. `RDMAV_FORK_SAFE=1` in the environment does the same
+//!   `MADV_DONTFORK` affects nothing else. Registering caller memory marks its pages
+//!   `MADV_DONTFORK` too: a child process forked while it is registered does not see them
+//!   (`Communicator::alloc` memory is page-aligned memory of its own, so this touches nothing
+//!   else). `RDMAV_FORK_SAFE=1` in the environment does the same
 //!   for verbs calls made before ccl's.
 //! - **Memory locking.** A registration refused with ENOMEM/EPERM says to raise `ulimit -l`.
 //!
-//! ## No zero copy (yet), on purpose
+//! ## Zero copy from registered memory
 //!
-//! Sends copy into registered staging slots and receives copy (or reduce) out of them. Sending
-//! straight from user buffers would need their registrations cached, and a cache of arbitrary
-//! user pointers is unsound without memory hooks: a buffer that is freed and whose address is
-//! mapped again keeps the old pinned pages in the cached registration, and the device silently
-//! sends stale data (rxe on the 6.1 kernel has no on-demand paging to fall back on). Zero copy is
-//! only safe for memory the library allocates and registers itself, or for a registration that
-//! borrows the user's buffer and so cannot outlive it. Today the only registered memory is each
-//! connection's staging rings, registered when the connection is made and deregistered when it
-//! closes. On SoftRoCE the copies cost far less than the wire.
+//! Sends of plain buffers copy into registered staging slots, and receives copy (or reduce) out
+//! of them. Sending straight from arbitrary user buffers would need their registrations cached,
+//! and a cache of user pointers is unsound without memory hooks: a buffer that is freed and
+//! whose address is mapped again keeps the old pinned pages in the cached registration, and the
+//! device silently sends stale data (rxe on the 6.1 kernel has no on-demand paging to fall back
+//! on). So the transport registers user memory only when asked, through
+//! [`Transport::register`](ccl_core::transport::Transport::register) ([`mr::UserMr`]), by
+//! `ccl`'s `Registration` (which borrows the buffer for its whole life) and `Buffer` (which owns
+//! it): neither can outlive the memory. A send from such memory
+//! ([`Endpoint::send_registered`](ccl_core::transport::Endpoint::send_registered)) is an RDMA
+//! write straight from it into the peer's staging ring, with the same credits, slots and
+//! immediate values as a staged one (the receiver cannot tell them apart); its bytes count as
+//! taken once the write completed. Receives still go through the ring: the receiver does not
+//! yet grant registered destinations to write into (`docs/design.md`, registered memory).
 
 mod connect;
 pub mod cq;

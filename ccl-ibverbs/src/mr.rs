@@ -1,9 +1,10 @@
 //! Registered memory.
 //!
-//! The transport registers only memory it allocated itself ([`RegisteredBuf`]: page-aligned,
-//! anonymous `mmap`, so `MADV_DONTFORK` from fork safety touches nothing else): each connection
-//! registers its two staging rings when it is made and deregisters them when it is torn down.
-//! It does **not** register or cache arbitrary user pointers: without memory hooks (and rxe on
+//! The transport's own memory ([`RegisteredBuf`]: page-aligned, anonymous `mmap`, so
+//! `MADV_DONTFORK` from fork safety touches nothing else): each connection registers its two
+//! staging rings when it is made and deregisters them when it is torn down. Caller memory
+//! ([`UserMr`]) only on request, for a registration whose owner cannot outlive the memory. It
+//! does **not** register or cache arbitrary user pointers: without memory hooks (and rxe on
 //! the 6.1 kernel has no on-demand paging), a buffer the program frees and the allocator maps
 //! again at the same address would keep the old pinned pages in a cached registration and the
 //! device would send stale data, silently. See the crate documentation on zero copy.
@@ -127,5 +128,99 @@ impl Drop for RegisteredBuf {
         // SAFETY: the mapping from `new`, no longer registered; no reference into it outlives
         // `self`.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Memory the program owns, registered for zero-copy sends ([`ccl_core::transport::Transport::register`]).
+///
+/// Unlike a registration cache, this value is made for one borrowed buffer and dropped before
+/// the buffer is released (`ccl`'s `Registration` borrows it, `Buffer` owns it), so it never
+/// pins pages the program has freed and the allocator handed out again. It records the address
+/// only; the device reads the memory only during a `send_registered` whose caller keeps it
+/// borrowed.
+#[derive(Debug)]
+pub struct UserMr {
+    addr: usize,
+    len: usize,
+    mr: NonNull<ibv_mr>,
+    pd: Arc<Pd>,
+}
+
+// SAFETY: the MR handle may be used from any thread; the value holds no reference to the bytes.
+unsafe impl Send for UserMr {}
+// SAFETY: `&UserMr` exposes only the address, length and keys.
+unsafe impl Sync for UserMr {}
+
+impl UserMr {
+    /// Registers `mem` for local access by the device (the source of RDMA writes).
+    pub fn new(pd: &Arc<Pd>, mem: &[u8]) -> Result<UserMr, VerbsError> {
+        let len = mem.len().max(1);
+        // SAFETY:
+        // - `pd` is a live protection domain (kept alive by the Arc stored below).
+        // - `mem` is live, readable memory for this call; the registration only pins its pages
+        //   and grants the device local access. No remote access is granted, so no peer can
+        //   write it. The owner drops this value before it frees the memory (see the type docs).
+        let mr = unsafe {
+            ibv_reg_mr(
+                pd.as_ptr(),
+                mem.as_ptr() as *mut libc::c_void,
+                len,
+                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
+            )
+        };
+        let Some(mr) = NonNull::new(mr) else {
+            return Err(VerbsError::RegMr {
+                len,
+                source: last_os_error(),
+            });
+        };
+        Ok(UserMr {
+            addr: mem.as_ptr() as usize,
+            len: mem.len(),
+            mr,
+            pd: pd.clone(),
+        })
+    }
+
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: `mr` is a live registration (freed only in Drop); lkey is a plain field.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// Whether `bytes` lies entirely inside the registered range.
+    pub fn covers(&self, bytes: &[u8]) -> bool {
+        let a = bytes.as_ptr() as usize;
+        a >= self.addr && a + bytes.len() <= self.addr + self.len
+    }
+}
+
+impl ccl_core::transport::MemRegion for UserMr {
+    fn transport(&self) -> &'static str {
+        "ib"
+    }
+    fn addr(&self) -> usize {
+        self.addr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Drop for UserMr {
+    fn drop(&mut self) {
+        // SAFETY: `mr` came from `ibv_reg_mr` and is deregistered once, here. A write still in
+        // flight from it (only after a failed operation left the connection broken) completes
+        // with an error instead of reading unpinned pages.
+        let rc = unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            ccl_core::ccl_warn!(None, "ibv_dereg_mr of a user registration failed: {rc}");
+        }
     }
 }

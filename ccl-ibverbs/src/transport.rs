@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use ccl_core::config::Config;
 use ccl_core::transport::tcp::{self, TcpTransport};
 use ccl_core::transport::{
-    ConnectContext, Endpoint, Handle, Listener, Transport, TransportProperties,
+    ConnectContext, Endpoint, Handle, Listener, MemRegion, Transport, TransportProperties,
 };
 use ccl_core::{Error, ErrorKind, Result};
 
 use crate::connect::establish;
+use crate::mr::UserMr;
 use crate::port::IbDevice;
 use crate::sysfs::SYSFS_ROOT;
 use crate::wire;
@@ -99,6 +100,16 @@ impl Transport for IbTransport {
             .tcp
             .connect(ctx, peer, &tcp::encode_handle(addr), deadline)?;
         establish(&self.dev, ctx, peer, side, deadline)
+    }
+
+    /// One registration in the device's protection domain serves every connection of the
+    /// communicator (they all share it).
+    fn register(&self, mem: &[u8]) -> Result<Option<Box<dyn MemRegion>>> {
+        if mem.is_empty() {
+            return Ok(None);
+        }
+        let mr = UserMr::new(&self.dev.pd, mem).map_err(Error::from)?;
+        Ok(Some(Box::new(mr)))
     }
 }
 

@@ -40,6 +40,7 @@
 pub mod fdpass;
 pub mod host;
 pub mod mem;
+pub mod pages;
 mod ring;
 mod transport;
 mod wake;

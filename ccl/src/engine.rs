@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ccl_algos::algo::{self, Algo, Collective};
 use ccl_algos::cost;
-use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind};
+use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind, Registered};
 use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
 use ccl_core::comm::{Links, Peers};
@@ -15,6 +15,7 @@ use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
 
+use crate::registry::Registry;
 use crate::{DataType, Error, ReduceOp, Result};
 
 /// Most cached schedules per communicator; beyond that the cache starts over.
@@ -54,6 +55,8 @@ pub(crate) struct Engine {
     pub overrides: Mutex<Overrides>,
     /// Bytes of this rank's slot in host memory (0: the communicator has none).
     host_slot: usize,
+    /// Live registrations of caller memory (`Communicator::alloc`, `Communicator::register`).
+    pub registry: Arc<Registry>,
     inner: Mutex<Inner>,
 }
 
@@ -85,8 +88,14 @@ impl Engine {
         })
     }
 
-    pub fn new(peers: Arc<Peers>, links: Links, overrides: Overrides) -> Engine {
+    pub fn new(
+        peers: Arc<Peers>,
+        links: Links,
+        overrides: Overrides,
+        registry: Arc<Registry>,
+    ) -> Engine {
         Engine {
+            registry,
             model: cost::properties_of(&peers),
             peers,
             overrides: Mutex::new(overrides),
@@ -233,6 +242,9 @@ impl Engine {
             inner.scratch.resize(need, 0);
         }
         let scratch = &mut bytemuck::cast_slice_mut(&mut inner.scratch[..need])[..scratch_bytes];
+        // The entries stay alive (registered) until the run ends, whatever their owners do.
+        let reg_send = send.and_then(|s| self.registry.lookup(s));
+        let reg_recv = self.registry.lookup(recv);
         let job = Job {
             schedule: sched,
             buffers: Buffers {
@@ -245,6 +257,10 @@ impl Engine {
             op,
             info,
             seq,
+            registered: Registered {
+                send: reg_send.as_ref().map_or(&[], |e| &e.regions),
+                recv: reg_recv.as_ref().map_or(&[], |e| &e.regions),
+            },
         };
         exec::run(&self.peers, &mut inner.links, &mut inner.exec, job)
             .map_err(|e| self.peers.fail(e))

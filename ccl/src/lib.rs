@@ -65,10 +65,15 @@ pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, Unique
 mod engine;
 mod group;
 mod order;
+mod registry;
 mod split;
 mod vcoll;
+/// Page-aligned memory (huge pages when the system has them), as [`Buffer`] uses; for callers
+/// that allocate memory to register later (the C ABI's `cclMemAlloc`).
+pub use ccl_shm::pages::Pages;
 pub use group::Group;
 pub use order::Request;
+pub use registry::{Buffer, Registration, UnboundRegistration};
 pub use vcoll::Counts;
 
 use engine::{Call, Engine};
@@ -164,10 +169,17 @@ impl Communicator {
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
             .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
         let candidates = transports(&config, rank)?;
-        let (peers, links) = Peers::connect(b, candidates, config)?;
+        let reg_max = config.reg_max_bytes;
+        let (peers, links) = Peers::connect(b, candidates.clone(), config)?;
+        // Memory is registered with the transports some connection uses.
+        let used: Vec<_> = candidates
+            .into_iter()
+            .filter(|t| (0..peers.size()).any(|p| peers.peer_transport(p) == Some(t.name())))
+            .collect();
+        let registry = Arc::new(registry::Registry::new(rank, used, reg_max));
         let c = Communicator {
             order: Order::new(peers.clone()),
-            engine: Arc::new(Engine::new(peers, links, overrides)),
+            engine: Arc::new(Engine::new(peers, links, overrides, registry)),
         };
         c.engine.log_algorithm_table();
         Ok(c)
@@ -379,6 +391,58 @@ impl Communicator {
             let send = send.as_ref().map(|b| b.as_ref());
             engine.run(call, send, recv.as_mut())
         })
+    }
+
+    /// Allocates `n` zeroed elements of memory registered with every transport of this
+    /// communicator that needs registration: page aligned, on huge pages when the system has
+    /// them. Collectives on (parts of) it send straight from it where the transport can (verbs:
+    /// RDMA writes from it, no copy into staging buffers). Counts toward `CCL_REG_MAX_BYTES`
+    /// until dropped.
+    ///
+    /// ```no_run
+    /// # fn f(comm: &ccl::Communicator) -> ccl::Result<()> {
+    /// let mut grads = comm.alloc::<f32>(1 << 20)?;
+    /// grads.fill(1.0);
+    /// comm.all_reduce_in_place(&mut grads, ccl::ReduceOp::Sum)?;
+    /// // Non-blocking calls take it and give it back.
+    /// let grads = comm.all_reduce_async(grads, ccl::ReduceOp::Sum).wait()?;
+    /// # drop(grads); Ok(()) }
+    /// ```
+    pub fn alloc<T: Element>(&self, n: usize) -> Result<Buffer<T>> {
+        Buffer::new(&self.engine.registry, n)
+    }
+
+    /// Registers `mem` with every transport of this communicator that needs registration, for
+    /// as long as the returned [`Registration`] lives: it borrows `mem` (use it through the
+    /// registration, which derefs to the slice) and deregisters when dropped. Collectives on
+    /// (parts of) it send straight from it where the transport can. Registering costs a system
+    /// call that pins the pages; register long-lived buffers once, not per call. Counts toward
+    /// `CCL_REG_MAX_BYTES` until dropped.
+    ///
+    /// ```no_run
+    /// # fn f(comm: &ccl::Communicator) -> ccl::Result<()> {
+    /// let mut v = vec![1.0f32; 1 << 20];
+    /// let mut out = vec![0.0f32; 1 << 20];
+    /// let (send, mut recv) = (comm.register(&mut v)?, comm.register(&mut out)?);
+    /// comm.all_reduce(&send, &mut recv, ccl::ReduceOp::Sum)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn register<'a, T: Element>(&self, mem: &'a mut [T]) -> Result<Registration<'a, T>> {
+        Registration::new(&self.engine.registry, mem)
+    }
+
+    /// Registers `mem` without borrowing it, for callers that manage its life themselves (the
+    /// C ABI's `cclCommRegister`): see [`UnboundRegistration`] for the rule they must keep.
+    /// Rust code should use [`register`](Communicator::register).
+    pub fn register_unbound(&self, mem: &[u8]) -> Result<UnboundRegistration> {
+        UnboundRegistration::new(&self.engine.registry, mem)
+    }
+
+    /// Bytes this communicator holds registered now (from [`alloc`](Communicator::alloc) and
+    /// [`register`](Communicator::register)), and in how many registrations.
+    pub fn registered_bytes(&self) -> (usize, usize) {
+        let r = &self.engine.registry;
+        (r.bytes(), r.count())
     }
 
     /// Elementwise reduction of every rank's `send` into every rank's `recv` (out of place).

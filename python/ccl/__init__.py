@@ -20,6 +20,16 @@ Arrays must be C-contiguous and of a supported dtype (int8, uint8, int32, uint32
 float16, bfloat16, float32, float64); anything else is refused with a ``CclError`` rather than
 silently copied. Failures raise ``CclError`` carrying the C library's result code and message.
 
+Registered memory lets the verbs transport send straight from your arrays (no copy into its
+staging buffers): ``comm.alloc(shape, dtype)`` returns a numpy array in memory the library
+allocated and registered (``torch.from_numpy`` views it as a tensor), freed when the array and
+its views are gone; ``with comm.register(x):`` registers an existing array for the block.
+
+    g = comm.alloc((1 << 20,), np.float32)      # page aligned, registered
+    comm.all_reduce(g)
+    with comm.register(x), comm.register(y):
+        comm.all_reduce(x, out=y)
+
 ``import ccl.torch`` registers the ``"ccl"`` backend of ``torch.distributed``.
 """
 
@@ -317,6 +327,47 @@ def _timeout_ms(timeout):
     if not 0 < ms < 2**31:
         raise _invalid(f"timeout {timeout!r} must be between 1 ms and 24 days")
     return ms
+
+
+class _Allocation:
+    """Memory from cclMemAlloc and its registration; deregistered and freed with the last view
+    of the array over it."""
+
+    def __init__(self, ptr):
+        self.ptr, self.comm, self.reg = ptr, None, None
+
+    def __del__(self):
+        try:
+            if _lib is None:
+                return
+            if self.reg is not None:
+                _lib.cclCommDeregister(self.comm, self.reg)
+            _lib.cclMemFree(ctypes.c_void_p(self.ptr))
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+class _Registration:
+    """``with comm.register(array):`` -- the array registered with the communicator."""
+
+    def __init__(self, comm, array):
+        self._comm, self._array, self._h = comm, array, None
+
+    def __enter__(self):
+        b = _buf(self._array, "array", False)
+        n = b.count * b.itemsize
+        if n == 0:
+            return self._array
+        h = ctypes.c_void_p()
+        _check(_lib.cclCommRegister(self._comm._handle(), b.ptr, n, ctypes.byref(h)))
+        self._h = h
+        return self._array
+
+    def __exit__(self, *exc):
+        h, self._h = self._h, None
+        if h is not None:
+            _check(_lib.cclCommDeregister(self._comm._h, h))
+        return False
 
 
 class Communicator:
@@ -652,6 +703,37 @@ class Communicator:
             sd = self._counts("send_displs", send_displs) if send_displs is not None else None
         args = (sptr, sc, sd, r.ptr, rc, rd, r.dtype)
         return self._run("cclAlltoAllV", args, (buf, out, sc, sd, rc, rd), out, async_op)
+
+    # -- registered memory --
+
+    def alloc(self, shape, dtype=np.float32):
+        """A zeroed numpy array of `shape` and `dtype` in memory allocated by the library
+        (``cclMemAlloc``: page aligned, huge pages when the system has them) and registered
+        with this communicator (``cclCommRegister``): collectives on it send without copying
+        where the transport can. The memory is deregistered and freed when the array and every
+        view of it are gone. ``torch.from_numpy(a)`` gives a tensor over the same memory."""
+        dt = np.dtype(dtype)
+        _dtype_code(dt.name, "alloc", dt)
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(count * dt.itemsize, 1)
+        ptr = ctypes.c_void_p()
+        _check(_lib.cclMemAlloc(ctypes.byref(ptr), nbytes))
+        owner = _Allocation(ptr.value)
+        h = ctypes.c_void_p()
+        _check(_lib.cclCommRegister(self._handle(), ptr, nbytes, ctypes.byref(h)))
+        owner.comm, owner.reg = self._handle(), h
+        mem = (ctypes.c_ubyte * nbytes).from_address(ptr.value)
+        # The array's base chain holds `mem`, and `mem` holds the owner: the memory lives as
+        # long as any view of it.
+        mem._ccl_owner = owner
+        return np.frombuffer(mem, dtype=dt, count=count).reshape(shape)
+
+    def register(self, array):
+        """Registers `array` (a numpy array or CPU tensor) with this communicator for the
+        ``with`` block: ``with comm.register(x): comm.all_reduce(x)``. Leaving the block
+        deregisters it; that fails (``CclError``) while a non-blocking operation on it is
+        pending, so wait for it inside the block."""
+        return _Registration(self, array)
 
     def barrier(self, async_op=False):
         """Returns once every rank has called it."""

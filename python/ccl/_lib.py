@@ -115,6 +115,10 @@ PROTOTYPES = {
             Handle_p,
         ],
     ),
+    "cclMemAlloc": (c_int, [ctypes.POINTER(c_void_p), c_size_t]),
+    "cclMemFree": (c_int, [c_void_p]),
+    "cclCommRegister": (c_int, [Handle, c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
+    "cclCommDeregister": (c_int, [Handle, c_void_p]),
     "cclTest": (c_int, [Handle, c_int_p]),
     "cclWait": (c_int, [Handle]),
 }

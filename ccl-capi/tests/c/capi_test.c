@@ -2,8 +2,9 @@
  * Calls libccl through include/ccl.h, as a C program would.
  *
  *   capi_test procs N     N rank processes (fork): every collective in and out of place for every
- *                         type and operator, groups, non-blocking calls, split, abort, and every
- *                         argument error (NULL pointers, bad counts and enums, use after destroy)
+ *                         type and operator, groups, non-blocking calls, split, registered
+ *                         memory, abort, and every argument error (NULL pointers, bad counts and
+ *                         enums, use after destroy, double free, deregistration in flight)
  *   capi_test threads N   N ranks as threads of one process, one communicator each
  *   capi_test abort 2     cclCommAbort from one thread ends a collective blocked on another
  *
@@ -498,6 +499,73 @@ static void test_nonblocking(cclComm_t comm, int rank, int n) {
   free(g);
 }
 
+/* cclMemAlloc/cclCommRegister: collectives on registered memory, and every misuse of it. */
+static void test_registration(cclComm_t comm, int rank, int n) {
+  const size_t count = 1 << 18, bytes = count * sizeof(float);
+  void* mem = NULL;
+  void* h = NULL;
+  void* h2 = NULL;
+  void* h3 = NULL;
+  OK(cclMemAlloc(&mem, bytes));
+  CHECK(mem != NULL && (uintptr_t)mem % 4096 == 0, "cclMemAlloc gave %p", mem);
+  if (mem == NULL) return;
+  float* x = mem;
+  for (size_t i = 0; i < count; i++) x[i] = (float)(rank + 1);
+  OK(cclCommRegister(comm, mem, bytes, &h));
+  CHECK(h != NULL, "registration handle is NULL");
+  /* Plain memory registers too (NCCL allows any). */
+  float* plain = malloc(bytes);
+  for (size_t i = 0; i < count; i++) plain[i] = 0.0f;
+  OK(cclCommRegister(comm, plain, bytes, &h2));
+  OK(cclAllReduce(x, plain, count, cclFloat, cclSum, comm));
+  OK(cclAllReduce(x, x, count, cclFloat, cclSum, comm));
+  CHECK(x[0] == n * (n + 1) / 2.0f && x[count - 1] == n * (n + 1) / 2.0f, "registered allreduce: %g",
+        x[count - 1]);
+  CHECK(plain[count - 1] == n * (n + 1) / 2.0f, "into registered malloc memory: %g", plain[count - 1]);
+
+  /* Deregistering memory a pending operation uses fails, and the registration stays. The other
+   * ranks join the operation a second after the barrier, so it is still pending on rank 0. */
+  OK(cclBarrier(comm));
+  cclRequest_t req = NULL;
+  if (rank != 0) sleep(1);
+  OK(cclAllReduceAsync(x, x, count, cclFloat, cclSum, comm, &req));
+  if (rank == 0) {
+    int done = 1;
+    OK(cclTest(req, &done));
+    CHECK(done == 0, "the operation finished before the other ranks joined it");
+    FAILS(cclCommDeregister(comm, h), cclInvalidUsage, "in flight");
+    /* Freeing registered memory fails too. */
+    FAILS(cclMemFree(mem), cclInvalidUsage, "still registered");
+  }
+  OK(cclWait(req));
+  CHECK(x[count - 1] == n * (float)(n * (n + 1) / 2), "allreduce after the refused deregister: %g",
+        x[count - 1]);
+
+  /* Handles: foreign, NULL, another communicator's kind, twice. */
+  FAILS(cclCommDeregister(comm, NULL), cclInvalidArgument, "NULL");
+  FAILS(cclCommDeregister(comm, (void*)(uintptr_t)0x4242), cclInvalidArgument, "never made");
+  FAILS(cclCommDeregister(comm, (void*)comm), cclInvalidArgument, "communicator handle");
+  FAILS(cclCommRegister(comm, NULL, 64, &h3), cclInvalidArgument, "buff is NULL");
+  FAILS(cclCommRegister(comm, mem, 0, &h3), cclInvalidArgument, "size is 0");
+  FAILS(cclCommRegister(comm, mem, 64, NULL), cclInvalidArgument, "handle is NULL");
+  FAILS(cclMemAlloc(NULL, 64), cclInvalidArgument, "ptr is NULL");
+  FAILS(cclMemAlloc(&h3, 0), cclInvalidArgument, "size is 0");
+  OK(cclCommDeregister(comm, h));
+  FAILS(cclCommDeregister(comm, h), cclInvalidUsage, "deregistered");
+
+  /* Frees: foreign pointers and double frees. No rank allocates between the barriers, so a freed
+   * address cannot be handed out again (to another thread in threads mode) meanwhile. */
+  OK(cclBarrier(comm));
+  FAILS(cclMemFree(NULL), cclInvalidArgument, "NULL");
+  FAILS(cclMemFree(plain), cclInvalidArgument, "not allocated by cclMemAlloc");
+  FAILS(cclMemFree((char*)mem + 64), cclInvalidArgument, "inside the allocation");
+  OK(cclMemFree(mem));
+  FAILS(cclMemFree(mem), cclInvalidUsage, "already freed");
+  OK(cclBarrier(comm));
+  OK(cclCommDeregister(comm, h2));
+  free(plain);
+}
+
 static void test_split(cclComm_t comm, int rank, int n) {
   /* Even and odd ranks, in reverse order by key; the last rank of 3+ joins nothing. */
   int color = (n > 2 && rank == n - 1) ? CCL_SPLIT_NOCOLOR : rank % 2;
@@ -691,6 +759,7 @@ static int run_rank(int rank, int n, cclUniqueId id) {
   test_vcolls(comm, rank, n);
   test_p2p_and_groups(comm, rank, n);
   test_nonblocking(comm, rank, n);
+  test_registration(comm, rank, n);
   test_split(comm, rank, n);
   test_errors(comm, rank, n);
   test_abort(comm, rank, n);

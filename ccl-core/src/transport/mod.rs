@@ -11,7 +11,8 @@
 //!   handing the transport a pointer that must stay valid until a later `test`, the caller passes a
 //!   borrowed slice on each call, so the API stays safe and a socket can still read and write
 //!   user memory directly (zero copy for TCP). Transports that need registered memory (verbs)
-//!   stage through their own registered slots.
+//!   stage through their own registered slots, or send straight from memory the caller
+//!   registered with them ([`Transport::register`], [`Endpoint::send_registered`]).
 //! - The schedule (both sides know the byte counts of every transfer) gives the stream its message
 //!   boundaries; transports need not frame anything.
 //!
@@ -164,6 +165,36 @@ pub trait Transport: Send + Sync + fmt::Debug {
     fn take_host(&self) -> Option<Box<dyn HostMemory>> {
         None
     }
+
+    /// Registers `mem` with the transport for zero-copy transfers ([`MemRegion`]), or
+    /// `Ok(None)` when the transport has no use for registered memory (the default: TCP, shared
+    /// memory and in-process read and write caller memory directly anyway).
+    ///
+    /// The returned region records `mem`'s address, not a borrow: its owner must drop it before
+    /// the memory is freed or moved, and must keep the memory borrowed while any transfer uses
+    /// it. `ccl`'s `Registration` and `Buffer` make that a compile-time rule; nothing else should
+    /// call this.
+    fn register(&self, _mem: &[u8]) -> Result<Option<Box<dyn MemRegion>>> {
+        Ok(None)
+    }
+}
+
+/// Memory registered with one transport ([`Transport::register`]); deregistered when dropped.
+/// An endpoint given a region for a transfer uses it only if it is its own transport's
+/// ([`as_any`](MemRegion::as_any) to recognise it), and stages the bytes otherwise.
+pub trait MemRegion: Send + Sync + fmt::Debug {
+    /// The transport that registered it ([`Transport::name`]).
+    fn transport(&self) -> &'static str;
+    /// First byte registered.
+    fn addr(&self) -> usize;
+    /// Bytes registered.
+    fn len(&self) -> usize;
+    /// Whether no byte is registered.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For the owning transport to recognise its own regions.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Memory every rank of one host maps: a slot of bytes per rank, and a counter per rank that
@@ -246,6 +277,20 @@ pub trait Endpoint: Send {
     /// transport lends one received message at a time), until it takes less than it was offered
     /// or `max` bytes are used.
     fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize>;
+
+    /// [`send`](Endpoint::send) from memory that lies inside `region` (registered with this
+    /// endpoint's transport by [`Transport::register`]): a transport that can, sends straight
+    /// from it with no copy into its own buffers. The default stages like `send`, as does a
+    /// transport given a region it does not recognise or that does not cover `src`.
+    ///
+    /// Zero copy changes what "taken" means: the returned count covers bytes the transport has
+    /// finished reading, and the device may still be reading bytes past it. So the caller keeps
+    /// `src` unchanged and calls again, with `src` starting at the first byte not yet taken,
+    /// until every byte is taken; only then may it reuse or release the memory. A transport
+    /// fails when a call starts anywhere else while bytes of an earlier one are in flight.
+    fn send_registered(&mut self, src: &[u8], _region: &dyn MemRegion) -> Result<usize> {
+        self.send(src)
+    }
 
     /// Called before the rank sleeps (after it has busy-polled every peer it waits on). Returns
     /// `Ok(false)` when progress may be possible right away (e.g. data arrived while arming a

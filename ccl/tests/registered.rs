@@ -1,0 +1,243 @@
+//! Registered buffers (`Communicator::alloc`, `Communicator::register`) in every collective and
+//! algorithm: the result must be bit for bit what the same call gives on plain buffers (which
+//! tests/collectives.rs checks against closed forms), over the in-process, TCP and shared-memory
+//! transports (which stage or copy directly: registration changes nothing there) and over verbs
+//! (zero-copy sends; `#[ignore]`d without a device, `scripts/rxe-tests.sh` runs them in the
+//! SoftRoCE VM). Also: the registered-bytes count and its bound (`CCL_REG_MAX_BYTES`).
+
+mod common;
+
+use std::time::Duration;
+
+use ccl::{Collective, Communicator, ErrorKind, ReduceOp};
+use ccl_core::config::TransportKind;
+use ccl_core::test_values::{self, CheckValue};
+use common::*;
+
+/// Collectives with a single count (the v-collectives take counts per rank; tests/vcoll.rs).
+const COLLS: [Collective; 6] = [
+    Collective::AllReduce,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Mem {
+    Plain,
+    /// `Communicator::register` on the caller's vectors.
+    Register,
+    /// `Communicator::alloc`.
+    Alloc,
+}
+
+/// Runs `coll` with inputs from `test_values` on buffers of kind `mem` and returns the output.
+fn run<T: CheckValue>(
+    comm: &Communicator,
+    coll: Collective,
+    count: usize,
+    in_place: bool,
+    mem: Mem,
+) -> Result<Vec<T>, ccl::Error> {
+    let (r, n) = (comm.rank(), comm.size());
+    let lens = coll.buffer_lens(count, n).unwrap();
+    let op = ReduceOp::Sum;
+    let root = n - 1;
+    let input: Vec<T> = (0..lens.send)
+        .map(|i| T::from_i64(test_values::input(ReduceOp::Sum, r, i)))
+        .collect();
+    // In place: the input sits where NCCL puts it in the one buffer.
+    let mut out: Vec<T> = vec![T::from_i64(99); if in_place { lens.in_place() } else { lens.recv }];
+    if in_place {
+        let at = if lens.send < lens.recv {
+            r * lens.send
+        } else {
+            0
+        };
+        out[at..at + lens.send].copy_from_slice(&input);
+    }
+    let mut input = input;
+    match mem {
+        Mem::Plain => {
+            let send = (!in_place).then_some(&input[..]);
+            comm.collective(coll, send, &mut out, op, root)?;
+        }
+        Mem::Register => {
+            let send = comm.register(&mut input)?;
+            let mut recv = comm.register(&mut out)?;
+            let s = (!in_place).then_some(&send[..]);
+            comm.collective(coll, s, &mut recv, op, root)?;
+        }
+        Mem::Alloc => {
+            let mut send = comm.alloc::<T>(input.len())?;
+            send.copy_from_slice(&input);
+            let mut recv = comm.alloc::<T>(out.len())?;
+            recv.copy_from_slice(&out);
+            let s = (!in_place).then_some(&send[..]);
+            comm.collective(coll, s, &mut recv, op, root)?;
+            out.copy_from_slice(&recv);
+        }
+    }
+    Ok(out)
+}
+
+/// Every collective and algorithm at `counts`, in and out of place, registered (both kinds)
+/// against plain; returns what differed.
+fn sweep(comm: &Communicator, counts: &[usize]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for coll in COLLS {
+        for algo in comm.algorithms(coll) {
+            comm.set_algorithm(coll, Some(algo)).unwrap();
+            for &c in counts {
+                for in_place in [false, true] {
+                    let plain = run::<f32>(comm, coll, c, in_place, Mem::Plain).unwrap();
+                    for mem in [Mem::Register, Mem::Alloc] {
+                        let got = run::<f32>(comm, coll, c, in_place, mem).unwrap_or_else(|e| {
+                            panic!("rank {} {coll} {algo} {c} {mem:?}: {e}", comm.rank())
+                        });
+                        let bad = got
+                            .iter()
+                            .zip(&plain)
+                            .filter(|(a, b)| a.to_bits() != b.to_bits())
+                            .count();
+                        if bad > 0 {
+                            wrong.push(format!(
+                                "rank {} {coll} {algo} count {c} in_place={in_place} {mem:?}: {bad} differ",
+                                comm.rank()
+                            ));
+                        }
+                    }
+                }
+            }
+            comm.set_algorithm(coll, None).unwrap();
+        }
+    }
+    // Nothing stays registered once the buffers are gone.
+    assert_eq!(comm.registered_bytes(), (0, 0));
+    wrong
+}
+
+fn sweep_over(t: TransportKind, sizes: &[usize], counts: &'static [usize]) {
+    for &n in sizes {
+        let wrong: Vec<String> = run_ranks(n, config(t, Duration::from_secs(120)), move |comm| {
+            sweep(&comm, counts)
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+        assert!(wrong.is_empty(), "{t:?} {n} ranks:\n{}", wrong.join("\n"));
+    }
+}
+
+#[test]
+fn registered_equals_plain_over_local() {
+    sweep_over(
+        TransportKind::Local,
+        &[1, 2, 3, 4],
+        &[0, 1, 7, 1023, 70_001],
+    );
+}
+
+#[test]
+fn registered_equals_plain_over_tcp() {
+    sweep_over(TransportKind::Tcp, &[2, 3], &[1, 1023, 70_001]);
+}
+
+#[test]
+fn registered_equals_plain_over_shm() {
+    sweep_over(TransportKind::Shm, &[2, 3], &[1, 1023, 70_001]);
+}
+
+/// Over verbs, sends out of registered memory are RDMA writes straight from it: counts that
+/// fill many staging slots (the ring's credits wrap), every collective and algorithm.
+#[cfg(feature = "ib")]
+#[test]
+#[ignore = "needs an RDMA device; scripts/rxe-tests.sh runs it in the SoftRoCE VM"]
+fn ib_registered_equals_plain() {
+    require_ib();
+    sweep_over(TransportKind::Ib, &[2, 3], &[1, 1023, 1_000_003]);
+}
+
+/// A registered allreduce with 4 data QPs and sends split across them, so zero-copy pieces
+/// complete out of order.
+#[cfg(feature = "ib")]
+#[test]
+#[ignore = "needs an RDMA device; scripts/rxe-tests.sh runs it in the SoftRoCE VM"]
+fn ib_registered_allreduce_split_over_qps() {
+    require_ib();
+    let mut cfg = config(TransportKind::Ib, Duration::from_secs(120));
+    cfg.ib.qps_per_conn = 4;
+    cfg.ib.split_data_on_qps = true;
+    let wrong: Vec<String> = run_ranks(2, cfg, |comm| {
+        let mut w = Vec::new();
+        for c in [4096, (4 << 20) + 5] {
+            for in_place in [false, true] {
+                let plain = run::<f32>(&comm, Collective::AllReduce, c, in_place, Mem::Plain);
+                let reg = run::<f32>(&comm, Collective::AllReduce, c, in_place, Mem::Alloc);
+                if plain.unwrap() != reg.unwrap() {
+                    w.push(format!("count {c} in_place={in_place}"));
+                }
+            }
+        }
+        w
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+#[test]
+fn registered_bytes_are_counted_and_bounded() {
+    let mut cfg = config(TransportKind::Local, Duration::from_secs(60));
+    cfg.reg_max_bytes = 64 << 10;
+    run_ranks(1, cfg, |comm| {
+        assert_eq!(comm.registered_bytes(), (0, 0));
+        let a = comm.alloc::<u32>(4096).unwrap();
+        assert_eq!(a.len(), 4096);
+        assert_eq!(a.as_ptr() as usize % 4096, 0, "page aligned");
+        assert!(a.iter().all(|&x| x == 0), "zeroed");
+        let mut v = vec![1u8; 32 << 10];
+        let r = comm.register(&mut v).unwrap();
+        assert_eq!(comm.registered_bytes(), ((16 << 10) + (32 << 10), 2));
+        // 48 KiB held: another 32 KiB passes the 64 KiB bound.
+        let e = comm.alloc::<u8>(32 << 10).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+        let s = e.to_string();
+        assert!(s.contains("CCL_REG_MAX_BYTES=65536"), "{s}");
+        assert!(s.contains("49152 bytes are registered"), "{s}");
+        drop(r);
+        assert_eq!(comm.registered_bytes(), (16 << 10, 1));
+        let b = comm.alloc::<u8>(32 << 10).unwrap();
+        drop(a);
+        drop(b);
+        assert_eq!(comm.registered_bytes(), (0, 0));
+        // The refused registration left nothing behind, and the vector is the caller's again.
+        assert!(v.iter().all(|&x| x == 1));
+    });
+}
+
+/// Non-blocking calls own an allocated buffer and give it back.
+#[test]
+fn alloc_buffers_go_through_non_blocking_calls() {
+    let out = run_ranks(
+        3,
+        config(TransportKind::Local, Duration::from_secs(60)),
+        |comm| {
+            let mut b = comm.alloc::<i64>(1000).unwrap();
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = (comm.rank() * 1000 + i) as i64;
+            }
+            let b = comm.all_reduce_async(b, ReduceOp::Sum).wait().unwrap();
+            assert_eq!(comm.registered_bytes(), (8000, 1));
+            b.to_vec()
+        },
+    );
+    for v in out {
+        for (i, x) in v.iter().enumerate() {
+            assert_eq!(*x, (3 * i + 3000) as i64);
+        }
+    }
+}
