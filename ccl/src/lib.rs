@@ -65,6 +65,7 @@ pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, Unique
 mod engine;
 mod group;
 mod order;
+pub mod recover;
 mod split;
 mod vcoll;
 pub use group::Group;
