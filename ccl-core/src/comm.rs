@@ -370,6 +370,7 @@ impl Peers {
         let round = self.shrink_round.load(Ordering::Acquire);
         let d = m.shrink(round, exclude, self.size, deadline)?;
         self.shrink_round.store(d.round, Ordering::Release);
+
         let id = crate::UniqueId::from_bytes(&d.id).map_err(|e| {
             Error::remote(format!(
                 "the rendezvous sent a bad unique id for the shrunk communicator: {e}"
@@ -430,6 +431,16 @@ impl Peers {
             }
             _ => e,
         }
+    }
+
+    /// Tells the root whether this rank's part of the communicator of the last shrink round
+    /// formed, and returns whether every member's did (only then may it be used; otherwise ask
+    /// again with [`shrink_agree`](Self::shrink_agree)).
+    pub fn shrink_formed(&self, ok: bool, deadline: std::time::Instant) -> Result<bool> {
+        let m = self.monitor.as_ref().ok_or_else(|| {
+            Error::internal("a shrink's outcome without a rendezvous").rank(self.rank)
+        })?;
+        m.formed(self.shrink_round.load(Ordering::Acquire), ok, deadline)
     }
 
     /// The first error this communicator failed with, if any.

@@ -86,8 +86,13 @@ impl Communicator {
             let mut config = self.config().clone();
             config.topo_file = None;
             config.topology = Some(self.engine.peers.topology().subset(&members));
-            match Communicator::init_with_config(&id, new_rank, members.len(), config) {
-                Ok(c) => {
+            let formed = Communicator::init_with_config(&id, new_rank, members.len(), config);
+            // Only the root's verdict says whether every member's part formed too.
+            match (
+                self.engine.peers.shrink_formed(formed.is_ok(), deadline)?,
+                formed,
+            ) {
+                (true, Ok(c)) => {
                     ccl_core::ccl_info!(
                         Some(me),
                         "shrunk to {} ranks (this rank is now {new_rank}) in {:.1} ms",
@@ -96,12 +101,22 @@ impl Communicator {
                     );
                     return Ok(c);
                 }
-                Err(e) => {
+                (_, Err(e)) => {
                     ccl_warn!(
                         Some(me),
-                        "shrink: the new communicator did not form, trying again: {e}"
+                        "shrink: the new communicator did not form here, trying again: {e}"
                     );
                     last = Some(e);
+                }
+                (false, Ok(_)) => {
+                    ccl_warn!(
+                        Some(me),
+                        "shrink: the new communicator did not form on every member, trying again"
+                    );
+                    last = Some(
+                        Error::remote("the shrunk communicator did not form on every member")
+                            .rank(me),
+                    );
                 }
             }
         }

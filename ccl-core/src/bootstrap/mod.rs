@@ -622,7 +622,7 @@ fn watch(streams: Vec<TcpStream>, addr: SocketAddr, timeout: Duration) {
                             }
                         }
                     }
-                    FrameKind::Revoke | FrameKind::Shrink => asks.push((r, f)),
+                    FrameKind::Revoke | FrameKind::Shrink | FrameKind::Formed => asks.push((r, f)),
                     _ => {}
                 }
             }
@@ -643,6 +643,10 @@ fn watch(streams: Vec<TcpStream>, addr: SocketAddr, timeout: Duration) {
         for (r, f) in asks {
             outs.extend(match f.kind {
                 FrameKind::Revoke => recovery.on_revoke(r, &open),
+                FrameKind::Formed => {
+                    recovery.on_formed(r, &f.payload);
+                    Vec::new()
+                }
                 _ => recovery.on_shrink(r, &f.payload, &open),
             });
         }
@@ -979,7 +983,10 @@ impl Monitor {
             match f.kind {
                 FrameKind::Notice => {
                     if let Ok(n) = Notice::decode(&f.payload) {
-                        inbox.failed.insert(n.rank);
+                        // A rank whose error only echoes another's failure did not fail itself.
+                        if n.died || !n.message.starts_with(ErrorKind::Remote.as_str()) {
+                            inbox.failed.insert(n.rank);
+                        }
                         inbox.notices.push_back(n);
                     }
                 }
@@ -988,16 +995,20 @@ impl Monitor {
                         inbox.revoked.get_or_insert(n);
                     }
                 }
-                FrameKind::Shrunk | FrameKind::Error => inbox.answers.push_back(f),
+                FrameKind::Shrunk | FrameKind::Commit | FrameKind::Error => {
+                    inbox.answers.push_back(f)
+                }
                 _ => {}
             }
         }
         inbox
     }
 
-    /// A notice that has arrived, without waiting.
+    /// The first notice that has arrived, without waiting. It stays: a failure is as sticky
+    /// as the error it causes, so every later look (the explanation of a transport error that
+    /// followed it, too) finds it at once.
     pub fn poll(&self) -> Option<Notice> {
-        self.read_frames().notices.pop_front()
+        self.read_frames().notices.front().cloned()
     }
 
     /// Who revoked the communicator, if a rank has (or the root did, for a shrink).
@@ -1025,20 +1036,47 @@ impl Monitor {
         size: usize,
         deadline: Instant,
     ) -> Result<wire::ShrinkDecision> {
-        use nix::poll::{PollFd, PollFlags, PollTimeout};
         let req = wire::ShrinkRequest {
             round,
             exclude: exclude.to_vec(),
         };
         self.send(&req.encode());
+        let f = self.answer(deadline)?;
+        if f.kind != FrameKind::Shrunk {
+            return Err(Error::remote(format!(
+                "the rendezvous answered a shrink request with {:?}",
+                f.kind
+            ))
+            .rank(self.rank));
+        }
+        wire::ShrinkDecision::decode(&f.payload, size).map_err(|e| e.rank(self.rank))
+    }
+
+    /// Tells the root whether this rank's part of the shrunk communicator of `round` formed,
+    /// and waits until `deadline` for whether every member's did (then it may be used).
+    pub fn formed(&self, round: u32, ok: bool, deadline: Instant) -> Result<bool> {
+        self.send(&wire::round_flag(FrameKind::Formed, round, ok));
+        let f = self.answer(deadline)?;
+        match (f.kind, wire::read_round_flag(&f.payload)) {
+            (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
+            _ => Err(Error::remote(format!(
+                "the rendezvous answered a shrink's outcome with {:?}",
+                f.kind
+            ))
+            .rank(self.rank)),
+        }
+    }
+
+    /// The root's next answer to a shrink request or outcome; an error frame is an error.
+    fn answer(&self, deadline: Instant) -> Result<Frame> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
         loop {
             if let Some(f) = self.read_frames().answers.pop_front() {
                 if f.kind == FrameKind::Error {
                     let msg = String::from_utf8_lossy(&f.payload).into_owned();
                     return Err(Error::new(ErrorKind::Revoked, msg).rank(self.rank));
                 }
-                return wire::ShrinkDecision::decode(&f.payload, size)
-                    .map_err(|e| e.rank(self.rank));
+                return Ok(f);
             }
             if self.root_gone() {
                 return Err(Error::remote(format!(

@@ -16,6 +16,13 @@
 //! rank order, minus every rank any request excluded. They get the unique id of a new root,
 //! started here; a member that dies before the new communicator is up makes that root fail
 //! everyone at once, and the others ask again for a round among the members still alive.
+//!
+//! **Commit.** Whether a member's part of the new communicator formed can differ between
+//! members (one connected to a rank just before it died, another just after). So each member
+//! reports its outcome, and only when every member reports success does the root tell them to
+//! use it; otherwise, or when a member dies or stays silent past the timeout, it tells them all
+//! to drop it and ask again. The root alone decides, so the live members never disagree on the
+//! outcome.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -45,6 +52,15 @@ pub(super) struct Recovery {
     started: Option<Instant>,
     /// The last decision's members and the handle that makes their root give up.
     admitting: Option<(Vec<usize>, Abandon)>,
+    /// The members whose new communicator is forming, since when, and who reported it formed.
+    forming: Option<Forming>,
+}
+
+struct Forming {
+    members: Vec<usize>,
+    since: Instant,
+    formed: Vec<usize>,
+    failed: bool,
 }
 
 /// A frame for one rank.
@@ -62,12 +78,61 @@ impl Recovery {
             requests: BTreeMap::new(),
             started: None,
             admitting: None,
+            forming: None,
         }
     }
 
     /// Whether the root should look again before its usual poll interval (a round is open).
     pub(super) fn deadline(&self) -> Option<Instant> {
-        self.started.map(|t| t + self.timeout)
+        let forming = self.forming.as_ref().map(|f| f.since);
+        self.started.or(forming).map(|t| t + self.timeout)
+    }
+
+    /// Member `r` reports whether its part of the new communicator formed.
+    pub(super) fn on_formed(&mut self, r: usize, payload: &[u8]) {
+        let Ok((round, ok)) = wire::read_round_flag(payload) else {
+            return;
+        };
+        if let Some(f) = &mut self.forming
+            && round == self.round
+            && f.members.contains(&r)
+        {
+            if ok {
+                f.formed.push(r);
+            } else {
+                f.failed = true;
+            }
+        }
+    }
+
+    /// The verdict on the forming communicator, once every member formed it (commit), one
+    /// failed, died or stayed silent past the timeout (drop it and ask again).
+    fn verdict(&mut self, open: &[bool]) -> Vec<Out> {
+        let Some(f) = &self.forming else {
+            return Vec::new();
+        };
+        let all = f.members.iter().all(|r| f.formed.contains(r));
+        let lost = f.members.iter().any(|&r| !open[r]);
+        let late = f.since.elapsed() >= self.timeout;
+        if !(all || f.failed || lost || late) {
+            return Vec::new();
+        }
+        let commit = all && !f.failed && !lost;
+        let frame = wire::round_flag(FrameKind::Commit, self.round, commit);
+        let members = f.members.clone();
+        self.forming = None;
+        if !commit {
+            ccl_warn!(
+                None,
+                "bootstrap root {}: the shrunk communicator of ranks {members:?} did not form everywhere; its members ask again",
+                self.addr
+            );
+        }
+        members
+            .into_iter()
+            .filter(|&r| open[r])
+            .map(|r| (r, frame.clone()))
+            .collect()
     }
 
     /// Revokes the communicator for every open rank but `by` (once).
@@ -133,8 +198,15 @@ impl Recovery {
         }
     }
 
-    /// The decision of an open round, once every awaited rank has asked or the time is up.
+    /// The decision of an open round, once every awaited rank has asked or the time is up, and
+    /// the verdict on a forming communicator.
     pub(super) fn decide(&mut self, open: &[bool]) -> Vec<Out> {
+        let mut out = self.verdict(open);
+        out.extend(self.decide_round(open));
+        out
+    }
+
+    fn decide_round(&mut self, open: &[bool]) -> Vec<Out> {
         let Some(started) = self.started else {
             return Vec::new();
         };
@@ -170,6 +242,12 @@ impl Recovery {
         };
         self.expected = (0..self.size).map(|r| members.contains(&r)).collect();
         self.admitting = Some((members.clone(), abandon));
+        self.forming = Some(Forming {
+            members: members.clone(),
+            since: Instant::now(),
+            formed: Vec::new(),
+            failed: false,
+        });
         let f = ShrinkDecision {
             round: self.round,
             members,

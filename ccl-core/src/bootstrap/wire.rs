@@ -37,6 +37,12 @@ pub enum FrameKind {
     /// Root to rank: the survivors and where their new communicator meets (a
     /// [`ShrinkDecision`]).
     Shrunk = 23,
+    /// Rank to root: whether this rank's part of the shrunk communicator formed
+    /// (`[u32 round][u8 ok]`).
+    Formed = 24,
+    /// Root to rank: whether every member's did, so the shrunk communicator may be used
+    /// (`[u32 round][u8 commit]`); if not, the members ask again.
+    Commit = 25,
 }
 
 impl FrameKind {
@@ -55,6 +61,8 @@ impl FrameKind {
             21 => FrameKind::Revoked,
             22 => FrameKind::Shrink,
             23 => FrameKind::Shrunk,
+            24 => FrameKind::Formed,
+            25 => FrameKind::Commit,
             _ => return None,
         })
     }
@@ -281,6 +289,21 @@ impl ShrinkDecision {
             members,
             id: p[off..].to_vec(),
         })
+    }
+}
+
+/// `[u32 round][u8 flag]`: a [`FrameKind::Formed`] or [`FrameKind::Commit`] frame.
+pub fn round_flag(kind: FrameKind, round: u32, flag: bool) -> Frame {
+    let mut p = round.to_le_bytes().to_vec();
+    p.push(u8::from(flag));
+    Frame::new(kind, p)
+}
+
+/// Reads a [`round_flag`] payload.
+pub fn read_round_flag(p: &[u8]) -> Result<(u32, bool)> {
+    match p {
+        [a, b, c, d, f @ (0 | 1)] => Ok((u32::from_le_bytes([*a, *b, *c, *d]), *f == 1)),
+        _ => Err(Error::remote("malformed shrink message")),
     }
 }
 
