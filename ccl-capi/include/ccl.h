@@ -163,6 +163,10 @@ cclResult_t cclCommSplit(cclComm_t comm, int color, int key, cclComm_t* newcomm,
  * and on the other ranks within milliseconds. revokeFlags must be 0. */
 cclResult_t cclCommRevoke(cclComm_t comm, int revokeFlags);
 
+/* The ranks the job's rendezvous has reported failed or dead so far, in rank order: the first
+ * min(count, maxRanks) go to ranks; *count is how many there are. */
+cclResult_t cclCommGetFailedRanks(cclComm_t comm, int* ranks, int maxRanks, int* count);
+
 /* The survivors of comm: every rank still alive that calls it within CCL_TIMEOUT, minus the
  * ranks in excludeRanksList (the union over callers), numbered densely in their old order. A rank
  * dying during the shrink is left out by a further round. An excluded caller gets cclRevoked.

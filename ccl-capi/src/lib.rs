@@ -357,6 +357,31 @@ pub extern "C" fn cclCommRevoke(comm: cclComm_t, revokeFlags: c_int) -> cclResul
     })
 }
 
+/// The ranks the job's root has reported failed or dead.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommGetFailedRanks(
+    comm: cclComm_t,
+    ranks: *mut c_int,
+    maxRanks: c_int,
+    count: *mut c_int,
+) -> cclResult_t {
+    guard("cclCommGetFailedRanks", || {
+        let c = comm_from(comm)?;
+        let failed = c.failed_ranks();
+        let room = usize::try_from(maxRanks)
+            .map_err(|_| Fail::arg(format!("maxRanks is {maxRanks}, must be >= 0")))?;
+        if room > 0 && ranks.is_null() {
+            return Err(Fail::arg(format!("ranks is NULL with maxRanks {room}")));
+        }
+        for (i, &r) in failed.iter().take(room).enumerate() {
+            // SAFETY: non-NULL when room > 0 (checked); the caller passes `maxRanks` writable
+            // ints and `i < maxRanks`.
+            unsafe { ranks.add(i).write(r as c_int) };
+        }
+        out(count, "count", failed.len() as c_int)
+    })
+}
+
 /// The survivors' communicator, without the excluded ranks and the dead.
 #[unsafe(no_mangle)]
 pub extern "C" fn cclCommShrink(
