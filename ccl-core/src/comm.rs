@@ -721,6 +721,9 @@ fn setup_watch(
         .rank(rank)
         .peer(n.rank));
     }
+    if let Some(msg) = m.root_error() {
+        return Err(Error::remote(format!("during set-up: {msg}")).rank(rank));
+    }
     match root_host {
         Some(h) if awaited.contains(&h) && m.root_gone() => Err(Error::remote(format!(
             "rank {h} died or exited during set-up: the job's rendezvous, which it ran, closed"

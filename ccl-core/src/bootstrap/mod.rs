@@ -944,6 +944,7 @@ struct Inbox {
     failed: std::collections::BTreeSet<usize>,
     revoked: Option<Notice>,
     answers: std::collections::VecDeque<Frame>,
+    root_error: Option<String>,
 }
 
 type MonitorInbox<'a> = std::sync::MutexGuard<'a, Inbox>;
@@ -995,9 +996,14 @@ impl Monitor {
                         inbox.revoked.get_or_insert(n);
                     }
                 }
-                FrameKind::Shrunk | FrameKind::Commit | FrameKind::Error => {
+                FrameKind::Error => {
+                    // The root failing the job while ranks still set up (a rank left during a
+                    // round), or refusing a shrink request.
+                    let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                    inbox.root_error.get_or_insert(msg);
                     inbox.answers.push_back(f)
                 }
+                FrameKind::Shrunk | FrameKind::Commit => inbox.answers.push_back(f),
                 _ => {}
             }
         }
@@ -1014,6 +1020,11 @@ impl Monitor {
     /// Who revoked the communicator, if a rank has (or the root did, for a shrink).
     pub fn revoked(&self) -> Option<Notice> {
         self.read_frames().revoked.clone()
+    }
+
+    /// The error the root failed the job with, if it did (a rank left while the ranks set up).
+    pub fn root_error(&self) -> Option<String> {
+        self.read_frames().root_error.clone()
     }
 
     /// The ranks the root has said failed or died so far.
