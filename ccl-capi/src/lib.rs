@@ -357,6 +357,29 @@ pub extern "C" fn cclCommRevoke(comm: cclComm_t, revokeFlags: c_int) -> cclResul
     })
 }
 
+/// Writes the first `room` of `vals` to `p` (non-NULL when `room > 0`, checked by the caller).
+fn write_ints(p: *mut c_int, room: usize, vals: &[usize]) {
+    for (i, &v) in vals.iter().take(room).enumerate() {
+        // SAFETY: the caller checked `p` is non-NULL when `room > 0`; the C caller passes `room`
+        // writable ints, and `i < room`.
+        unsafe { p.add(i).write(v as c_int) };
+    }
+}
+
+/// Copies `n` ints from `p` (non-NULL, checked by the caller).
+fn read_ints(p: *const c_int, n: usize) -> Vec<c_int> {
+    // SAFETY: the caller checked `p` is non-NULL; the C caller passes `n` readable ints, `n` is
+    // bounded by the communicator's size; the slice is copied at once and not kept.
+    unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
+}
+
+/// Copies a unique id from `p` (non-NULL, checked by the caller).
+fn read_uid(p: *const cclUniqueId) -> cclUniqueId {
+    // SAFETY: the caller checked `p` is non-NULL; a cclUniqueId is plain bytes, so any value is
+    // valid, and it is copied at once.
+    unsafe { std::ptr::read(p) }
+}
+
 /// The ranks the job's root has reported failed or dead.
 #[unsafe(no_mangle)]
 pub extern "C" fn cclCommGetFailedRanks(
@@ -373,11 +396,7 @@ pub extern "C" fn cclCommGetFailedRanks(
         if room > 0 && ranks.is_null() {
             return Err(Fail::arg(format!("ranks is NULL with maxRanks {room}")));
         }
-        for (i, &r) in failed.iter().take(room).enumerate() {
-            // SAFETY: non-NULL when room > 0 (checked); the caller passes `maxRanks` writable
-            // ints and `i < maxRanks`.
-            unsafe { ranks.add(i).write(r as c_int) };
-        }
+        write_ints(ranks, room, &failed);
         out(count, "count", failed.len() as c_int)
     })
 }
@@ -426,10 +445,8 @@ pub extern "C" fn cclCommShrink(
                     c.size()
                 )));
             }
-            // SAFETY: non-NULL (checked); the caller passes `excludeRanksCount` readable ints,
-            // at most the communicator's size (checked), copied at once and not kept.
-            let raw = unsafe { std::slice::from_raw_parts(excludeRanksList, n) };
-            raw.iter()
+            read_ints(excludeRanksList, n)
+                .iter()
                 .map(|&r| {
                     usize::try_from(r)
                         .map_err(|_| Fail::arg(format!("excludeRanksList holds rank {r}")))
@@ -455,9 +472,7 @@ pub extern "C" fn cclCommGrow(
         if uniqueId.is_null() {
             return Err(Fail::arg("uniqueId is NULL"));
         }
-        // SAFETY: non-NULL (checked); a cclUniqueId is plain bytes, any value is valid, and it
-        // is copied at once.
-        let uid = unsafe { std::ptr::read(uniqueId) };
+        let uid = read_uid(uniqueId);
         if comm.is_null() {
             return init_rank(newcomm, nRanks, uid, rank, config);
         }
