@@ -228,3 +228,28 @@ fn a_stopped_rank_is_named_by_the_trace_analysis() {
     eprintln!("{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue-sized runs (100 trials, 4-8 ranks) are `scripts/shrink-trials.sh`; this is a small
+/// case of each transport: random ranks SIGKILLed inside random collectives (every third trial
+/// a second one during the shrink), every survivor shrinks and finishes checked allreduces.
+#[test]
+fn survivors_of_random_kills_shrink_and_finish_checked_allreduces() {
+    for (transport, trials) in [("tcp", "6"), ("shm", "3")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ccl-shrink-trials"))
+            .args(["--trials", trials, "--np-min", "4", "--np-max", "6"])
+            .args([
+                "--transport",
+                transport,
+                "--second-every",
+                "3",
+                "--timeout",
+                "20",
+            ])
+            .stderr(Stdio::null())
+            .output()
+            .expect("run ccl-shrink-trials");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{transport}:\n{text}");
+        assert!(text.contains("trials passed"), "{transport}:\n{text}");
+    }
+}

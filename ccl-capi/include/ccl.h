@@ -77,7 +77,8 @@ typedef enum {
   cclRemoteError = 6,     /* a peer failed, closed its connection or broke the protocol */
   cclInProgress = 7,      /* reserved (NCCL's non-blocking initialization) */
   cclTimeout = 8,         /* a wait passed its deadline (CCL_TIMEOUT without progress) */
-  cclNumResults = 9
+  cclRevoked = 9,         /* the communicator was revoked (cclCommRevoke, or a shrink): shrink it */
+  cclNumResults = 10
 } cclResult_t;
 
 /* Element types, numbered as NCCL's ncclDataType_t. */
@@ -157,6 +158,28 @@ cclResult_t cclCommInitFromEnv(cclComm_t* comm);
  * config must be NULL: the new communicator has comm's settings. */
 cclResult_t cclCommSplit(cclComm_t comm, int color, int key, cclComm_t* newcomm,
                          cclConfig_t* config);
+
+/* Revokes comm on every rank: pending and later operations fail with cclRevoked, here at once
+ * and on the other ranks within milliseconds. revokeFlags must be 0. */
+cclResult_t cclCommRevoke(cclComm_t comm, int revokeFlags);
+
+/* The ranks the job's rendezvous has reported failed or dead so far, in rank order: the first
+ * min(count, maxRanks) go to ranks; *count is how many there are. */
+cclResult_t cclCommGetFailedRanks(cclComm_t comm, int* ranks, int maxRanks, int* count);
+
+/* The survivors of comm: every rank still alive that calls it within CCL_TIMEOUT, minus the
+ * ranks in excludeRanksList (the union over callers), numbered densely in their old order. A rank
+ * dying during the shrink is left out by a further round. An excluded caller gets cclRevoked.
+ * Revokes comm everywhere. config must be NULL, shrinkFlags 0. Needs the process that made the
+ * unique id (it decides who survives) to be alive. */
+cclResult_t cclCommShrink(cclComm_t comm, const int* excludeRanksList, int excludeRanksCount,
+                          cclComm_t* newcomm, cclConfig_t* config, int shrinkFlags);
+
+/* A communicator of nRanks: the ranks of comm keep their ranks (they pass comm and rank -1, and
+ * config NULL); new processes pass comm NULL and their rank (>= comm's size). Every party passes
+ * the same uniqueId, made with cclGetUniqueId by one rank of comm. */
+cclResult_t cclCommGrow(cclComm_t comm, int nRanks, const cclUniqueId* uniqueId, int rank,
+                        cclComm_t* newcomm, cclConfig_t* config);
 
 /* Finishes the operations already issued on comm, then frees it. The handle is invalid
  * afterwards: later calls with it return cclInvalidUsage. */

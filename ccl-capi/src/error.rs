@@ -7,8 +7,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use ccl::ErrorKind;
 
 use crate::{
-    cclInternalError, cclInvalidArgument, cclInvalidUsage, cclRemoteError, cclResult_t, cclSuccess,
-    cclSystemError, cclTimeout,
+    cclInternalError, cclInvalidArgument, cclInvalidUsage, cclRemoteError, cclResult_t, cclRevoked,
+    cclSuccess, cclSystemError, cclTimeout,
 };
 
 /// A failed call: the code to return and the message for `cclGetLastError`.
@@ -45,6 +45,7 @@ pub(crate) fn code_of(e: &ccl::Error) -> cclResult_t {
         ErrorKind::System => cclSystemError,
         ErrorKind::Remote => cclRemoteError,
         ErrorKind::Timeout => cclTimeout,
+        ErrorKind::Revoked => cclRevoked,
         _ => cclInternalError,
     }
 }

@@ -41,7 +41,8 @@ pub const cclInvalidUsage: cclResult_t = 5;
 pub const cclRemoteError: cclResult_t = 6;
 pub const cclInProgress: cclResult_t = 7;
 pub const cclTimeout: cclResult_t = 8;
-pub const cclNumResults: cclResult_t = 9;
+pub const cclRevoked: cclResult_t = 9;
+pub const cclNumResults: cclResult_t = 10;
 
 /// `cclDataType_t`: NCCL's numbering. Taken as a plain `int` so any value can be checked.
 pub type cclDataType_t = c_int;
@@ -207,6 +208,7 @@ pub extern "C" fn cclGetErrorString(result: cclResult_t) -> *const c_char {
         cclRemoteError => b"remote process exited or there was a network error\0",
         cclInProgress => b"operation in progress\0",
         cclTimeout => b"timeout: a wait passed its deadline\0",
+        cclRevoked => b"the communicator was revoked (shrink it to go on)\0",
         _ => b"unknown result code\0",
     };
     s.as_ptr().cast()
@@ -339,6 +341,164 @@ pub extern "C" fn cclCommSplit(
             Some(n) => publish(newcomm, "newcomm", n),
             None => out(newcomm, "newcomm", std::ptr::null_mut()),
         }
+    })
+}
+
+/// Revokes `comm` on every rank.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommRevoke(comm: cclComm_t, revokeFlags: c_int) -> cclResult_t {
+    guard("cclCommRevoke", || {
+        let c = comm_from(comm)?;
+        if revokeFlags != 0 {
+            return Err(Fail::arg(format!(
+                "revokeFlags is {revokeFlags}, must be 0"
+            )));
+        }
+        c.revoke();
+        Ok(())
+    })
+}
+
+/// Writes the first `room` of `vals` to `p` (non-NULL when `room > 0`, checked by the caller).
+fn write_ints(p: *mut c_int, room: usize, vals: &[usize]) {
+    for (i, &v) in vals.iter().take(room).enumerate() {
+        // SAFETY: the caller checked `p` is non-NULL when `room > 0`; the C caller passes `room`
+        // writable ints, and `i < room`.
+        unsafe { p.add(i).write(v as c_int) };
+    }
+}
+
+/// Copies `n` ints from `p` (non-NULL, checked by the caller).
+fn read_ints(p: *const c_int, n: usize) -> Vec<c_int> {
+    // SAFETY: the caller checked `p` is non-NULL; the C caller passes `n` readable ints, `n` is
+    // bounded by the communicator's size; the slice is copied at once and not kept.
+    unsafe { std::slice::from_raw_parts(p, n) }.to_vec()
+}
+
+/// Copies a unique id from `p` (non-NULL, checked by the caller).
+fn read_uid(p: *const cclUniqueId) -> cclUniqueId {
+    // SAFETY: the caller checked `p` is non-NULL; a cclUniqueId is plain bytes, so any value is
+    // valid, and it is copied at once.
+    unsafe { std::ptr::read(p) }
+}
+
+/// The ranks the job's root has reported failed or dead.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommGetFailedRanks(
+    comm: cclComm_t,
+    ranks: *mut c_int,
+    maxRanks: c_int,
+    count: *mut c_int,
+) -> cclResult_t {
+    guard("cclCommGetFailedRanks", || {
+        let c = comm_from(comm)?;
+        let failed = c.failed_ranks();
+        let room = usize::try_from(maxRanks)
+            .map_err(|_| Fail::arg(format!("maxRanks is {maxRanks}, must be >= 0")))?;
+        if room > 0 && ranks.is_null() {
+            return Err(Fail::arg(format!("ranks is NULL with maxRanks {room}")));
+        }
+        write_ints(ranks, room, &failed);
+        out(count, "count", failed.len() as c_int)
+    })
+}
+
+/// The survivors' communicator, without the excluded ranks and the dead.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommShrink(
+    comm: cclComm_t,
+    excludeRanksList: *const c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut cclComm_t,
+    config: *mut cclConfig_t,
+    shrinkFlags: c_int,
+) -> cclResult_t {
+    guard("cclCommShrink", || {
+        let c = comm_from(comm)?;
+        if newcomm.is_null() {
+            return Err(Fail::arg("newcomm is NULL"));
+        }
+        if !config.is_null() {
+            return Err(Fail::arg(
+                "config must be NULL (a shrunk communicator has its parent's settings)",
+            ));
+        }
+        if shrinkFlags != 0 {
+            return Err(Fail::arg(format!(
+                "shrinkFlags is {shrinkFlags}, must be 0"
+            )));
+        }
+        let n = usize::try_from(excludeRanksCount).map_err(|_| {
+            Fail::arg(format!(
+                "excludeRanksCount is {excludeRanksCount}, must be >= 0"
+            ))
+        })?;
+        let exclude: Vec<usize> = if n == 0 {
+            Vec::new()
+        } else {
+            if excludeRanksList.is_null() {
+                return Err(Fail::arg(format!(
+                    "excludeRanksList is NULL with {n} entries"
+                )));
+            }
+            if n > c.size() {
+                return Err(Fail::arg(format!(
+                    "excludeRanksCount {n} exceeds the communicator's {} ranks",
+                    c.size()
+                )));
+            }
+            read_ints(excludeRanksList, n)
+                .iter()
+                .map(|&r| {
+                    usize::try_from(r)
+                        .map_err(|_| Fail::arg(format!("excludeRanksList holds rank {r}")))
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let s = c.shrink(&exclude)?;
+        publish(newcomm, "newcomm", s)
+    })
+}
+
+/// A larger communicator: existing ranks pass `comm`, new processes pass NULL and their rank.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommGrow(
+    comm: cclComm_t,
+    nRanks: c_int,
+    uniqueId: *const cclUniqueId,
+    rank: c_int,
+    newcomm: *mut cclComm_t,
+    config: *mut cclConfig_t,
+) -> cclResult_t {
+    guard("cclCommGrow", || {
+        if uniqueId.is_null() {
+            return Err(Fail::arg("uniqueId is NULL"));
+        }
+        let uid = read_uid(uniqueId);
+        if comm.is_null() {
+            return init_rank(newcomm, nRanks, uid, rank, config);
+        }
+        let c = comm_from(comm)?;
+        if newcomm.is_null() {
+            return Err(Fail::arg("newcomm is NULL"));
+        }
+        if !config.is_null() {
+            return Err(Fail::arg(
+                "config must be NULL for an existing rank (it keeps its communicator's settings)",
+            ));
+        }
+        if rank != -1 && rank as i64 != c.rank() as i64 {
+            return Err(Fail::arg(format!(
+                "rank is {rank} on existing rank {}: pass -1 (an existing rank keeps its rank)",
+                c.rank()
+            )));
+        }
+        let new_size = usize::try_from(nRanks)
+            .map_err(|_| Fail::arg(format!("nRanks is {nRanks}, must be positive")))?;
+        let bytes: Vec<u8> = uid.internal.iter().map(|&b| b as u8).collect();
+        let id = UniqueId::from_bytes(&bytes)?;
+        let g = c.grow(&id, new_size)?;
+        publish(newcomm, "newcomm", g)
     })
 }
 

@@ -90,6 +90,8 @@ pub struct Peers {
     abort: AbortSignal,
     error: Mutex<Option<Error>>,
     seq: AtomicU64,
+    /// Shrink rounds the root has decided that this rank has seen.
+    shrink_round: std::sync::atomic::AtomicU32,
 }
 
 /// Connections to every peer, indexed by rank (`None` for this rank), and the memory this rank
@@ -225,6 +227,7 @@ impl Peers {
             abort: AbortSignal::new()?,
             error: Mutex::new(None),
             seq: AtomicU64::new(0),
+            shrink_round: std::sync::atomic::AtomicU32::new(0),
         };
         let comm = Arc::new(comm);
         if comm.config.trace_dir.is_some() {
@@ -309,12 +312,72 @@ impl Peers {
             .peer(n.rank)
     }
 
-    /// Fails with the first failure notice that has arrived, if any.
+    /// Fails with the first failure notice that has arrived, if any, or with the revocation.
     fn check_notices(&self) -> Result<()> {
-        if let Some(n) = self.monitor.as_ref().and_then(|m| m.poll()) {
+        let Some(m) = &self.monitor else {
+            return Ok(());
+        };
+        if let Some(n) = m.poll() {
             return Err(self.record(self.notice_error(&n)));
         }
+        if let Some(n) = m.revoked() {
+            let e = Error::new(ErrorKind::Revoked, n.message).rank(self.rank);
+            return Err(self.record(e));
+        }
         Ok(())
+    }
+
+    /// Revokes the communicator on every rank: this rank's operations, pending and future, fail
+    /// at once with [`ErrorKind::Revoked`], and the root tells every other rank, whose operations
+    /// then fail the same way. Unlike a failure, a revocation is no error of this rank's: the
+    /// survivors of a failure revoke so that no rank keeps waiting, then shrink.
+    pub fn revoke(&self) {
+        self.record(
+            Error::new(ErrorKind::Revoked, "this rank revoked the communicator").rank(self.rank),
+        );
+        if let Some(m) = &self.monitor {
+            m.revoke();
+        }
+        self.abort.raise();
+    }
+
+    /// The ranks the job's root has reported failed or dead so far (a rank that failed on its
+    /// own, e.g. by timing out, reports itself; one that vanished is reported by the root).
+    pub fn failed_ranks(&self) -> Vec<usize> {
+        self.monitor
+            .as_ref()
+            .map(|m| m.failed_ranks())
+            .unwrap_or_default()
+    }
+
+    /// Asks the job's root which ranks survive a shrink (see `ccl_core::bootstrap`'s recovery):
+    /// the members of the new communicator, as ranks of this one, and its unique id. A rank that
+    /// asks again (the new communicator failed to form) joins the next round. Revokes this communicator here
+    /// first: nothing more runs on it.
+    pub fn shrink_agree(
+        &self,
+        exclude: &[usize],
+        deadline: std::time::Instant,
+    ) -> Result<(Vec<usize>, crate::UniqueId)> {
+        self.record(Error::new(ErrorKind::Revoked, "the communicator was shrunk").rank(self.rank));
+        self.abort.raise();
+        let Some(m) = &self.monitor else {
+            return Err(Error::invalid_usage(
+                "cannot shrink a communicator of one rank (it has no rendezvous to agree through)",
+            )
+            .rank(self.rank));
+        };
+        let round = self.shrink_round.load(Ordering::Acquire);
+        let d = m.shrink(round, exclude, self.size, deadline)?;
+        self.shrink_round.store(d.round, Ordering::Release);
+
+        let id = crate::UniqueId::from_bytes(&d.id).map_err(|e| {
+            Error::remote(format!(
+                "the rendezvous sent a bad unique id for the shrunk communicator: {e}"
+            ))
+            .rank(self.rank)
+        })?;
+        Ok((d.members, id))
     }
 
     /// A transport error often only shows the neighbour that gave up after the real failure
@@ -332,7 +395,18 @@ impl Peers {
             std::time::Duration::ZERO
         };
         let Some(m) = &self.monitor else { return e };
-        match m.wait(wait) {
+        let found = m.wait(wait);
+        // A peer that returned from a revoked communicator and closed is no failure of its own.
+        if found.is_none()
+            && let Some(n) = m.revoked()
+        {
+            return Error::new(
+                ErrorKind::Revoked,
+                format!("{} (seen here as: {})", n.message, e.message()),
+            )
+            .rank(self.rank);
+        }
+        match found {
             // Even a notice from the neighbour that closed carries its own cause, which leads on
             // to the rank that failed first.
             Some(n) => {
@@ -359,6 +433,16 @@ impl Peers {
         }
     }
 
+    /// Tells the root whether this rank's part of the communicator of the last shrink round
+    /// formed, and returns whether every member's did (only then may it be used; otherwise ask
+    /// again with [`shrink_agree`](Self::shrink_agree)).
+    pub fn shrink_formed(&self, ok: bool, deadline: std::time::Instant) -> Result<bool> {
+        let m = self.monitor.as_ref().ok_or_else(|| {
+            Error::internal("a shrink's outcome without a rendezvous").rank(self.rank)
+        })?;
+        m.formed(self.shrink_round.load(Ordering::Acquire), ok, deadline)
+    }
+
     /// The first error this communicator failed with, if any.
     pub fn error(&self) -> Option<Error> {
         self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -378,8 +462,9 @@ impl Peers {
     pub fn fail(&self, e: Error) -> Error {
         let first = self.record(e.clone());
         // Only this rank's own failure is news for the others; one learned from a notice is
-        // already known to them.
+        // already known to them, and so is a revocation.
         if first.to_string() == e.to_string()
+            && e.kind() != ErrorKind::Revoked
             && let Some(m) = &self.monitor
         {
             m.report(&e.to_string());
@@ -635,6 +720,9 @@ fn setup_watch(
         ))
         .rank(rank)
         .peer(n.rank));
+    }
+    if let Some(msg) = m.root_error() {
+        return Err(Error::remote(format!("during set-up: {msg}")).rank(rank));
     }
     match root_host {
         Some(h) if awaited.contains(&h) && m.root_gone() => Err(Error::remote(format!(

@@ -28,6 +28,9 @@ pub enum ErrorKind {
     Timeout,
     /// The communicator was aborted.
     Aborted,
+    /// The communicator was revoked (by a rank, or because the survivors shrank it): every
+    /// operation on it fails; a shrink gives the survivors a new one.
+    Revoked,
     /// A bug in the library.
     Internal,
 }
@@ -42,6 +45,7 @@ impl ErrorKind {
             ErrorKind::Remote => "remote error",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Aborted => "aborted",
+            ErrorKind::Revoked => "revoked",
             ErrorKind::Internal => "internal error",
         }
     }

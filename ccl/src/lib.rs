@@ -42,6 +42,8 @@
 //!   passes, the error names the peer and the transfer that stalled.
 //! - Errors are sticky: after a collective fails, the communicator returns that error from every
 //!   call. [`Communicator::abort`] (any thread) ends every wait at once.
+//! - A rank's death need not end the job: the survivors [`shrink`](Communicator::shrink) the
+//!   communicator and go on ([`recover`]: revoke, shrink, grow).
 //! - Results are bit-identical on every rank. Collectives must be called in the same order with
 //!   matching arguments on every rank, as with NCCL and MPI.
 //! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
@@ -65,6 +67,7 @@ pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, Unique
 mod engine;
 mod group;
 mod order;
+pub mod recover;
 mod registry;
 mod split;
 mod vcoll;

@@ -86,3 +86,15 @@ fn under_launcher_variables() {
     check(&outs[0], 2);
     assert!(outs[1].status.success(), "{:?}", outs[1]);
 }
+
+#[test]
+fn a_killed_rank_does_not_end_training_with_tolerate_failures() {
+    let o = train()
+        .args(["--np", "4", "--epochs", "20", "--samples", "6000"])
+        .args(["--tolerate-failures", "--kill", "2@8"])
+        .output()
+        .unwrap();
+    check(&o, 3);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("continuing with 3 ranks from epoch"), "{out}");
+}

@@ -72,6 +72,7 @@ INVALID_USAGE = 5
 REMOTE_ERROR = 6
 IN_PROGRESS = 7
 TIMEOUT = 8
+REVOKED = 9
 
 SPLIT_NOCOLOR = -1
 
@@ -472,6 +473,40 @@ class Communicator:
         c = SPLIT_NOCOLOR if color is None else int(color)
         _check(_lib.cclCommSplit(self._handle(), c, int(key), ctypes.byref(h), None))
         return Communicator._wrap(h) if h.value else None
+
+    # -- surviving a rank's death --
+
+    def revoke(self):
+        """Every pending and later operation of this communicator fails with ``REVOKED``, here
+        at once and on every other rank within milliseconds."""
+        _check(_lib.cclCommRevoke(self._handle(), 0))
+
+    def failed_ranks(self):
+        """The ranks the job's rendezvous has reported failed or dead so far."""
+        n = ctypes.c_int()
+        _check(_lib.cclCommGetFailedRanks(self._handle(), None, 0, ctypes.byref(n)))
+        out = (ctypes.c_int * max(n.value, 1))()
+        _check(_lib.cclCommGetFailedRanks(self._handle(), out, n.value, ctypes.byref(n)))
+        return list(out[: n.value])
+
+    def shrink(self, exclude=()):
+        """The survivors' communicator: every live rank that calls it within the timeout, minus
+        `exclude` (ranks of this communicator), numbered densely in their old order. Revokes
+        this one everywhere; an excluded caller gets a ``CclError`` with code ``REVOKED``."""
+        ex = [int(r) for r in exclude]
+        arr = (ctypes.c_int * max(len(ex), 1))(*ex)
+        h = ctypes.c_void_p()
+        _check(_lib.cclCommShrink(self._handle(), arr, len(ex), ctypes.byref(h), None, 0))
+        return Communicator._wrap(h)
+
+    def grow(self, uid, size):
+        """A communicator of `size` ranks: this one's keep their ranks, new processes join with
+        ``Communicator(rank, size, uid)`` for ranks from ``self.size`` up. Every rank here
+        passes the same `uid` (``get_unique_id()`` on one of them, shared)."""
+        u = _uid_struct(uid)
+        h = ctypes.c_void_p()
+        _check(_lib.cclCommGrow(self._handle(), int(size), ctypes.byref(u), -1, ctypes.byref(h), None))
+        return Communicator._wrap(h)
 
     # -- the one path every collective takes --
 

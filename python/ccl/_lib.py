@@ -56,6 +56,13 @@ PROTOTYPES = {
     "cclCommSplit": (c_int, [Handle, c_int, c_int, Handle_p, c_void_p]),
     "cclCommDestroy": (c_int, [Handle]),
     "cclCommAbort": (c_int, [Handle]),
+    "cclCommRevoke": (c_int, [Handle, c_int]),
+    "cclCommShrink": (c_int, [Handle, c_int_p, c_int, Handle_p, c_void_p, c_int]),
+    "cclCommGrow": (
+        c_int,
+        [Handle, c_int, ctypes.POINTER(UniqueIdStruct), c_int, Handle_p, c_void_p],
+    ),
+    "cclCommGetFailedRanks": (c_int, [Handle, c_int_p, c_int, c_int_p]),
     "cclCommGetAsyncError": (c_int, [Handle, c_int_p]),
     "cclCommCount": (c_int, [Handle, c_int_p]),
     "cclCommUserRank": (c_int, [Handle, c_int_p]),

@@ -17,9 +17,10 @@ def _entry(fn, rank, size, uid, q, args):
         q.put((rank, traceback.format_exc()))
 
 
-def run_ranks(fn, size, *args):
+def run_ranks(fn, size, *args, dying=()):
     """Calls fn(rank, size, uid, *args) in `size` spawned processes; the unique id's rendezvous
-    runs in this process. Fails with every rank's traceback if any rank fails or hangs."""
+    runs in this process. Fails with every rank's traceback if any rank fails or hangs. Ranks
+    in `dying` are meant to end their process without reporting."""
     os.environ.setdefault("CCL_SOCKET_IFNAME", "=lo")
     os.environ.setdefault("CCL_TIMEOUT", "60")
     uid = ccl.get_unique_id()
@@ -30,7 +31,7 @@ def run_ranks(fn, size, *args):
         p.start()
     results = {}
     try:
-        for _ in range(size):
+        for _ in range(size - len(dying)):
             rank, err = q.get(timeout=TIMEOUT)
             results[rank] = err
     except Exception:  # noqa: BLE001 - a missing rank is reported below
@@ -41,7 +42,7 @@ def run_ranks(fn, size, *args):
             p.kill()
             p.join()
     failures = [f"rank {r}:\n{e}" for r, e in sorted(results.items()) if e]
-    missing = [r for r in range(size) if r not in results]
+    missing = [r for r in range(size) if r not in results and r not in dying]
     if missing:
         failures.append(f"ranks {missing} did not report within {TIMEOUT} s")
     assert not failures, "\n".join(failures)

@@ -677,6 +677,22 @@ static void test_errors(cclComm_t comm, int rank, int n) {
   FAILS(cclCommSplit(comm, 0, 0, NULL, NULL), cclInvalidArgument, "newcomm is NULL");
   FAILS(cclCommSplit(comm, -5, 0, &sub, NULL), cclInvalidArgument, "color -5");
   FAILS(cclCommSplit(comm, 0, 0, &sub, (cclConfig_t*)buf), cclInvalidArgument, "config must be NULL");
+  /* Revoke, shrink and grow: argument checks before anything happens. */
+  int ex[2] = {n + 3, -1};
+  FAILS(cclCommRevoke(comm, 1), cclInvalidArgument, "revokeFlags is 1");
+  FAILS(cclCommShrink(comm, ex, 1, NULL, NULL, 0), cclInvalidArgument, "newcomm is NULL");
+  FAILS(cclCommShrink(comm, ex, -1, &sub, NULL, 0), cclInvalidArgument, "excludeRanksCount is -1");
+  FAILS(cclCommShrink(comm, NULL, 1, &sub, NULL, 0), cclInvalidArgument, "excludeRanksList is NULL");
+  FAILS(cclCommShrink(comm, ex + 1, 1, &sub, NULL, 0), cclInvalidArgument, "holds rank -1");
+  FAILS(cclCommShrink(comm, ex, 1, &sub, NULL, 0), cclInvalidArgument, "not a rank of this communicator");
+  FAILS(cclCommShrink(comm, &rank, 1, &sub, NULL, 0), cclInvalidArgument, "excludes itself");
+  FAILS(cclCommShrink(comm, NULL, 0, &sub, NULL, 2), cclInvalidArgument, "shrinkFlags is 2");
+  FAILS(cclCommGrow(comm, n + 1, NULL, -1, &sub, NULL), cclInvalidArgument, "uniqueId is NULL");
+  FAILS(cclCommGrow(comm, n + 1, &zero, 5, &sub, NULL), cclInvalidArgument, "pass -1");
+  int failed[4], nfailed = -1;
+  OK(cclCommGetFailedRanks(comm, failed, 4, &nfailed));
+  CHECK(nfailed == 0, "%d failed ranks in a healthy job", nfailed);
+  FAILS(cclCommGetFailedRanks(comm, NULL, 4, &nfailed), cclInvalidArgument, "ranks is NULL");
   FAILS(cclGroupEnd(), cclInvalidUsage, "without a matching cclGroupStart");
   cclRequest_t req = (cclRequest_t)0x1;
   OK(cclGroupStart());

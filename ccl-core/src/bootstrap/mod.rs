@@ -14,6 +14,7 @@
 //! arrived, so a job with a missing rank fails with a message naming it instead of hanging.
 
 pub mod env;
+mod recovery;
 pub(crate) mod wire;
 
 use std::fmt;
@@ -221,6 +222,8 @@ struct Root {
     secret: [u8; 32],
     timeout: Duration,
     addr: SocketAddr,
+    /// Set when the ranks being admitted must be failed at once (a shrink's member died).
+    abandon: Option<recovery::Abandon>,
 }
 
 /// How long a new connection may take to present its hello before the root drops it.
@@ -246,6 +249,16 @@ pub fn root_is_local(addr: SocketAddr) -> bool {
 impl Root {
     /// Starts the root thread on `listener`.
     fn spawn(listener: TcpListener, secret: [u8; 32], timeout: Duration) -> Result<()> {
+        Root::spawn_with(listener, secret, timeout, None)
+    }
+
+    /// [`Root::spawn`] with a handle that makes admission give up.
+    fn spawn_with(
+        listener: TcpListener,
+        secret: [u8; 32],
+        timeout: Duration,
+        abandon: Option<recovery::Abandon>,
+    ) -> Result<()> {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
@@ -258,6 +271,7 @@ impl Root {
             secret,
             timeout,
             addr,
+            abandon,
         };
         std::thread::Builder::new()
             .name("ccl-bootstrap-root".into())
@@ -307,6 +321,10 @@ impl Root {
         let mut size = 0usize;
         let mut joined = 0usize;
         while joined < size || size == 0 {
+            if let Some(msg) = self.abandoned() {
+                broadcast_error(&mut ranks, &msg);
+                return Err(Error::remote(msg));
+            }
             if Instant::now() >= deadline {
                 let msg = if size == 0 {
                     format!(
@@ -371,6 +389,12 @@ impl Root {
         Ok(ranks.into_iter().map(|s| s.expect("all joined")).collect())
     }
 
+    /// Why admission must give up, if it must.
+    fn abandoned(&self) -> Option<String> {
+        let a = self.abandon.as_ref()?;
+        a.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Reads a new connection's hello and checks its secret: `None` (and a warning) when the
     /// connection is no rank of this job, which is dropped without disturbing the job.
     fn hello(&self, s: &mut TcpStream, from: SocketAddr, deadline: Instant) -> Option<wire::Hello> {
@@ -425,7 +449,7 @@ impl Root {
                         "bootstrap root {}: watching the job after {round} round(s)",
                         self.addr
                     );
-                    watch(streams, self.addr);
+                    watch(streams, self.addr, self.timeout);
                     return Ok(());
                 }
             };
@@ -531,7 +555,9 @@ struct Watched {
 /// The root's last phase: it keeps every rank's connection and passes each rank's failure on to
 /// the others, including the failure nobody can report: a rank whose process died closes its
 /// connection without a goodbye, and the root says so. Ends when every rank has gone.
-fn watch(streams: Vec<TcpStream>, addr: SocketAddr) {
+///
+/// It also revokes the communicator and runs the shrink rounds ([`recovery`]) when ranks ask.
+fn watch(streams: Vec<TcpStream>, addr: SocketAddr, timeout: Duration) {
     use std::io::Read;
     use std::os::fd::AsFd;
 
@@ -550,6 +576,7 @@ fn watch(streams: Vec<TcpStream>, addr: SocketAddr) {
         })
         .collect();
     let mut chunk = [0u8; 4096];
+    let mut recovery = recovery::Recovery::new(ranks.len(), addr, timeout);
     while ranks.iter().any(|w| w.open) {
         let open: Vec<usize> = (0..ranks.len()).filter(|&r| ranks[r].open).collect();
         {
@@ -557,9 +584,16 @@ fn watch(streams: Vec<TcpStream>, addr: SocketAddr) {
                 .iter()
                 .map(|&r| PollFd::new(ranks[r].stream.as_fd(), PollFlags::POLLIN))
                 .collect();
-            let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
+            let wait = recovery.deadline().map_or(1000, |t| {
+                t.saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .clamp(1, 1000) as u16
+            });
+            let _ = nix::poll::poll(&mut fds, PollTimeout::from(wait));
         }
         let mut notices: Vec<wire::Notice> = Vec::new();
+        let mut outs: Vec<(usize, Frame)> = Vec::new();
+        let mut asks: Vec<(usize, Frame)> = Vec::new();
         for &r in &open {
             let w = &mut ranks[r];
             let closed = loop {
@@ -588,11 +622,13 @@ fn watch(streams: Vec<TcpStream>, addr: SocketAddr) {
                             }
                         }
                     }
+                    FrameKind::Revoke | FrameKind::Shrink | FrameKind::Formed => asks.push((r, f)),
                     _ => {}
                 }
             }
             if closed {
                 w.open = false;
+                recovery.on_gone(r);
                 if !w.quiet {
                     w.quiet = true;
                     notices.push(wire::Notice {
@@ -601,6 +637,27 @@ fn watch(streams: Vec<TcpStream>, addr: SocketAddr) {
                         message: "its connection to the rendezvous closed without a goodbye (the process exited, crashed or was killed)".into(),
                     });
                 }
+            }
+        }
+        let open: Vec<bool> = ranks.iter().map(|w| w.open).collect();
+        for (r, f) in asks {
+            outs.extend(match f.kind {
+                FrameKind::Revoke => recovery.on_revoke(r, &open),
+                FrameKind::Formed => {
+                    recovery.on_formed(r, &f.payload);
+                    Vec::new()
+                }
+                _ => recovery.on_shrink(r, &f.payload, &open),
+            });
+        }
+        outs.extend(recovery.decide(&open));
+        let by = Instant::now() + Duration::from_secs(1);
+        for (r, f) in outs {
+            let w = &mut ranks[r];
+            if w.open {
+                let _ = w.stream.set_nonblocking(false);
+                let _ = wire::write_frame(&mut w.stream, &f, by);
+                let _ = w.stream.set_nonblocking(true);
             }
         }
         for n in notices {
@@ -862,7 +919,7 @@ impl Bootstrap {
             stream,
             rank: self.rank,
             root: self.root,
-            buf: std::sync::Mutex::new(Vec::new()),
+            inbox: std::sync::Mutex::new(Inbox::default()),
             root_gone: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -875,9 +932,22 @@ pub struct Monitor {
     stream: TcpStream,
     rank: usize,
     root: SocketAddr,
-    buf: std::sync::Mutex<Vec<u8>>,
+    inbox: std::sync::Mutex<Inbox>,
     root_gone: std::sync::atomic::AtomicBool,
 }
+
+/// What has arrived from the root and not been taken yet.
+#[derive(Debug, Default)]
+struct Inbox {
+    buf: Vec<u8>,
+    notices: std::collections::VecDeque<Notice>,
+    failed: std::collections::BTreeSet<usize>,
+    revoked: Option<Notice>,
+    answers: std::collections::VecDeque<Frame>,
+    root_error: Option<String>,
+}
+
+type MonitorInbox<'a> = std::sync::MutexGuard<'a, Inbox>;
 
 pub use wire::Notice;
 
@@ -887,13 +957,14 @@ impl Monitor {
         std::os::fd::AsFd::as_fd(&self.stream)
     }
 
-    /// A notice that has arrived, without waiting.
-    pub fn poll(&self) -> Option<Notice> {
+    /// Reads what has arrived from the root and sorts it: failure notices, a revocation,
+    /// answers to a shrink request.
+    fn read_frames(&self) -> MonitorInbox<'_> {
         use std::io::Read;
+        let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
         if self.root_gone.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
+            return inbox;
         }
-        let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
         let mut chunk = [0u8; 4096];
         loop {
             match (&self.stream).read(&mut chunk) {
@@ -903,19 +974,145 @@ impl Monitor {
                         .store(true, std::sync::atomic::Ordering::Relaxed);
                     break;
                 }
-                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                Ok(k) => inbox.buf.extend_from_slice(&chunk[..k]),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
         }
-        let frames = wire::take_frames(&mut buf).ok()?;
-        frames
-            .into_iter()
-            .find(|f| f.kind == FrameKind::Notice)
-            .and_then(|f| Notice::decode(&f.payload).ok())
+        let frames = wire::take_frames(&mut inbox.buf).unwrap_or_default();
+        for f in frames {
+            match f.kind {
+                FrameKind::Notice => {
+                    if let Ok(n) = Notice::decode(&f.payload) {
+                        // A rank whose error only echoes another's failure did not fail itself.
+                        if n.died || !n.message.starts_with(ErrorKind::Remote.as_str()) {
+                            inbox.failed.insert(n.rank);
+                        }
+                        inbox.notices.push_back(n);
+                    }
+                }
+                FrameKind::Revoked => {
+                    if let Ok(n) = Notice::decode(&f.payload) {
+                        inbox.revoked.get_or_insert(n);
+                    }
+                }
+                FrameKind::Error => {
+                    // The root failing the job while ranks still set up (a rank left during a
+                    // round), or refusing a shrink request.
+                    let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                    inbox.root_error.get_or_insert(msg);
+                    inbox.answers.push_back(f)
+                }
+                FrameKind::Shrunk | FrameKind::Commit => inbox.answers.push_back(f),
+                _ => {}
+            }
+        }
+        inbox
     }
 
-    /// Waits up to `max` for a notice.
+    /// The first notice that has arrived, without waiting. It stays: a failure is as sticky
+    /// as the error it causes, so every later look (the explanation of a transport error that
+    /// followed it, too) finds it at once.
+    pub fn poll(&self) -> Option<Notice> {
+        self.read_frames().notices.front().cloned()
+    }
+
+    /// Who revoked the communicator, if a rank has (or the root did, for a shrink).
+    pub fn revoked(&self) -> Option<Notice> {
+        self.read_frames().revoked.clone()
+    }
+
+    /// The error the root failed the job with, if it did (a rank left while the ranks set up).
+    pub fn root_error(&self) -> Option<String> {
+        self.read_frames().root_error.clone()
+    }
+
+    /// The ranks the root has said failed or died so far.
+    pub fn failed_ranks(&self) -> Vec<usize> {
+        self.read_frames().failed.iter().copied().collect()
+    }
+
+    /// Tells the root (and through it every rank) that this rank revoked the communicator.
+    pub fn revoke(&self) {
+        self.send(&Frame::new(FrameKind::Revoke, Vec::new()));
+    }
+
+    /// Asks the root to shrink the communicator (see [`recovery`]) and waits, until `deadline`,
+    /// for the members and the unique id of the new one. `round` is the number of shrink rounds
+    /// this rank has seen decided.
+    pub fn shrink(
+        &self,
+        round: u32,
+        exclude: &[usize],
+        size: usize,
+        deadline: Instant,
+    ) -> Result<wire::ShrinkDecision> {
+        let req = wire::ShrinkRequest {
+            round,
+            exclude: exclude.to_vec(),
+        };
+        self.send(&req.encode());
+        let f = self.answer(deadline)?;
+        if f.kind != FrameKind::Shrunk {
+            return Err(Error::remote(format!(
+                "the rendezvous answered a shrink request with {:?}",
+                f.kind
+            ))
+            .rank(self.rank));
+        }
+        wire::ShrinkDecision::decode(&f.payload, size).map_err(|e| e.rank(self.rank))
+    }
+
+    /// Tells the root whether this rank's part of the shrunk communicator of `round` formed,
+    /// and waits until `deadline` for whether every member's did (then it may be used).
+    pub fn formed(&self, round: u32, ok: bool, deadline: Instant) -> Result<bool> {
+        self.send(&wire::round_flag(FrameKind::Formed, round, ok));
+        let f = self.answer(deadline)?;
+        match (f.kind, wire::read_round_flag(&f.payload)) {
+            (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
+            _ => Err(Error::remote(format!(
+                "the rendezvous answered a shrink's outcome with {:?}",
+                f.kind
+            ))
+            .rank(self.rank)),
+        }
+    }
+
+    /// The root's next answer to a shrink request or outcome; an error frame is an error.
+    fn answer(&self, deadline: Instant) -> Result<Frame> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        loop {
+            if let Some(f) = self.read_frames().answers.pop_front() {
+                if f.kind == FrameKind::Error {
+                    let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                    return Err(Error::new(ErrorKind::Revoked, msg).rank(self.rank));
+                }
+                return Ok(f);
+            }
+            if self.root_gone() {
+                return Err(Error::remote(format!(
+                    "cannot shrink: the job's rendezvous at {} is gone (the process that made the \
+                     unique id ended; it decides who survives)",
+                    self.root
+                ))
+                .rank(self.rank));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::timeout(format!(
+                    "no answer to the shrink request from the rendezvous at {}",
+                    self.root
+                ))
+                .rank(self.rank));
+            }
+            let mut fds = [PollFd::new(self.fd(), PollFlags::POLLIN)];
+            let ms = PollTimeout::try_from(left.as_millis().clamp(1, 100) as u64)
+                .unwrap_or(PollTimeout::MAX);
+            let _ = nix::poll::poll(&mut fds, ms);
+        }
+    }
+
+    /// Waits up to `max` for a notice; returns `None` early once the communicator is revoked.
     pub fn wait(&self, max: Duration) -> Option<Notice> {
         use nix::poll::{PollFd, PollFlags, PollTimeout};
         let until = Instant::now() + max;
@@ -924,7 +1121,10 @@ impl Monitor {
                 return Some(n);
             }
             let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.root_gone.load(std::sync::atomic::Ordering::Relaxed) {
+            if left.is_zero()
+                || self.root_gone.load(std::sync::atomic::Ordering::Relaxed)
+                || self.read_frames().revoked.is_some()
+            {
                 return None;
             }
             let mut fds = [PollFd::new(self.fd(), PollFlags::POLLIN)];

@@ -28,6 +28,21 @@ pub enum FrameKind {
     Failure = 8,
     /// Root to rank: another rank failed or died (payload: a [`Notice`]).
     Notice = 9,
+    /// Rank to root: this rank revoked the communicator (no payload).
+    Revoke = 20,
+    /// Root to rank: the communicator was revoked, by the rank the [`Notice`] names.
+    Revoked = 21,
+    /// Rank to root: this rank asks to shrink the communicator (payload: a [`ShrinkRequest`]).
+    Shrink = 22,
+    /// Root to rank: the survivors and where their new communicator meets (a
+    /// [`ShrinkDecision`]).
+    Shrunk = 23,
+    /// Rank to root: whether this rank's part of the shrunk communicator formed
+    /// (`[u32 round][u8 ok]`).
+    Formed = 24,
+    /// Root to rank: whether every member's did, so the shrunk communicator may be used
+    /// (`[u32 round][u8 commit]`); if not, the members ask again.
+    Commit = 25,
 }
 
 impl FrameKind {
@@ -42,6 +57,12 @@ impl FrameKind {
             7 => FrameKind::Monitor,
             8 => FrameKind::Failure,
             9 => FrameKind::Notice,
+            20 => FrameKind::Revoke,
+            21 => FrameKind::Revoked,
+            22 => FrameKind::Shrink,
+            23 => FrameKind::Shrunk,
+            24 => FrameKind::Formed,
+            25 => FrameKind::Commit,
             _ => return None,
         })
     }
@@ -173,6 +194,116 @@ impl Notice {
             died: p[4] == 1,
             message: String::from_utf8_lossy(&p[5..]).into_owned(),
         })
+    }
+}
+
+/// Reads `[u32 n][u32 x n]` at `p[*off..]`, each below `limit`.
+fn take_ranks(p: &[u8], off: &mut usize, limit: usize) -> Result<Vec<usize>> {
+    let bad = || Error::remote("malformed shrink message");
+    let word = |o: usize| -> Result<usize> {
+        let b = p.get(o..o + 4).ok_or_else(bad)?;
+        Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+    };
+    let n = word(*off)?;
+    if n > limit {
+        return Err(bad());
+    }
+    *off += 4;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let r = word(*off)?;
+        if r >= limit {
+            return Err(bad());
+        }
+        v.push(r);
+        *off += 4;
+    }
+    Ok(v)
+}
+
+fn put_ranks(p: &mut Vec<u8>, ranks: &[usize]) {
+    p.extend_from_slice(&(ranks.len() as u32).to_le_bytes());
+    for &r in ranks {
+        p.extend_from_slice(&(r as u32).to_le_bytes());
+    }
+}
+
+/// A rank's request to shrink: the shrink round it has seen decided (0 before any), and the
+/// ranks it wants left out besides the dead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShrinkRequest {
+    pub round: u32,
+    pub exclude: Vec<usize>,
+}
+
+impl ShrinkRequest {
+    /// `[u32 round][u32 n][u32 rank x n]`.
+    pub fn encode(&self) -> Frame {
+        let mut p = (self.round).to_le_bytes().to_vec();
+        put_ranks(&mut p, &self.exclude);
+        Frame::new(FrameKind::Shrink, p)
+    }
+
+    /// Ranks must be below `size`, the communicator's.
+    pub fn decode(p: &[u8], size: usize) -> Result<ShrinkRequest> {
+        let round = p
+            .get(..4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(|| Error::remote("malformed shrink message"))?;
+        let mut off = 4;
+        let exclude = take_ranks(p, &mut off, size)?;
+        if off != p.len() {
+            return Err(Error::remote("malformed shrink message"));
+        }
+        Ok(ShrinkRequest { round, exclude })
+    }
+}
+
+/// The root's answer to a shrink round: the members of the new communicator (old ranks, in
+/// their new order) and the unique id of its rendezvous.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShrinkDecision {
+    pub round: u32,
+    pub members: Vec<usize>,
+    pub id: Vec<u8>,
+}
+
+impl ShrinkDecision {
+    /// `[u32 round][u32 n][u32 rank x n][id]`.
+    pub fn encode(&self) -> Frame {
+        let mut p = (self.round).to_le_bytes().to_vec();
+        put_ranks(&mut p, &self.members);
+        p.extend_from_slice(&self.id);
+        Frame::new(FrameKind::Shrunk, p)
+    }
+
+    pub fn decode(p: &[u8], size: usize) -> Result<ShrinkDecision> {
+        let round = p
+            .get(..4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .ok_or_else(|| Error::remote("malformed shrink message"))?;
+        let mut off = 4;
+        let members = take_ranks(p, &mut off, size)?;
+        Ok(ShrinkDecision {
+            round,
+            members,
+            id: p[off..].to_vec(),
+        })
+    }
+}
+
+/// `[u32 round][u8 flag]`: a [`FrameKind::Formed`] or [`FrameKind::Commit`] frame.
+pub fn round_flag(kind: FrameKind, round: u32, flag: bool) -> Frame {
+    let mut p = round.to_le_bytes().to_vec();
+    p.push(u8::from(flag));
+    Frame::new(kind, p)
+}
+
+/// Reads a [`round_flag`] payload.
+pub fn read_round_flag(p: &[u8]) -> Result<(u32, bool)> {
+    match p {
+        [a, b, c, d, f @ (0 | 1)] => Ok((u32::from_le_bytes([*a, *b, *c, *d]), *f == 1)),
+        _ => Err(Error::remote("malformed shrink message")),
     }
 }
 

@@ -8,10 +8,17 @@
 //! end the ranks compare their weights bit for bit (allgather); the program exits non-zero if
 //! they differ, or if the loss did not fall.
 //!
+//! With `--tolerate-failures`, a rank that dies does not end the job: the survivors shrink the
+//! communicator, re-shard the data over the ranks left, take the lowest surviving rank's weights
+//! and epoch (a survivor may have finished the epoch the death interrupted, another not), and
+//! train on. `--kill RANK@EPOCH` makes that rank SIGKILL itself at the start of that epoch, to
+//! try it.
+//!
 //! ```text
 //! cargo build --release -p ccl-examples
 //! target/release/train --np 4                     # 4 local processes over TCP
 //! target/release/train --np 4 --transport local   # 4 threads of one process
+//! target/release/train --np 4 --tolerate-failures --kill 2@10   # rank 2 dies at epoch 10
 //! torchrun --nproc_per_node 2 --no-python target/release/train
 //! mpirun -np 4 target/release/train
 //! ```
@@ -28,10 +35,13 @@ struct Args {
     samples: usize,
     features: usize,
     lr: f64,
+    tolerate: bool,
+    /// (rank, epoch): that rank kills itself at the start of that epoch.
+    kill: Option<(usize, usize)>,
 }
 
 const USAGE: &str = "usage: train [--np N] [--transport tcp|local] [--epochs E] [--samples S] \
-                     [--features F] [--lr RATE]";
+                     [--features F] [--lr RATE] [--tolerate-failures] [--kill RANK@EPOCH]";
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -41,6 +51,8 @@ fn parse() -> Result<Args, String> {
         samples: 20_000,
         features: 32,
         lr: 0.5,
+        tolerate: false,
+        kill: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,6 +75,13 @@ fn parse() -> Result<Args, String> {
                 a.lr = v
                     .parse()
                     .map_err(|_| format!("--lr: '{v}' is not a number"))?;
+            }
+            "--tolerate-failures" => a.tolerate = true,
+            "--kill" => {
+                let v = val()?;
+                let bad = || format!("--kill: '{v}' is not RANK@EPOCH");
+                let (r, e) = v.split_once('@').ok_or_else(bad)?;
+                a.kill = Some((r.parse().map_err(|_| bad())?, e.parse().map_err(|_| bad())?));
             }
             "-h" | "--help" => return Err(USAGE.into()),
             _ => return Err(format!("unknown argument '{flag}'\n{USAGE}")),
@@ -119,22 +138,28 @@ fn shard(a: &Args, rank: usize, size: usize) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// Trains as one rank; returns an error message when a check fails.
-fn train(comm: &Communicator, a: &Args) -> Result<(), String> {
-    let (rank, size) = (comm.rank(), comm.size());
+fn train(comm: Communicator, a: &Args) -> Result<(), String> {
+    let mut comm = comm;
+    let first_rank = comm.rank();
     let f = a.features;
-    let (x, y) = shard(a, rank, size);
+    let (mut x, mut y) = shard(a, comm.rank(), comm.size());
     let err = |e: ccl::Error| e.to_string();
 
     // Weights and bias; every rank starts from rank 0's (different) random values.
     let mut w = vec![0.0f64; f + 1];
-    let mut rng = Rng(1 + rank as u64);
+    let mut rng = Rng(1 + first_rank as u64);
     w.iter_mut().for_each(|v| *v = 0.1 * rng.normal());
     comm.broadcast_in_place(&mut w, 0).map_err(err)?;
 
     let mut losses = Vec::with_capacity(a.epochs);
     // [gradient (f + 1), loss sum, samples]
     let mut acc = vec![0.0f64; f + 3];
-    for epoch in 0..a.epochs {
+    let mut epoch = 0;
+    while epoch < a.epochs {
+        if a.kill == Some((first_rank, epoch)) {
+            // Dies the way a crashed or OOM-killed process does: no goodbye.
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+        }
         acc.iter_mut().for_each(|v| *v = 0.0);
         for (row, &label) in x.chunks_exact(f).zip(&y) {
             let z = row.iter().zip(&w).map(|(p, q)| p * q).sum::<f64>() + w[f];
@@ -147,18 +172,39 @@ fn train(comm: &Communicator, a: &Args) -> Result<(), String> {
             acc[f + 1] -= label * p.max(1e-12).ln() + (1.0 - label) * (1.0 - p).max(1e-12).ln();
             acc[f + 2] += 1.0;
         }
-        comm.all_reduce_in_place(&mut acc, ReduceOp::Sum)
-            .map_err(err)?;
+        match comm.all_reduce_in_place(&mut acc, ReduceOp::Sum) {
+            Ok(()) => {}
+            Err(e) if a.tolerate => {
+                eprintln!("rank {first_rank}: epoch {epoch} failed ({e}); shrinking");
+                comm = comm.shrink(&[]).map_err(err)?;
+                let (rank, size) = (comm.rank(), comm.size());
+                (x, y) = shard(a, rank, size);
+                // Where training stands is the lowest surviving rank's weights and epoch.
+                let mut state = w.clone();
+                state.push(epoch as f64);
+                comm.broadcast_in_place(&mut state, 0).map_err(err)?;
+                epoch = state.pop().unwrap_or(0.0) as usize;
+                w = state;
+                losses.truncate(epoch);
+                if rank == 0 {
+                    println!("continuing with {size} ranks from epoch {epoch}");
+                }
+                continue;
+            }
+            Err(e) => return Err(err(e)),
+        }
         let n = acc[f + 2];
         for (wi, g) in w.iter_mut().zip(&acc[..=f]) {
             *wi -= a.lr * g / n;
         }
         let loss = acc[f + 1] / n;
         losses.push(loss);
-        if rank == 0 {
+        if comm.rank() == 0 {
             println!("epoch {epoch:3}  loss {loss:.5}");
         }
+        epoch += 1;
     }
+    let (rank, size) = (comm.rank(), comm.size());
 
     // Every rank's weights, compared bit for bit.
     let bits: Vec<u64> = w.iter().map(|v| v.to_bits()).collect();
@@ -204,7 +250,7 @@ fn threads(a: &Args, n: usize) -> Result<(), String> {
                 s.spawn(move || {
                     let comm = Communicator::init_with_config(&id, rank, n, cfg)
                         .map_err(|e| e.to_string())?;
-                    train(&comm, a)
+                    train(comm, a)
                 })
             })
             .collect();
@@ -251,8 +297,11 @@ fn processes(a: &Args, n: usize) -> Result<(), String> {
     }
     let mut failed = Vec::new();
     for (rank, mut c) in children.into_iter().enumerate() {
+        use std::os::unix::process::ExitStatusExt;
         match c.wait() {
             Ok(s) if s.success() => {}
+            // The rank asked to die did.
+            Ok(s) if a.kill.is_some_and(|(r, _)| r == rank) && s.signal() == Some(9) => {}
             Ok(s) => failed.push(format!("rank {rank} ({s})")),
             Err(e) => failed.push(format!("rank {rank} (wait: {e})")),
         }
@@ -271,7 +320,7 @@ fn main() -> ExitCode {
         None => {
             let comm =
                 Communicator::from_env_with_config(config(&a)?).map_err(|e| e.to_string())?;
-            train(&comm, &a)
+            train(comm, &a)
         }
     });
     match r {

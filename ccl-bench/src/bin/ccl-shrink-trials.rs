@@ -1,0 +1,415 @@
+//! Randomised trials of surviving a rank's death: each trial starts N rank processes (the
+//! rendezvous root runs here, in the launcher, so it outlives every rank), lets them run random
+//! checked collectives, SIGKILLs a random rank at a random time (in some trials a second one a
+//! moment later, while the survivors shrink), and requires every survivor to shrink and finish
+//! checked allreduces on the shrunk communicator: no hang, no wrong element, every survivor in
+//! the same communicator. Prints, per trial, the time from the kill to the last survivor's first
+//! successful allreduce after the shrink, and their median and maximum at the end.
+//!
+//! ```text
+//! ccl-shrink-trials --trials 100 --np-min 4 --np-max 8 [--transport tcp|shm] [--timeout 10]
+//! ```
+//!
+//! Exit status 0 when every trial passed.
+
+use std::io::Read;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ccl::{Communicator, Config, ReduceOp, UniqueId};
+
+/// Environment variable that makes this program a rank.
+const WORKER: &str = "SHRINK_TRIAL_SEED";
+
+/// A small deterministic generator (xorshift64*): every rank of a trial draws the same
+/// collectives from the same seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn main() -> ExitCode {
+    match std::env::var(WORKER) {
+        Ok(seed) => worker(seed.parse().unwrap_or(1)),
+        Err(_) => launcher(),
+    }
+}
+
+struct Opts {
+    trials: usize,
+    np_min: usize,
+    np_max: usize,
+    transport: String,
+    timeout_s: u64,
+    seed: u64,
+    /// Every how many trials a second rank is killed during the shrink (0: never).
+    second_every: usize,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts {
+        trials: 10,
+        np_min: 4,
+        np_max: 8,
+        transport: "tcp".into(),
+        timeout_s: 10,
+        seed: now_ns() as u64 | 1,
+        second_every: 4,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        let num = |v: String| v.parse::<u64>().map_err(|e| format!("{a} {v}: {e}"));
+        match a.as_str() {
+            "--trials" => o.trials = num(val()?)? as usize,
+            "--np-min" => o.np_min = num(val()?)? as usize,
+            "--np-max" => o.np_max = num(val()?)? as usize,
+            "--transport" => o.transport = val()?,
+            "--timeout" => o.timeout_s = num(val()?)?,
+            "--seed" => o.seed = num(val()?)? | 1,
+            "--second-every" => o.second_every = num(val()?)? as usize,
+            "-h" | "--help" => return Err(String::new()),
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    if o.np_min < 2 || o.np_max < o.np_min {
+        return Err(format!(
+            "need 2 <= --np-min <= --np-max, got {} and {}",
+            o.np_min, o.np_max
+        ));
+    }
+    Ok(o)
+}
+
+/// What one trial saw.
+struct Trial {
+    ranks: usize,
+    killed: Vec<usize>,
+    /// From the first kill to the last survivor's first good allreduce after shrinking.
+    recovery: Duration,
+}
+
+fn launcher() -> ExitCode {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("ccl-shrink-trials: {e}");
+            }
+            eprintln!(
+                "usage: ccl-shrink-trials [--trials N] [--np-min N] [--np-max N] [--transport tcp|shm] [--timeout S] [--seed N] [--second-every K]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let mut rng = Rng(o.seed);
+    println!(
+        "# {} trials, {}-{} ranks over {}, CCL_TIMEOUT={} s, seed {}",
+        o.trials, o.np_min, o.np_max, o.transport, o.timeout_s, o.seed
+    );
+    let mut times = Vec::new();
+    for t in 0..o.trials {
+        let n = o.np_min + rng.below((o.np_max - o.np_min + 1) as u64) as usize;
+        let second = o.second_every > 0 && t % o.second_every == o.second_every - 1;
+        match trial(&o, &mut rng, n, second) {
+            Ok(tr) => {
+                println!(
+                    "trial {t}: {} ranks, killed {:?}: every survivor finished on a shrunk communicator; kill to first good allreduce {:.1} ms",
+                    tr.ranks,
+                    tr.killed,
+                    tr.recovery.as_secs_f64() * 1e3
+                );
+                times.push(tr.recovery);
+            }
+            Err(e) => {
+                println!("trial {t}: FAILED ({n} ranks): {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    times.sort();
+    if let (Some(med), Some(max)) = (times.get(times.len() / 2), times.last()) {
+        println!(
+            "# all {} trials passed; kill to first good allreduce: median {:.1} ms, max {:.1} ms",
+            times.len(),
+            med.as_secs_f64() * 1e3,
+            max.as_secs_f64() * 1e3
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn spawn(o: &Opts, id: &UniqueId, rank: usize, n: usize, seed: u64) -> std::io::Result<Child> {
+    let exe = std::env::current_exe()?;
+    let mut c = Command::new(exe);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CCL_") && k != "CCL_DEBUG" {
+            c.env_remove(k);
+        }
+    }
+    c.env(WORKER, seed.to_string())
+        .env("CCL_UNIQUE_ID", id.to_hex())
+        .env("CCL_RANK", rank.to_string())
+        .env("CCL_WORLD_SIZE", n.to_string())
+        .env("CCL_TRANSPORT", &o.transport)
+        .env("CCL_SOCKET_IFNAME", "=lo")
+        .env("CCL_TIMEOUT", o.timeout_s.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
+fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, String> {
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    cfg.timeout = Duration::from_secs(o.timeout_s);
+    let id = UniqueId::new_at([127, 0, 0, 1].into(), &cfg).map_err(|e| e.to_string())?;
+    let seed = rng.next() | 1;
+    let mut kids = Vec::new();
+    for r in 0..n {
+        kids.push(spawn(o, &id, r, n, seed).map_err(|e| format!("spawning rank {r}: {e}"))?);
+    }
+    // Random time into the collectives: set-up takes a few hundred ms on a loaded machine.
+    std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
+    let victim = rng.below(n as u64) as usize;
+    let kill_ns = now_ns();
+    let _ = kids[victim].kill();
+    let mut killed = vec![victim];
+    if second {
+        std::thread::sleep(Duration::from_millis(rng.below(40)));
+        let mut v2 = rng.below(n as u64) as usize;
+        if v2 == victim {
+            v2 = (v2 + 1) % n;
+        }
+        let _ = kids[v2].kill();
+        killed.push(v2);
+    }
+    let deadline = Instant::now() + Duration::from_secs(6 * o.timeout_s + 60);
+    let mut outs = Vec::new();
+    for (r, k) in kids.iter_mut().enumerate() {
+        let status = loop {
+            match k.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = k.kill();
+                    break k.wait().map_err(|e| e.to_string())?;
+                }
+            }
+        };
+        let mut out = String::new();
+        let mut err = String::new();
+        if let Some(s) = k.stdout.as_mut() {
+            let _ = s.read_to_string(&mut out);
+        }
+        if let Some(s) = k.stderr.as_mut() {
+            let _ = s.read_to_string(&mut err);
+        }
+        outs.push((r, status, out, err));
+    }
+    // A rank killed after it had already finished counts as a survivor.
+    use std::os::unix::process::ExitStatusExt;
+    killed.retain(|&v| outs[v].1.signal() == Some(9));
+    killed.sort();
+    killed.dedup();
+    let survivors: Vec<usize> = (0..n).filter(|r| !killed.contains(r)).collect();
+    let mut done = Vec::new();
+    let mut finals: Vec<(usize, String)> = Vec::new();
+    for &r in &survivors {
+        let (_, status, out, err) = &outs[r];
+        let Some(line) = out.lines().find(|l| l.starts_with("OK ")) else {
+            let tail: String = err.lines().rev().take(6).collect::<Vec<_>>().join(" | ");
+            return Err(format!("rank {r} ({status}) did not finish: {tail}"));
+        };
+        let field = |k: &str| -> Option<u128> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .and_then(|v| v.parse().ok())
+        };
+        let members = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("members="))
+            .unwrap_or("")
+            .to_string();
+        // Every survivor ends in a communicator with itself in it; survivors that end in
+        // communicators of one size end in the same one. (A survivor may end in a larger one
+        // than another: it finished before a second rank died, and left.)
+        if !members.split(',').any(|m| m == r.to_string()) {
+            return Err(format!("rank {r} is not among its own members ({line})"));
+        }
+        let size = members.split(',').count();
+        if let Some((_, other)) = finals.iter().find(|(s, m)| *s == size && *m != members) {
+            return Err(format!(
+                "rank {r} ended with members {members}, another survivor with {other}"
+            ));
+        }
+        finals.push((size, members));
+        done.push(field("first_ok_ns=").unwrap_or(0));
+    }
+    let last = done.into_iter().max().unwrap_or(kill_ns);
+    Ok(Trial {
+        ranks: n,
+        killed,
+        recovery: Duration::from_nanos(last.saturating_sub(kill_ns) as u64),
+    })
+}
+
+/// A rank: random checked collectives until one fails (a rank was killed), then shrink until a
+/// checked allreduce succeeds on the shrunk communicator, then a few more, then report.
+fn worker(seed: u64) -> ExitCode {
+    match work(seed) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("ccl-shrink-trials rank: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn work(seed: u64) -> Result<String, String> {
+    let comm = Communicator::from_env().map_err(|e| format!("init: {e}"))?;
+    let orig = comm.rank();
+    let mut rng = Rng(seed);
+    let started = Instant::now();
+    let first = loop {
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err("no collective failed within 120 s (no rank was killed?)".into());
+        }
+        if let Err(e) = random_collective(&comm, &mut rng) {
+            break e;
+        }
+    };
+    // Shrink until four checked allreduces in a row succeed: a second rank may die after a
+    // shrink, and then the shrunk communicator fails and shrinks in turn.
+    let mut cur = comm;
+    let mut shrinks = 0;
+    let mut first_ok_ns = None;
+    loop {
+        shrinks += 1;
+        if shrinks > 8 {
+            return Err(format!(
+                "still failing after 8 shrinks (first error: {first})"
+            ));
+        }
+        let next = cur
+            .shrink(&[])
+            .map_err(|e| format!("shrink {shrinks} (after: {first}): {e}"))?;
+        let mut good = 0;
+        let mut members = Vec::new();
+        while good < 4 {
+            match checked_allreduce(&next, orig) {
+                Ok(m) => {
+                    members = m;
+                    first_ok_ns.get_or_insert_with(now_ns);
+                    good += 1;
+                }
+                // A rank died after this shrink: go again.
+                Err(_) if next.error().is_some() => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if good == 4 {
+            return Ok(format!(
+                "OK rank={} size={} orig={orig} shrinks={shrinks} first_ok_ns={} members={}",
+                next.rank(),
+                next.size(),
+                first_ok_ns.unwrap_or(0),
+                members
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ));
+        }
+        cur = next;
+    }
+}
+
+/// One collective every rank of the trial draws alike, its result checked.
+fn random_collective(c: &Communicator, rng: &mut Rng) -> Result<(), String> {
+    let (n, r) = (c.size(), c.rank());
+    let count = 1 + rng.below(1 << 17) as usize;
+    let wrong = |what: &str| Err(format!("{what}: wrong result on rank {r}"));
+    match rng.below(4) {
+        0 => {
+            let mine = vec![(r + 1) as f32; count];
+            let mut out = vec![0.0f32; count];
+            c.all_reduce(&mine, &mut out, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let want = (n * (n + 1) / 2) as f32;
+            if out.iter().any(|&x| x != want) {
+                return wrong("allreduce");
+            }
+        }
+        1 => {
+            let per = count / n + 1;
+            let mine = vec![r as u32; per];
+            let mut out = vec![0u32; per * n];
+            c.all_gather(&mine, &mut out).map_err(|e| e.to_string())?;
+            if out.iter().enumerate().any(|(i, &x)| x as usize != i / per) {
+                return wrong("allgather");
+            }
+        }
+        2 => {
+            let root = rng.below(n as u64) as usize;
+            let mut buf = vec![if r == root { 7u8 } else { 0 }; count];
+            c.broadcast_in_place(&mut buf, root)
+                .map_err(|e| e.to_string())?;
+            if buf.iter().any(|&x| x != 7) {
+                return wrong("broadcast");
+            }
+        }
+        _ => {
+            let per = count / n + 1;
+            let mine = vec![1.0f64; per * n];
+            let mut out = vec![0.0f64; per];
+            c.reduce_scatter(&mine, &mut out, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            if out.iter().any(|&x| x != n as f64) {
+                return wrong("reduce-scatter");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every member contributes its rank in the first communicator plus one; the members' first
+/// ranks, gathered, must be increasing (ranks keep their order) and sum to the result.
+fn checked_allreduce(c: &Communicator, orig: usize) -> Result<Vec<u64>, String> {
+    let mut ranks = vec![0u64; c.size()];
+    c.all_gather(&[orig as u64], &mut ranks)
+        .map_err(|e| e.to_string())?;
+    if ranks.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("members out of order: {ranks:?}"));
+    }
+    let want: f64 = ranks.iter().map(|&x| (x + 1) as f64).sum();
+    let mine = vec![(orig + 1) as f64; 4096];
+    let mut out = vec![0.0f64; 4096];
+    c.all_reduce(&mine, &mut out, ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    if out.iter().any(|&x| x != want) {
+        return Err(format!("allreduce after the shrink: {} != {want}", out[0]));
+    }
+    Ok(ranks)
+}
