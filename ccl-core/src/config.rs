@@ -112,7 +112,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "CCL_SHM_SPIN_US",
         default: "1000",
-        help: "microseconds more than CCL_SPIN_US that a rank waiting on shared memory busy-polls before it sleeps, when the host's ranks have a CPU each (0-10000000)",
+        help: "microseconds more than CCL_SPIN_US that a rank waiting on shared memory polls before it sleeps: busy-polling when the host's ranks have a CPU each, yielding the CPU between polls when they outnumber the CPUs (0-10000000)",
     },
     Setting {
         name: "CCL_ALGO",

@@ -155,7 +155,9 @@ impl Mapping {
                 None,
                 nonzero(len)?,
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
+                // Page tables filled now: otherwise each process takes a fault on the first touch
+                // of every page, in the first collectives it runs.
+                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
                 file.fd(),
                 offset as i64,
             )
@@ -241,7 +243,7 @@ impl Mirror {
                     Some(at),
                     nonzero(cap)?,
                     ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED,
+                    MapFlags::MAP_SHARED | MapFlags::MAP_FIXED | MapFlags::MAP_POPULATE,
                     file.fd(),
                     offset as i64,
                 )

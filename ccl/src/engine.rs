@@ -21,6 +21,10 @@ use crate::{DataType, Error, ReduceOp, Result};
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
 
+/// Calls remembered with their algorithm and schedule, so that a call like a recent one (a
+/// training step repeats the same few) skips the cost model and the plan map's hashing.
+const RECENT: usize = 8;
+
 /// One collective as NCCL takes it: `count` elements of `dtype` (NCCL's count for `coll`), the
 /// operator (ignored by collectives that do not reduce) and the root (ignored by those without
 /// one).
@@ -64,19 +68,42 @@ struct Inner {
     links: Links,
     exec: ExecState,
     plans: HashMap<(Collective, Algo, Shape), Arc<Schedule>>,
+    /// The last calls' choices, the newest at `recent_next - 1` (see [`RECENT`]).
+    recent: Vec<Recent>,
+    recent_next: usize,
     /// Scratch space, as u64 so it is aligned for every element type.
     scratch: Vec<u64>,
+}
+
+/// A call's algorithm and schedule. The key holds all they depend on: the forced algorithm
+/// (else the cost model, whose inputs do not change, chooses from the collective and the size
+/// in bytes, which the shape and element size give).
+struct Recent {
+    coll: Collective,
+    forced: Option<Algo>,
+    elem: usize,
+    shape: Shape,
+    algo: Algo,
+    sched: Arc<Schedule>,
 }
 
 impl Engine {
     /// The algorithm `coll` runs at `size_bytes` (the nccl-tests size): the one set by
     /// `CCL_ALGO` or `set_algorithm`, else the cost model's choice.
     pub(crate) fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
-        let forced = self
-            .overrides
+        self.choose(coll, self.forced(coll), size_bytes)
+    }
+
+    /// The algorithm `CCL_ALGO` or `set_algorithm` forces for `coll`, if any.
+    fn forced(&self, coll: Collective) -> Option<Algo> {
+        self.overrides
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(coll);
+            .get(coll)
+    }
+
+    /// `forced`, else the cost model's choice.
+    fn choose(&self, coll: Collective, forced: Option<Algo>, size_bytes: usize) -> Algo {
         forced.unwrap_or_else(|| {
             algo::choose(
                 coll,
@@ -104,6 +131,8 @@ impl Engine {
                 links,
                 exec: ExecState::default(),
                 plans: HashMap::new(),
+                recent: Vec::with_capacity(RECENT),
+                recent_next: 0,
                 scratch: Vec::new(),
             }),
         }
@@ -187,11 +216,9 @@ impl Engine {
                 s.len()
             )));
         }
-        self.peers.check()?;
         // The nccl-tests size, for the cost model: the larger buffer (allgather's output,
         // reduce-scatter's and alltoall's input, the buffer of the others).
         let size_bytes = lens.in_place();
-        let algo = self.algorithm(coll, size_bytes);
         let shape = Shape {
             rank,
             size: n,
@@ -201,28 +228,52 @@ impl Engine {
             root,
             host_slot: self.host_slot / dtype.size(),
         };
-        let sched = self
-            .lock()
-            .plan(coll, algo, &shape, self.peers.topology())?;
+        let forced = self.forced(coll);
+        let mut g = self.lock();
+        let (algo, sched) = match g.recent(coll, forced, dtype.size(), &shape) {
+            Some(hit) => hit,
+            None => {
+                let algo = self.choose(coll, forced, size_bytes);
+                let sched = g.plan(coll, algo, &shape, self.peers.topology())?;
+                g.remember(Recent {
+                    coll,
+                    forced,
+                    elem: dtype.size(),
+                    shape,
+                    algo,
+                    sched: sched.clone(),
+                });
+                (algo, sched)
+            }
+        };
         let info = OpInfo {
             kind: OpKind::Collective { coll, algo },
             bytes: size_bytes,
             root,
             count,
         };
-        self.execute(Execution {
-            sched: &sched,
-            send,
-            recv,
-            extra: Vec::new(),
-            dtype,
-            op,
-            info,
-        })
+        self.execute_locked(
+            &mut g,
+            Execution {
+                sched: &sched,
+                send,
+                recv,
+                extra: Vec::new(),
+                dtype,
+                op,
+                info,
+            },
+        )
     }
 
     /// Runs a schedule with the communicator's links, scratch space and executor state.
     pub fn execute(&self, e: Execution<'_, '_>) -> Result<()> {
+        let mut g = self.lock();
+        self.execute_locked(&mut g, e)
+    }
+
+    /// [`execute`](Engine::execute) with the engine already locked.
+    fn execute_locked(&self, inner: &mut Inner, e: Execution<'_, '_>) -> Result<()> {
         let Execution {
             sched,
             send,
@@ -232,10 +283,8 @@ impl Engine {
             op,
             info,
         } = e;
-        let mut g = self.lock();
         self.peers.check()?;
         let seq = self.peers.next_seq();
-        let inner = &mut *g;
         let scratch_bytes = sched.scratch * dtype.size();
         let need = scratch_bytes.div_ceil(8);
         if inner.scratch.len() < need {
@@ -310,6 +359,30 @@ impl Engine {
 }
 
 impl Inner {
+    /// The algorithm and schedule of a recent call with the same key.
+    fn recent(
+        &self,
+        coll: Collective,
+        forced: Option<Algo>,
+        elem: usize,
+        shape: &Shape,
+    ) -> Option<(Algo, Arc<Schedule>)> {
+        self.recent
+            .iter()
+            .find(|r| r.coll == coll && r.forced == forced && r.elem == elem && r.shape == *shape)
+            .map(|r| (r.algo, r.sched.clone()))
+    }
+
+    /// Remembers a call, in place of the oldest once there are [`RECENT`].
+    fn remember(&mut self, r: Recent) {
+        if self.recent.len() < RECENT {
+            self.recent.push(r);
+        } else {
+            self.recent[self.recent_next % RECENT] = r;
+        }
+        self.recent_next = (self.recent_next + 1) % RECENT;
+    }
+
     fn plan(
         &mut self,
         coll: Collective,

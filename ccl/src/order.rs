@@ -25,6 +25,9 @@ struct TurnState {
     next: u64,
     /// The ticket whose operation may run now.
     serving: u64,
+    /// Threads waiting for their turn: a finished turn wakes them only when there are some
+    /// (a wake-up is a system call, a large part of a small operation's time).
+    waiting: usize,
 }
 
 /// Tickets and turns.
@@ -52,11 +55,13 @@ impl Turns {
             }
             comm.check()?;
             // Woken by every finished turn and by abort; the timeout only re-checks the error.
+            s.waiting += 1;
             s = self
                 .cv
                 .wait_timeout(s, Duration::from_millis(100))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            s.waiting -= 1;
         }
     }
 
@@ -76,8 +81,11 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         let mut s = self.turns.state.lock().unwrap_or_else(|p| p.into_inner());
         s.serving = self.t + 1;
+        let waiting = s.waiting > 0;
         drop(s);
-        self.turns.cv.notify_all();
+        if waiting {
+            self.turns.cv.notify_all();
+        }
     }
 }
 
