@@ -14,7 +14,13 @@
 //! arrived, so a job with a missing rank fails with a message naming it instead of hanging.
 
 pub mod env;
+mod monitor;
+mod watch;
 pub(crate) mod wire;
+
+pub use monitor::Monitor;
+pub use watch::{GATHER, live_query};
+pub use wire::Notice;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -419,13 +425,20 @@ impl Root {
                     );
                     return Ok(());
                 }
-                Round::Monitor => {
+                Round::Monitor(who) => {
                     ccl_trace!(
                         None,
                         "bootstrap root {}: watching the job after {round} round(s)",
                         self.addr
                     );
-                    watch(streams, self.addr);
+                    let _ = self.listener.set_nonblocking(true);
+                    watch::Watch::new(
+                        streams.into_iter().zip(who).collect(),
+                        &self.listener,
+                        self.secret,
+                        self.addr,
+                    )
+                    .run();
                     return Ok(());
                 }
             };
@@ -462,7 +475,10 @@ impl Root {
             match f.kind {
                 FrameKind::Data => blobs.push(f.payload),
                 FrameKind::Bye => byes += 1,
-                FrameKind::Monitor => watchers += 1,
+                FrameKind::Monitor => {
+                    watchers += 1;
+                    blobs.push(f.payload);
+                }
                 other => {
                     let msg = format!("rank {r} sent {other:?} in round {round}");
                     broadcast_error_streams(streams, &msg);
@@ -472,7 +488,7 @@ impl Root {
         }
         match (byes, watchers) {
             (b, _) if b == size => Ok(Round::Bye),
-            (_, w) if w == size => Ok(Round::Monitor),
+            (_, w) if w == size => Ok(Round::Monitor(blobs)),
             (0, 0) => Ok(Round::Data(blobs)),
             _ => {
                 let msg =
@@ -490,8 +506,8 @@ enum Round {
     Data(Vec<Vec<u8>>),
     /// Every rank is done with the bootstrap.
     Bye,
-    /// Every rank wants the root to watch the job.
-    Monitor,
+    /// Every rank wants the root to watch the job; what each said of itself.
+    Monitor(Vec<Vec<u8>>),
 }
 
 /// Why the rank that sent `h` from `from` cannot join the ranks admitted so far (`ranks` is as
@@ -517,112 +533,6 @@ fn admission_problem(
     } else {
         None
     }
-}
-
-/// What the root knows of one rank while watching.
-struct Watched {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    open: bool,
-    /// Said goodbye, or its failure was already passed on: its closing is no news.
-    quiet: bool,
-}
-
-/// The root's last phase: it keeps every rank's connection and passes each rank's failure on to
-/// the others, including the failure nobody can report: a rank whose process died closes its
-/// connection without a goodbye, and the root says so. Ends when every rank has gone.
-fn watch(streams: Vec<TcpStream>, addr: SocketAddr) {
-    use std::io::Read;
-    use std::os::fd::AsFd;
-
-    use nix::poll::{PollFd, PollFlags, PollTimeout};
-
-    let mut ranks: Vec<Watched> = streams
-        .into_iter()
-        .map(|stream| {
-            let _ = stream.set_nonblocking(true);
-            Watched {
-                stream,
-                buf: Vec::new(),
-                open: true,
-                quiet: false,
-            }
-        })
-        .collect();
-    let mut chunk = [0u8; 4096];
-    while ranks.iter().any(|w| w.open) {
-        let open: Vec<usize> = (0..ranks.len()).filter(|&r| ranks[r].open).collect();
-        {
-            let mut fds: Vec<PollFd<'_>> = open
-                .iter()
-                .map(|&r| PollFd::new(ranks[r].stream.as_fd(), PollFlags::POLLIN))
-                .collect();
-            let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
-        }
-        let mut notices: Vec<wire::Notice> = Vec::new();
-        for &r in &open {
-            let w = &mut ranks[r];
-            let closed = loop {
-                match (&w.stream).read(&mut chunk) {
-                    Ok(0) => break true,
-                    Ok(k) => w.buf.extend_from_slice(&chunk[..k]),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break true,
-                }
-            };
-            let frames = wire::take_frames(&mut w.buf).unwrap_or_else(|_| {
-                // Garbage from a rank: treat it as gone.
-                w.open = false;
-                Vec::new()
-            });
-            for f in frames {
-                match f.kind {
-                    FrameKind::Bye => w.quiet = true,
-                    FrameKind::Failure => {
-                        if let Ok(mut n) = wire::Notice::decode(&f.payload) {
-                            n.rank = r;
-                            if !w.quiet {
-                                w.quiet = true;
-                                notices.push(n);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            if closed {
-                w.open = false;
-                if !w.quiet {
-                    w.quiet = true;
-                    notices.push(wire::Notice {
-                        rank: r,
-                        died: true,
-                        message: "its connection to the rendezvous closed without a goodbye (the process exited, crashed or was killed)".into(),
-                    });
-                }
-            }
-        }
-        for n in notices {
-            ccl_warn!(
-                None,
-                "bootstrap root {addr}: rank {} {}: {}",
-                n.rank,
-                if n.died { "died" } else { "failed" },
-                n.message
-            );
-            let frame = n.encode(FrameKind::Notice);
-            let by = Instant::now() + Duration::from_secs(1);
-            for (r, w) in ranks.iter_mut().enumerate() {
-                if w.open && r != n.rank {
-                    let _ = w.stream.set_nonblocking(false);
-                    let _ = wire::write_frame(&mut w.stream, &frame, by);
-                    let _ = w.stream.set_nonblocking(true);
-                }
-            }
-        }
-    }
-    ccl_trace!(None, "bootstrap root {addr}: every rank has gone");
 }
 
 fn missing_ranks(ranks: &[Option<TcpStream>], size: usize) -> String {
@@ -836,147 +746,6 @@ impl Bootstrap {
             deadline,
         )
         .map_err(|e| e.rank(self.rank))
-    }
-}
-
-impl Bootstrap {
-    /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
-    /// failure on to the others for as long as the communicator lives.
-    pub fn into_monitor(mut self) -> Result<Monitor> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        wire::write_frame(
-            &mut self.stream,
-            &Frame::new(FrameKind::Monitor, Vec::new()),
-            deadline,
-        )
-        .map_err(|e| e.rank(self.rank))?;
-        self.done = true;
-        self.stream
-            .set_nonblocking(true)
-            .map_err(|e| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank))?;
-        let stream = self
-            .stream
-            .try_clone()
-            .map_err(|e| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank))?;
-        Ok(Monitor {
-            stream,
-            rank: self.rank,
-            root: self.root,
-            buf: std::sync::Mutex::new(Vec::new()),
-            root_gone: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-}
-
-/// A rank's line to the root while the communicator lives: failures of other ranks arrive here
-/// as [`wire::Notice`]s, and this rank's own failure goes out through it.
-#[derive(Debug)]
-pub struct Monitor {
-    stream: TcpStream,
-    rank: usize,
-    root: SocketAddr,
-    buf: std::sync::Mutex<Vec<u8>>,
-    root_gone: std::sync::atomic::AtomicBool,
-}
-
-pub use wire::Notice;
-
-impl Monitor {
-    /// Readable when a notice (or the root's end) arrives.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(&self.stream)
-    }
-
-    /// A notice that has arrived, without waiting.
-    pub fn poll(&self) -> Option<Notice> {
-        use std::io::Read;
-        if self.root_gone.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-        let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
-        let mut chunk = [0u8; 4096];
-        loop {
-            match (&self.stream).read(&mut chunk) {
-                Ok(0) => {
-                    // The root's process ended (it may simply have finished): no news.
-                    self.root_gone
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    break;
-                }
-                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        let frames = wire::take_frames(&mut buf).ok()?;
-        frames
-            .into_iter()
-            .find(|f| f.kind == FrameKind::Notice)
-            .and_then(|f| Notice::decode(&f.payload).ok())
-    }
-
-    /// Waits up to `max` for a notice.
-    pub fn wait(&self, max: Duration) -> Option<Notice> {
-        use nix::poll::{PollFd, PollFlags, PollTimeout};
-        let until = Instant::now() + max;
-        loop {
-            if let Some(n) = self.poll() {
-                return Some(n);
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || self.root_gone.load(std::sync::atomic::Ordering::Relaxed) {
-                return None;
-            }
-            let mut fds = [PollFd::new(self.fd(), PollFlags::POLLIN)];
-            let ms =
-                PollTimeout::try_from(left.as_millis().max(1) as u64).unwrap_or(PollTimeout::MAX);
-            let _ = nix::poll::poll(&mut fds, ms);
-        }
-    }
-
-    /// Tells the root (and through it every rank) that this rank failed, and why.
-    pub fn report(&self, message: &str) {
-        let n = Notice {
-            rank: self.rank,
-            died: false,
-            message: message.to_string(),
-        };
-        self.send(&n.encode(FrameKind::Failure));
-    }
-
-    fn send(&self, f: &Frame) {
-        use std::io::Write;
-        // Small frames fit the socket buffer; a root that does not read gets a short grace.
-        let bytes = f.encode();
-        let until = Instant::now() + Duration::from_millis(500);
-        let mut off = 0;
-        while off < bytes.len() && Instant::now() < until {
-            match (&self.stream).write(&bytes[off..]) {
-                Ok(k) => off += k,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// The root's address (for messages).
-    pub fn root(&self) -> SocketAddr {
-        self.root
-    }
-
-    /// Whether the root's connection has closed (its process ended).
-    pub fn root_gone(&self) -> bool {
-        self.root_gone.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        // A goodbye tells the root this rank's closing is no failure.
-        self.send(&Frame::new(FrameKind::Bye, Vec::new()));
     }
 }
 
