@@ -644,12 +644,19 @@ impl Peers {
             .map(|(p, m)| format!("peer {p} {:+.1} ms", *m as f64 / 1e3))
             .collect();
         let &(worst, mean) = figures.iter().max_by_key(|(_, m)| *m).expect("not empty");
+        let verdict = if mean >= self.config.slow_ms as i64 * 1000 {
+            format!(
+                "the rank this one waits for: {} ({:.1} ms late on average)",
+                self.who(worst),
+                mean as f64 / 1e3
+            )
+        } else {
+            format!("no peer is {} ms late", self.config.slow_ms)
+        };
         ccl_warn!(
             Some(self.rank),
-            "slow-rank report over the last {window} operations: mean lateness {}; the rank this one waits for most: {} ({:.1} ms late on average)",
-            list.join(", "),
-            self.who(worst),
-            mean as f64 / 1e3
+            "slow-rank report over the last {window} operations: mean lateness {}; {verdict}",
+            list.join(", ")
         );
     }
 

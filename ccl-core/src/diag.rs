@@ -166,8 +166,28 @@ pub fn analyse(views: &[RankView], size: usize) -> Verdict {
             waits.insert(r, p);
         }
     }
-    let culprits = follow(&waits, &never_arrived);
-    let culprit = match link(&by_rank, &waits) {
+    let mut culprits = follow(&waits, &never_arrived);
+    // A rank that died, or cannot answer, explains the chains that end elsewhere: a rank that
+    // was sending to it when its state was taken names nobody it waits for.
+    let dead: BTreeSet<usize> = views
+        .iter()
+        .filter(|v| v.presence == Presence::Dead)
+        .map(|v| v.rank)
+        .collect();
+    let absent_culprits: BTreeSet<usize> = culprits.intersection(&absent).copied().collect();
+    if !absent_culprits.is_empty() {
+        culprits = absent_culprits;
+    } else if !dead.is_empty() {
+        culprits = dead;
+    }
+    // A rank that died or cannot answer explains any link: its peers' sockets hold what it
+    // never read.
+    let link = if absent.is_empty() {
+        link(&by_rank, &waits)
+    } else {
+        None
+    };
+    let culprit = match link {
         Some((from, to)) => Culprit::Link { from, to },
         None if culprits.is_empty() => Culprit::Nothing,
         None => Culprit::Ranks(culprits.clone()),
@@ -233,7 +253,7 @@ fn link(
         let (Some(ea), Some(eb)) = (a.latest(), b.latest()) else {
             continue;
         };
-        if ea.seq != eb.seq || eb.state == State::Done {
+        if ea.seq != eb.seq || eb.state == State::Done || idle_s(a, ea) < MOVING_S {
             continue;
         }
         let got = ea.peers.iter().find(|p| p.peer == from);
@@ -246,6 +266,17 @@ fn link(
         }
     }
     None
+}
+
+/// How long `e` of `v` had gone without progress when `v` answered (or when `e` ended).
+fn idle_s(v: &RankView, e: &OpView) -> f64 {
+    let at = if e.progress_us > 0 {
+        e.progress_us
+    } else {
+        e.start_us
+    };
+    let now = if e.end_us > 0 { e.end_us } else { v.now_us };
+    now.saturating_sub(at) as f64 / 1e6
 }
 
 /// `4 MiB`, `512 B`.
@@ -376,14 +407,7 @@ impl Verdict {
             .keys()
             .filter_map(|&r| {
                 let v = views.iter().find(|v| v.rank == r)?;
-                let e = v.latest()?;
-                let at = if e.progress_us > 0 {
-                    e.progress_us
-                } else {
-                    e.start_us
-                };
-                let now = if e.end_us > 0 { e.end_us } else { v.now_us };
-                (now > at).then(|| (now - at) as f64 / 1e6)
+                Some(idle_s(v, v.latest()?))
             })
             .min_by(f64::total_cmp)
     }
@@ -487,9 +511,31 @@ pub fn live_report(views: &[RankView], size: usize) -> String {
         }
     }
     let verdict = analyse(views, size);
-    let _ = writeln!(out, "=> {}", verdict.line(views));
+    let everyone_answered = views
+        .iter()
+        .filter(|v| v.presence == Presence::Answered)
+        .count()
+        == size;
+    match verdict.stalled_s(views) {
+        // Waits shorter than this are the job at work, not a hang.
+        Some(s) if s < MOVING_S && everyone_answered => {
+            let _ = writeln!(
+                out,
+                "=> the job is moving: no rank has waited longer than {s:.1} s"
+            );
+        }
+        None if everyone_answered => {
+            let _ = writeln!(out, "=> the job is moving: no rank waits");
+        }
+        _ => {
+            let _ = writeln!(out, "=> {}", verdict.line(views));
+        }
+    }
     out
 }
+
+/// A wait shorter than this, seconds, is the job at work, not a hang.
+const MOVING_S: f64 = 1.0;
 
 // The wire form of a RankView, what a rank answers the monitor: little-endian integers, strings
 // with a u16 length. Decoding checks every length, so a bad reply is an error, never a panic.
@@ -784,6 +830,15 @@ mod tests {
         let line = analyse(&vs, 2).line(&vs);
         assert!(line.contains("behind rank 1 (h:101), which died"), "{line}");
         assert!(line.contains("rank 0 waits on it"), "{line}");
+        // A rank caught sending to the dead one waits for nobody; the dead rank still explains.
+        let vs = vec![
+            view(0, 9, State::Running, None, vec![peer(2, true, 0, 0)]),
+            view(1, 9, State::Failed, Some(0), vec![peer(0, true, 0, 0)]),
+            RankView::absent(2, "h", 102, Presence::Dead),
+            view(3, 9, State::Failed, Some(2), vec![peer(2, true, 0, 0)]),
+        ];
+        let v = analyse(&vs, 4);
+        assert_eq!(v.culprit, Culprit::Ranks(BTreeSet::from([2])));
     }
 
     #[test]

@@ -23,6 +23,9 @@ use crate::{ccl_trace, ccl_warn};
 /// How long the root waits for every live rank to describe itself. A rank that has not
 /// answered by then is stopped or its process hung: that is the verdict.
 pub const GATHER: Duration = Duration::from_secs(1);
+/// A verdict this fresh answers another rank's request (ranks stuck together ask within one
+/// wake-up of each other); an older one may describe an operation that has since ended.
+const REUSE: Duration = Duration::from_millis(250);
 /// How long a live client may take to present its request.
 const CLIENT_GRACE: Duration = Duration::from_secs(2);
 /// Most live clients served at once (more are dropped).
@@ -167,7 +170,7 @@ impl<'a> Watch<'a> {
             for (r, preamble) in requests {
                 // Ranks stuck together ask together: one gathering answers them all.
                 let (line, _) = match &self.recent {
-                    Some((t, v)) if t.elapsed() < GATHER => v.clone(),
+                    Some((t, v)) if t.elapsed() < REUSE => v.clone(),
                     _ => self.judge(),
                 };
                 let text = format!("{preamble}: {line}");
@@ -253,7 +256,13 @@ impl<'a> Watch<'a> {
             n.verdict = verdict.clone();
             n.culprit = culprit;
             let frame = n.encode(FrameKind::Notice);
-            for w in self.ranks.iter_mut().filter(|w| w.open) {
+            // Ranks in this process last: one of them may exit as soon as it has the notice,
+            // and this thread with it.
+            let me = std::process::id();
+            for w in self.ranks.iter_mut().filter(|w| w.open && w.pid != me) {
+                w.send(&frame);
+            }
+            for w in self.ranks.iter_mut().filter(|w| w.open && w.pid == me) {
                 w.send(&frame);
             }
         }
@@ -442,13 +451,14 @@ pub fn live_query(
     let what = || format!("live query to the job's rendezvous at {root}");
     let mut s = crate::net::connect_by(root, deadline, &what)?;
     wire::write_frame(&mut s, &wire::query(secret), deadline).map_err(|e| e.context(what()))?;
-    let f = wire::read_frame(&mut s, deadline, &what).map_err(|e| {
-        Error::remote(format!(
-            "{}: no answer ({}); a wrong secret, a job that has not finished connecting or has ended, or another service at that address",
-            what(),
-            e.message()
-        ))
-    })?;
+    let f = wire::read_frame(&mut s, deadline, &|| "waiting for the answer".to_string())
+        .map_err(|e| {
+            Error::remote(format!(
+                "{}: no answer ({}): a wrong secret, a job that has not finished connecting or has ended, or another service at that address",
+                what(),
+                e.message()
+            ))
+        })?;
     match f.kind {
         FrameKind::Report => Ok(String::from_utf8_lossy(&f.payload).into_owned()),
         k => Err(Error::remote(format!("{}: the root sent {k:?}", what()))),
