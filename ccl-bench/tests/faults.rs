@@ -548,8 +548,7 @@ fn the_live_query_answers_during_a_hang_and_refuses_a_stranger() {
         "{hung}"
     );
     assert!(
-        hung.contains(&format!("=> allreduce #"))
-            && hung.contains(&format!("behind rank {victim} (")),
+        hung.contains("=> allreduce #") && hung.contains(&format!("behind rank {victim} (")),
         "{hung}"
     );
     // A stranger learns nothing.
