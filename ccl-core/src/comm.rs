@@ -429,7 +429,7 @@ impl Peers {
     /// What this rank is doing, for the job's monitor: its last operations and slow-rank
     /// figures.
     pub fn state_view(&self) -> crate::diag::RankView {
-        let ops = self.recorder().views(2);
+        let ops = crate::diag::op_views(&self.recorder(), 2);
         crate::diag::RankView {
             rank: self.rank,
             host: crate::log::hostname().to_string(),

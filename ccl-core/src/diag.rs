@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use crate::trace::{PeerStat, State};
+use crate::trace::{Entry, PeerStat, Recorder, State};
 
 /// A peer that the slow-rank report named.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +37,26 @@ pub struct OpView {
     pub progress_us: u64,
     pub waiting_on: Option<usize>,
     pub peers: Vec<PeerStat>,
+}
+
+/// The last `n` operations of `rec`, oldest first.
+pub fn op_views(rec: &Recorder, n: usize) -> Vec<OpView> {
+    let all: Vec<&Entry> = rec.entries().collect();
+    all[all.len().saturating_sub(n)..]
+        .iter()
+        .map(|e| OpView {
+            seq: e.seq,
+            name: e.name.to_string(),
+            algo: e.algo.to_string(),
+            bytes: e.bytes,
+            state: e.state,
+            start_us: e.start_us,
+            end_us: e.end_us,
+            progress_us: e.progress_us,
+            waiting_on: e.waiting_on,
+            peers: e.peers.clone(),
+        })
+        .collect()
 }
 
 /// Whether a rank could tell what it is doing.
@@ -325,7 +345,12 @@ impl Verdict {
             .filter(|v| v.presence == Presence::Answered)
             .filter_map(|v| v.ops.iter().find(|e| e.seq == self.stuck_seq))
             .next();
-        let op_text = op.map_or(format!("{} #{}", self.stuck_name, self.stuck_seq), |e| {
+        let before = if self.stuck_seq == 0 {
+            "the job (before its first operation)".to_string()
+        } else {
+            format!("{} #{}", self.stuck_name, self.stuck_seq)
+        };
+        let op_text = op.map_or(before, |e| {
             format!(
                 "{} #{} ({}, {})",
                 e.name,

@@ -226,26 +226,6 @@ impl Recorder {
         Some(v[k / 2])
     }
 
-    /// The last `n` entries, oldest first, as [`crate::diag::OpView`]s.
-    pub fn views(&self, n: usize) -> Vec<crate::diag::OpView> {
-        let all: Vec<&Entry> = self.entries().collect();
-        all[all.len().saturating_sub(n)..]
-            .iter()
-            .map(|e| crate::diag::OpView {
-                seq: e.seq,
-                name: e.name.to_string(),
-                algo: e.algo.to_string(),
-                bytes: e.bytes,
-                state: e.state,
-                start_us: e.start_us,
-                end_us: e.end_us,
-                progress_us: e.progress_us,
-                waiting_on: e.waiting_on,
-                peers: e.peers.clone(),
-            })
-            .collect()
-    }
-
     /// Entries from oldest to newest.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
         let n = self.slots.len();

@@ -145,8 +145,10 @@ impl Shared {
             }
             FrameKind::StateQuery => {
                 let mut reply = f.payload.get(..4).unwrap_or(&[0; 4]).to_vec();
-                if let Some(src) = self.state.get() {
-                    reply.extend(src());
+                // Nothing to say while the communicator is being dropped: no answer.
+                let body = self.state.get().map(|src| src()).unwrap_or_default();
+                if !body.is_empty() {
+                    reply.extend(body);
                     self.send(&Frame::new(FrameKind::StateReply, reply));
                 }
             }

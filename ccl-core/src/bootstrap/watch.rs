@@ -39,8 +39,6 @@ struct Watched {
     open: bool,
     /// Said goodbye, or its failure was already passed on: its closing is no news.
     quiet: bool,
-    /// Closed without a goodbye, not yet announced.
-    died: bool,
     host: String,
     pid: u32,
 }
@@ -65,10 +63,6 @@ impl Watched {
         }
         if closed {
             self.open = false;
-        }
-        if !self.open && !self.quiet {
-            self.quiet = true;
-            self.died = true;
         }
     }
 
@@ -126,7 +120,6 @@ impl<'a> Watch<'a> {
                     frames: VecDeque::new(),
                     open: true,
                     quiet: false,
-                    died: false,
                     host,
                     pid,
                 }
@@ -153,8 +146,10 @@ impl<'a> Watch<'a> {
             }
             let (failures, requests) = self.take_frames();
             let mut notices: Vec<Notice> = failures;
+            // After its frames: a goodbye read together with the end of the stream counts.
             for (r, w) in self.ranks.iter_mut().enumerate() {
-                if std::mem::take(&mut w.died) {
+                if !w.open && !w.quiet {
+                    w.quiet = true;
                     notices.push(Notice {
                         rank: r,
                         died: true,
@@ -318,11 +313,7 @@ impl<'a> Watch<'a> {
                         FrameKind::StateReply => {}
                         FrameKind::Failure if w.open => {
                             // Acknowledge now: its sender waits to know the root is alive.
-                            let ack = Frame::new(FrameKind::Ack, Vec::new());
-                            let by = Instant::now() + Duration::from_millis(500);
-                            let _ = w.stream.set_nonblocking(false);
-                            let _ = wire::write_frame(&mut w.stream, &ack, by);
-                            let _ = w.stream.set_nonblocking(true);
+                            w.send(&Frame::new(FrameKind::Ack, Vec::new()));
                             keep.push_back(f);
                         }
                         _ => keep.push_back(f),
