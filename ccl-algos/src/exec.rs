@@ -424,6 +424,9 @@ impl ExecState {
         let mut r = comm.recorder();
         let Some(e) = r.current() else { return };
         e.waiting_on = waiting_on;
+        if let Some((t, _)) = self.idle_since {
+            e.progress_us = trace::now_us().saturating_sub(t.elapsed().as_micros() as u64);
+        }
         for ((stat, p), q) in e.peers.iter_mut().zip(&s.peers).zip(&self.peers) {
             stat.sent = p.sends.iter().map(|&id| self.done[id] as u64).sum();
             stat.received = p.recvs.iter().map(|&id| self.done[id] as u64).sum();

@@ -73,6 +73,16 @@ pub struct Plan {
     /// Buffers from `Communicator::alloc` (registered: zero-copy sends where the transport has
     /// them) instead of plain vectors.
     pub registered: bool,
+    /// A rank made late on purpose (diagnosis tests).
+    pub delay: Option<Delay>,
+}
+
+/// Rank `rank` sleeps `each` before every timed call from call `from` on.
+#[derive(Clone, Copy, Debug)]
+pub struct Delay {
+    pub rank: usize,
+    pub each: std::time::Duration,
+    pub from: usize,
 }
 
 /// One row of results (one size, one placement).
@@ -127,7 +137,10 @@ fn time_loop(
     }
     barrier(comm)?;
     let t0 = Instant::now();
-    for _ in 0..p.iters {
+    for i in 0..p.iters {
+        if let Some(d) = p.delay.filter(|d| d.rank == comm.rank() && i >= d.from) {
+            std::thread::sleep(d.each);
+        }
         b.run(comm, send, recv, count, p.dtype, p.op)?;
     }
     Ok(t0.elapsed().as_secs_f64() / p.iters.max(1) as f64)

@@ -166,6 +166,14 @@ struct BenchArgs {
     /// sends over verbs) instead of plain vectors.
     #[arg(long)]
     registered: bool,
+    /// Fault injection for diagnosis tests: this rank sleeps --delay-ms before each call of the
+    /// timed loop, from call --delay-from on (a rank that is late, or never enters a call).
+    #[arg(long, value_name = "RANK", hide = true)]
+    delay_rank: Option<usize>,
+    #[arg(long, value_name = "MS", default_value_t = 0, hide = true)]
+    delay_ms: u64,
+    #[arg(long, value_name = "CALL", default_value_t = 0, hide = true)]
+    delay_from: usize,
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "PATH")]
     json: Option<PathBuf>,
@@ -265,6 +273,11 @@ fn plan(args: &BenchArgs) -> Plan {
         op: args.op,
         dtype: args.dtype,
         registered: args.registered,
+        delay: args.delay_rank.map(|rank| harness::Delay {
+            rank,
+            each: std::time::Duration::from_millis(args.delay_ms),
+            from: args.delay_from,
+        }),
     }
 }
 

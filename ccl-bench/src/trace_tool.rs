@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
+use ccl_core::diag::{OpView, Presence, RankView, Verdict};
+use ccl_core::trace::State;
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -17,6 +19,8 @@ pub struct Dump {
     pub host: String,
     pub pid: u32,
     pub reason: String,
+    #[serde(default)]
+    pub time_us: u64,
     pub entries: Vec<Entry>,
 }
 
@@ -29,6 +33,8 @@ pub struct Entry {
     pub state: String,
     pub start_us: u64,
     pub end_us: u64,
+    #[serde(default)]
+    pub progress_us: u64,
     pub waiting_on: Option<usize>,
     pub error: Option<String>,
     pub peers: Vec<PeerStat>,
@@ -68,106 +74,68 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Dump>, String> {
     Ok(out)
 }
 
-/// The verdict for one communicator.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Verdict {
-    pub comm: String,
-    pub size: usize,
-    /// The operation the job was in (the furthest any rank got).
-    pub stuck_seq: u64,
-    pub stuck_name: String,
-    /// Ranks that never entered it (or left no dump).
-    pub never_arrived: BTreeSet<usize>,
-    /// Ranks without a dump.
-    pub no_dump: BTreeSet<usize>,
-    /// Rank -> the peer it waited for.
-    pub waits: BTreeMap<usize, usize>,
-    /// Where the waits lead: the rank(s) the job waits for.
-    pub culprits: BTreeSet<usize>,
-}
-
-/// Analyses the dumps of one communicator.
-pub fn analyse(dumps: &[&Dump]) -> Verdict {
-    let size = dumps.iter().map(|d| d.size).max().unwrap_or(0);
-    let comm = dumps.first().map(|d| d.comm.clone()).unwrap_or_default();
-    let by_rank: BTreeMap<usize, &Dump> = dumps.iter().map(|d| (d.rank, *d)).collect();
-    let last = |d: &Dump| d.entries.iter().max_by_key(|e| e.seq).cloned();
-    let stuck = by_rank
-        .values()
-        .filter_map(|d| last(d))
-        .max_by_key(|e| e.seq);
-    let (stuck_seq, stuck_name) = stuck.map_or((0, String::new()), |e| (e.seq, e.name));
-    let no_dump: BTreeSet<usize> = (0..size).filter(|r| !by_rank.contains_key(r)).collect();
-    let mut never_arrived = no_dump.clone();
-    let mut waits = BTreeMap::new();
-    for (&r, d) in &by_rank {
-        match d.entries.iter().find(|e| e.seq == stuck_seq) {
-            None => {
-                never_arrived.insert(r);
-            }
-            Some(e) => {
-                // A peer whose header never came has not entered this operation.
-                for p in &e.peers {
-                    if !p.arrived && p.to_recv > 0 && e.state != "done" {
-                        never_arrived.insert(p.peer);
-                    }
-                }
-            }
-        }
-    }
-    // What each rank waits for is read from its own latest unfinished operation: a rank still
-    // inside an earlier operation than the furthest one waits there, and the chain runs through
-    // it to the rank everyone is really behind.
-    for (&r, d) in &by_rank {
-        let open = d
+/// A dump as the shared analysis sees it.
+fn view(d: &Dump) -> RankView {
+    let state = |s: &str| match s {
+        "running" => State::Running,
+        "done" => State::Done,
+        _ => State::Failed,
+    };
+    RankView {
+        rank: d.rank,
+        host: d.host.clone(),
+        pid: d.pid,
+        presence: Presence::Answered,
+        now_us: d.time_us,
+        ops: d
             .entries
             .iter()
-            .filter(|e| e.state != "done")
-            .max_by_key(|e| e.seq);
-        if let Some(p) = open.and_then(|e| e.waiting_on) {
-            waits.insert(r, p);
+            .map(|e| OpView {
+                seq: e.seq,
+                name: e.name.clone(),
+                algo: e.algo.clone(),
+                bytes: e.bytes,
+                state: state(&e.state),
+                start_us: e.start_us,
+                end_us: e.end_us,
+                progress_us: e.progress_us,
+                waiting_on: e.waiting_on,
+                peers: e
+                    .peers
+                    .iter()
+                    .map(|p| ccl_core::trace::PeerStat {
+                        peer: p.peer,
+                        to_send: p.to_send,
+                        sent: p.sent,
+                        to_recv: p.to_recv,
+                        received: p.received,
+                        arrived: p.arrived,
+                        waited_us: p.waited_us,
+                        late_us: p.late_us,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        slow: Vec::new(),
+    }
+}
+
+/// The dumps of one communicator as views, with the ranks that left none marked so.
+fn views(dumps: &[&Dump]) -> (Vec<RankView>, usize) {
+    let size = dumps.iter().map(|d| d.size).max().unwrap_or(0);
+    let mut vs: Vec<RankView> = dumps.iter().map(|d| view(d)).collect();
+    for r in 0..size {
+        if !dumps.iter().any(|d| d.rank == r) {
+            vs.push(RankView::absent(r, "", 0, Presence::NoDump));
         }
     }
-    // Follow each rank's waits to where they end: a rank that left no dump or waits for nobody.
-    // A rank names only one of the peers it waits for, so waits can run in a cycle (two
-    // halving-doubling partners each stuck behind a third rank): a cycle proves nothing and
-    // counts only when no chain ends anywhere else.
-    let mut culprits = BTreeSet::new();
-    let mut cycles = BTreeSet::new();
-    for &start in waits.keys() {
-        let mut at = start;
-        let mut seen = BTreeSet::new();
-        let mut cycled = false;
-        while let Some(&next) = waits.get(&at) {
-            if !seen.insert(at) {
-                cycled = true;
-                break;
-            }
-            at = next;
-        }
-        if cycled {
-            cycles.insert(at);
-        } else {
-            culprits.insert(at);
-        }
-    }
-    if culprits.is_empty() {
-        culprits = if never_arrived.is_empty() {
-            cycles
-        } else {
-            never_arrived.clone()
-        };
-    }
-    Verdict {
-        comm,
-        size,
-        stuck_seq,
-        stuck_name,
-        never_arrived,
-        no_dump,
-        waits,
-        culprits,
-    }
+    (vs, size)
+}
+
+/// Analyses the dumps of one communicator (the same analysis the job's monitor runs live).
+pub fn analyse(dumps: &[&Dump]) -> Verdict {
+    let (vs, size) = views(dumps);
+    ccl_core::diag::analyse(&vs, size)
 }
 
 fn list(s: &BTreeSet<usize>) -> String {
@@ -185,6 +153,7 @@ pub fn report(dumps: &[Dump]) -> String {
     }
     let mut out = String::new();
     for (comm, ds) in by_comm {
+        let (vs, _) = views(&ds);
         let v = analyse(&ds);
         let ranks: BTreeSet<usize> = ds.iter().map(|d| d.rank).collect();
         let _ = writeln!(
@@ -192,10 +161,10 @@ pub fn report(dumps: &[Dump]) -> String {
             "communicator {comm}: {} ranks, dumps from rank(s) {}{}",
             v.size,
             list(&ranks),
-            if v.no_dump.is_empty() {
+            if v.absent.is_empty() {
                 String::new()
             } else {
-                format!("; no dump from rank(s) {}", list(&v.no_dump))
+                format!("; no dump from rank(s) {}", list(&v.absent))
             }
         );
         let _ = writeln!(
@@ -271,6 +240,7 @@ pub fn report(dumps: &[Dump]) -> String {
             );
         }
         let _ = writeln!(out, "  => the job waits for rank(s) {}", list(&v.culprits));
+        let _ = writeln!(out, "  verdict: {}", v.line(&vs));
     }
     out
 }
@@ -287,6 +257,7 @@ mod tests {
             host: "h".into(),
             pid: 1,
             reason: "timeout".into(),
+            time_us: 3,
             entries: vec![Entry {
                 seq,
                 name: "allreduce".into(),
@@ -295,6 +266,7 @@ mod tests {
                 state: "failed".into(),
                 start_us: 1,
                 end_us: 2,
+                progress_us: 1,
                 waiting_on,
                 error: None,
                 peers: arrived
@@ -326,7 +298,7 @@ mod tests {
         let refs: Vec<&Dump> = ds.iter().collect();
         let v = analyse(&refs);
         assert_eq!(v.stuck_seq, 7);
-        assert_eq!(v.no_dump, BTreeSet::from([2]));
+        assert_eq!(v.absent, BTreeSet::from([2]));
         assert_eq!(v.culprits, BTreeSet::from([2]));
         let text = report(&ds);
         assert!(text.contains("=> the job waits for rank(s) 2"), "{text}");

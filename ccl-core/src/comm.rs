@@ -11,7 +11,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
@@ -77,6 +77,8 @@ pub struct Peers {
     /// CPUs of this machine (0: unknown).
     cpus: usize,
     hosts: Vec<String>,
+    /// Process id of every rank, in rank order.
+    pids: Vec<u32>,
     topology: Topology,
     local_ip: std::net::IpAddr,
     /// The rendezvous root's watch over the job (absent for a single rank).
@@ -92,6 +94,10 @@ pub struct Peers {
     seq: AtomicU64,
     /// Shrink rounds the root has decided that this rank has seen.
     shrink_round: std::sync::atomic::AtomicU32,
+    /// The last operation an early warning was asked for (so each warns once).
+    warned_seq: AtomicU64,
+    /// When the slow-rank report was last logged.
+    slow_logged: Mutex<Option<Instant>>,
 }
 
 /// Connections to every peer, indexed by rank (`None` for this rank), and the memory this rank
@@ -159,6 +165,7 @@ impl Peers {
         let records = exchange_records(&mut bootstrap, &candidates, &listeners, fp)?;
         check_fingerprints(&records, fp, rank)?;
         let hosts: Vec<String> = records.iter().map(|r| r.host.name.clone()).collect();
+        let pids: Vec<u32> = records.iter().map(|r| r.host.pid).collect();
         let topology = match (&config.topology, &topo_file) {
             (Some(t), _) => t.clone(),
             (None, Some(f)) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
@@ -219,6 +226,7 @@ impl Peers {
             topology,
             local_ip,
             hosts,
+            pids,
             monitor,
             root_host,
             tag,
@@ -228,8 +236,17 @@ impl Peers {
             error: Mutex::new(None),
             seq: AtomicU64::new(0),
             shrink_round: std::sync::atomic::AtomicU32::new(0),
+            warned_seq: AtomicU64::new(0),
+            slow_logged: Mutex::new(None),
         };
         let comm = Arc::new(comm);
+        if let Some(m) = &comm.monitor {
+            let weak = Arc::downgrade(&comm);
+            m.set_state_source(Box::new(move || {
+                weak.upgrade()
+                    .map_or_else(Vec::new, |c| crate::diag::encode(&c.state_view()))
+            }));
+        }
         if comm.config.trace_dir.is_some() {
             watch_sigusr1(&comm);
         }
@@ -307,9 +324,14 @@ impl Peers {
 
     fn notice_error(&self, n: &Notice) -> Error {
         let what = if n.died { "died" } else { "failed" };
-        Error::remote(format!("rank {} {what}: {}", n.rank, n.message))
-            .rank(self.rank)
-            .peer(n.rank)
+        Error::remote(format!(
+            "{}rank {} {what}: {}",
+            verdict_prefix(&n.verdict),
+            n.rank,
+            n.message
+        ))
+        .rank(self.rank)
+        .peer(n.culprit.unwrap_or(n.rank))
     }
 
     /// Fails with the first failure notice that has arrived, if any, or with the revocation.
@@ -380,24 +402,38 @@ impl Peers {
         Ok((d.members, id))
     }
 
-    /// A transport error often only shows the neighbour that gave up after the real failure
-    /// (in a ring, rank 0 sees rank 3 close because rank 3 saw rank 2 die). Waits briefly for
-    /// the root's notice of the original failure and reports that, with what was seen here.
+    /// A transport error or a timeout often only shows the neighbour that gave up after the
+    /// real failure (in a ring, rank 0 sees rank 3 close because rank 3 saw rank 2 die). Reports
+    /// this rank's own failure to the job's monitor, waits (with deadlines) for its notice of
+    /// the first failure, which carries the monitor's verdict on which rank the job waits for,
+    /// and puts that verdict first in the error, with what was seen here.
     pub fn explain(&self, e: Error) -> Error {
         if !matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout) {
             return e;
         }
-        // Only on the way out with an error; returns as soon as a notice arrives. A loaded
-        // machine can take a few hundred milliseconds to pass the notice on.
-        let wait = if e.kind() == ErrorKind::Remote {
-            std::time::Duration::from_secs(1)
-        } else {
-            std::time::Duration::ZERO
-        };
+        // Already explained (a notice failed this communicator while it waited).
+        if let Some(first) = self.error() {
+            return first;
+        }
         let Some(m) = &self.monitor else { return e };
-        let found = m.wait(wait);
+        if e.kind() == ErrorKind::Timeout {
+            // This rank's own failure: the monitor needs it to start the verdict.
+            m.report(&e.to_string());
+        }
+        let acks = m.acks();
+        // The root acknowledges a report at once and gathers the verdict within GATHER; a root
+        // that does not even acknowledge is stopped or hung itself. A peer that closed its
+        // connection (Remote) was seen by the others too: some rank's report is on its way.
+        let notice = m.wait(ROOT_SILENT).or_else(|| {
+            let alive = m.acks() > acks || e.kind() == ErrorKind::Remote;
+            if alive && !m.root_gone() {
+                m.wait(crate::bootstrap::GATHER + VERDICT_SLACK)
+            } else {
+                None
+            }
+        });
         // A peer that returned from a revoked communicator and closed is no failure of its own.
-        if found.is_none()
+        if notice.is_none()
             && let Some(n) = m.revoked()
         {
             return Error::new(
@@ -406,7 +442,13 @@ impl Peers {
             )
             .rank(self.rank);
         }
-        match found {
+        match notice {
+            Some(n) if n.rank == self.rank => Error::new(
+                e.kind(),
+                format!("{}{}", verdict_prefix(&n.verdict), e.message()),
+            )
+            .rank(self.rank)
+            .peer(n.culprit.or(e.peer_id()).unwrap_or(self.rank)),
             // Even a notice from the neighbour that closed carries its own cause, which leads on
             // to the rank that failed first.
             Some(n) => {
@@ -417,19 +459,34 @@ impl Peers {
                     e.message()
                 ))
                 .rank(self.rank)
-                .peer(n.rank)
+                .peer(first.peer_id().unwrap_or(n.rank))
             }
             // No notice can come when the root itself went: then the rank running it ended.
             None if m.root_gone() && self.root_host.is_some_and(|h| h != self.rank) => {
                 let h = self.root_host.expect("checked");
                 Error::remote(format!(
-                    "rank {h} died or exited: the job's rendezvous, which it ran, closed (seen here as: {})",
+                    "verdict: the job is stuck behind {}, which died (its process ended: the job's rendezvous, which it ran, closed); seen here as: {}",
+                    self.who(h),
                     e.message()
                 ))
                 .rank(self.rank)
                 .peer(h)
             }
-            _ => e,
+            None if m.acks() == acks && self.root_host.is_some_and(|h| h != self.rank) => {
+                let h = self.root_host.expect("checked");
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "verdict: the job is stuck behind {}, which does not answer (stopped, or its process is hung): the job's monitor runs in its process and did not acknowledge this rank's report within {:.1} s; {}",
+                        self.who(h),
+                        ROOT_SILENT.as_secs_f64(),
+                        e.message()
+                    ),
+                )
+                .rank(self.rank)
+                .peer(h)
+            }
+            None => e,
         }
     }
 
@@ -441,6 +498,70 @@ impl Peers {
             Error::internal("a shrink's outcome without a rendezvous").rank(self.rank)
         })?;
         m.formed(self.shrink_round.load(Ordering::Acquire), ok, deadline)
+    }
+
+    /// `rank R (host:pid)`.
+    fn who(&self, r: usize) -> String {
+        format!(
+            "rank {r} ({}:{})",
+            self.hosts.get(r).map_or("?", |h| h.as_str()),
+            self.pids.get(r).copied().unwrap_or(0)
+        )
+    }
+
+    /// What this rank is doing, for the job's monitor: its last operations and slow-rank
+    /// figures.
+    pub fn state_view(&self) -> crate::diag::RankView {
+        let ops = crate::diag::op_views(&self.recorder(), 2);
+        crate::diag::RankView {
+            rank: self.rank,
+            host: crate::log::hostname().to_string(),
+            pid: std::process::id(),
+            presence: crate::diag::Presence::Answered,
+            now_us: crate::trace::now_us(),
+            ops,
+            slow: self.slow_peers(),
+        }
+    }
+
+    /// Called while this rank waits: when the current operation has run much longer than
+    /// usual (`CCL_LATE_WARN_MS`), asks the job's monitor once for the verdict, which the
+    /// monitor thread logs as a warning.
+    pub fn warn_if_late(&self) {
+        let Some(m) = &self.monitor else { return };
+        let (seq, text) = {
+            let r = self.recorder();
+            let Some(e) = r.entries().last() else { return };
+            if e.state != crate::trace::State::Running
+                || self.warned_seq.load(Ordering::Relaxed) >= e.seq
+            {
+                return;
+            }
+            let usual = r.usual_us(e.name, e.bytes);
+            let Some(limit) = late_limit(&self.config, usual) else {
+                return;
+            };
+            let ran = Duration::from_micros(crate::trace::now_us().saturating_sub(e.start_us));
+            if ran < limit {
+                return;
+            }
+            let usual = usual.map_or(String::new(), |u| {
+                format!(" (usually {:.1} ms)", u as f64 / 1e3)
+            });
+            (
+                e.seq,
+                format!(
+                    "late operation: {} #{} ({}, {}) has run {:.1} s{usual}; verdict",
+                    e.name,
+                    e.seq,
+                    e.algo,
+                    crate::diag::human_bytes(e.bytes),
+                    ran.as_secs_f64()
+                ),
+            )
+        };
+        self.warned_seq.store(seq, Ordering::Relaxed);
+        m.request_verdict(&text);
     }
 
     /// The first error this communicator failed with, if any.
@@ -554,12 +675,16 @@ impl Peers {
             return;
         }
         let mut report = Vec::new();
+        let mut figures = Vec::new();
         for (peer, p) in s.peers.iter_mut().enumerate() {
             let mean = if p.ops > 0 {
                 p.sum_us / p.ops as i64
             } else {
                 0
             };
+            if p.ops > 0 {
+                figures.push((peer, mean));
+            }
             let slow = p.ops > 0 && mean >= limit_us;
             if slow && p.slow_windows >= 1 {
                 ccl_warn!(
@@ -580,6 +705,43 @@ impl Peers {
         }
         s.ops = 0;
         s.report = report;
+        drop(s);
+        self.log_slow_report(&figures, window);
+    }
+
+    /// The periodic slow-rank report (`CCL_SLOW_REPORT_S`): every peer's mean lateness over the
+    /// window just ended, and the latest one by host and pid.
+    fn log_slow_report(&self, figures: &[(usize, i64)], window: u64) {
+        let every = self.config.slow_report;
+        if every.is_zero() || figures.is_empty() {
+            return;
+        }
+        {
+            let mut last = self.slow_logged.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < every) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let list: Vec<String> = figures
+            .iter()
+            .map(|(p, m)| format!("peer {p} {:+.1} ms", *m as f64 / 1e3))
+            .collect();
+        let &(worst, mean) = figures.iter().max_by_key(|(_, m)| *m).expect("not empty");
+        let verdict = if mean >= self.config.slow_ms as i64 * 1000 {
+            format!(
+                "the rank this one waits for: {} ({:.1} ms late on average)",
+                self.who(worst),
+                mean as f64 / 1e3
+            )
+        } else {
+            format!("no peer is {} ms late", self.config.slow_ms)
+        };
+        ccl_warn!(
+            Some(self.rank),
+            "slow-rank report over the last {window} operations: mean lateness {}; {verdict}",
+            list.join(", ")
+        );
     }
 
     /// The peers the last slow-rank window named.
@@ -602,14 +764,36 @@ impl Peers {
     }
 }
 
-/// A peer that the slow-rank report named.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlowPeer {
-    pub peer: usize,
-    /// Mean lateness over the last window, microseconds.
-    pub mean_late_us: i64,
-    /// Operations with this peer in the window.
-    pub ops: u64,
+pub use crate::diag::SlowPeer;
+
+/// A root that has not acknowledged a failure report within this is taken to be stopped.
+const ROOT_SILENT: Duration = Duration::from_millis(1500);
+/// Beyond the root's gathering deadline, what passing the verdict on may take on a loaded
+/// machine.
+const VERDICT_SLACK: Duration = Duration::from_millis(1500);
+
+/// `verdict: ...; ` before a message, when there is a verdict.
+fn verdict_prefix(v: &str) -> String {
+    if v.is_empty() {
+        String::new()
+    } else {
+        format!("verdict: {v}; ")
+    }
+}
+
+/// How long an operation may run before the early warning (`None`: never): `CCL_LATE_WARN_MS`
+/// when set to a number, else (`auto`) ten times the recent median of the same operation and
+/// size, at least `CCL_LATE_WARN_FLOOR_MS`; half the timeout while there is no median yet.
+fn late_limit(config: &Config, usual_us: Option<u64>) -> Option<Duration> {
+    let floor = Duration::from_millis(config.late_warn_floor_ms);
+    match config.late_warn_ms {
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => Some(match usual_us {
+            Some(u) => (Duration::from_micros(u) * 10).max(floor),
+            None => (config.timeout / 2).max(floor),
+        }),
+    }
 }
 
 #[derive(Debug, Default, Clone)]

@@ -65,6 +65,21 @@ pub const SETTINGS: &[Setting] = &[
         help: "a peer entering operations this many ms late on average, two windows in a row, is reported",
     },
     Setting {
+        name: "CCL_SLOW_REPORT_S",
+        default: "0",
+        help: "log every rank's slow-rank figures at most this often, in seconds, at the end of a window (0 = only when a peer is slow)",
+    },
+    Setting {
+        name: "CCL_LATE_WARN_MS",
+        default: "auto",
+        help: "an operation running this many ms logs one warning with the monitor's verdict (auto: 10x the recent median of that operation and size, at least CCL_LATE_WARN_FLOOR_MS; 0 = never)",
+    },
+    Setting {
+        name: "CCL_LATE_WARN_FLOOR_MS",
+        default: "1000",
+        help: "the least CCL_LATE_WARN_MS=auto waits before the early warning",
+    },
+    Setting {
         name: "CCL_TRANSPORT",
         default: "auto",
         help: "data transport for every pair of ranks: auto (shared memory within a host, ib or tcp across), shm, ib, tcp, local (in-process)",
@@ -319,6 +334,12 @@ pub struct Config {
     pub slow_window: usize,
     /// `CCL_SLOW_MS`
     pub slow_ms: u64,
+    /// `CCL_SLOW_REPORT_S` (zero: off)
+    pub slow_report: Duration,
+    /// `CCL_LATE_WARN_MS` (`None`: auto; 0: never)
+    pub late_warn_ms: Option<u64>,
+    /// `CCL_LATE_WARN_FLOOR_MS`
+    pub late_warn_floor_ms: u64,
     /// `CCL_TRANSPORT`
     pub transport: TransportKind,
     /// `CCL_SOCKET_IFNAME`
@@ -485,6 +506,18 @@ impl Config {
             trace_dir: get("CCL_TRACE_DIR"),
             slow_window: parse_size("CCL_SLOW_WINDOW", &req("CCL_SLOW_WINDOW"), 1)?,
             slow_ms: parse_num("CCL_SLOW_MS", &req("CCL_SLOW_MS"))?,
+            slow_report: Duration::from_secs(parse_num(
+                "CCL_SLOW_REPORT_S",
+                &req("CCL_SLOW_REPORT_S"),
+            )?),
+            late_warn_ms: match req("CCL_LATE_WARN_MS").trim() {
+                "auto" => None,
+                v => Some(parse_num("CCL_LATE_WARN_MS", v)?),
+            },
+            late_warn_floor_ms: parse_num(
+                "CCL_LATE_WARN_FLOOR_MS",
+                &req("CCL_LATE_WARN_FLOOR_MS"),
+            )?,
             transport: req("CCL_TRANSPORT")
                 .parse()
                 .map_err(|e| Error::invalid_argument(format!("CCL_TRANSPORT: {e}")))?,

@@ -5,6 +5,7 @@
 pub mod bootstrap;
 pub mod comm;
 pub mod config;
+pub mod diag;
 pub mod entropy;
 pub mod error;
 pub mod log;

@@ -6,6 +6,7 @@
 //! blocks and when it ends; the data path itself touches nothing here, so recording costs
 //! nothing measurable. Slots are reused, so a recorder that has gone round once allocates no more.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -65,6 +66,8 @@ pub struct Entry {
     pub state: State,
     pub start_us: u64,
     pub end_us: u64,
+    /// When something last moved in it, as of the last time it blocked.
+    pub progress_us: u64,
     /// The peer the operation was waiting for when last seen blocked.
     pub waiting_on: Option<usize>,
     pub peers: Vec<PeerStat>,
@@ -85,6 +88,7 @@ impl Entry {
             state: State::Done,
             start_us: 0,
             end_us: 0,
+            progress_us: 0,
             waiting_on: None,
             peers: Vec::new(),
             error: None,
@@ -112,7 +116,21 @@ pub struct Recorder {
     slots: Vec<Entry>,
     /// Operations begun so far; the newest is at `(begun - 1) % cap`.
     begun: u64,
+    /// Recent durations per (operation, bytes), for what is usual ([`Recorder::usual_us`]).
+    durations: HashMap<(&'static str, u64), Durations>,
 }
+
+/// The last [`HISTORY`] durations of one kind of operation, microseconds.
+#[derive(Debug, Clone)]
+struct Durations {
+    ring: [u64; HISTORY],
+    n: usize,
+}
+
+/// Durations kept per kind of operation for its median.
+const HISTORY: usize = 31;
+/// Fewer durations than this say nothing about what is usual.
+const MIN_HISTORY: usize = 5;
 
 impl Recorder {
     /// A recorder of `cap` operations (0 = record nothing).
@@ -121,6 +139,7 @@ impl Recorder {
             cap,
             slots: Vec::new(),
             begun: 0,
+            durations: HashMap::new(),
         }
     }
 
@@ -148,6 +167,7 @@ impl Recorder {
         e.root = b.root;
         e.state = State::Running;
         e.start_us = now_us();
+        e.progress_us = e.start_us;
         e.end_us = 0;
         e.waiting_on = None;
         e.error = None;
@@ -173,15 +193,37 @@ impl Recorder {
 
     /// Ends the current operation.
     pub fn end(&mut self, error: Option<String>) {
-        if let Some(e) = self.current() {
-            e.end_us = now_us();
-            e.state = if error.is_some() {
-                State::Failed
-            } else {
-                State::Done
-            };
-            e.error = error;
+        let Some(e) = self.current() else { return };
+        e.end_us = now_us();
+        e.state = if error.is_some() {
+            State::Failed
+        } else {
+            State::Done
+        };
+        e.error = error;
+        if e.state == State::Done {
+            e.progress_us = e.end_us;
+            let (key, took) = ((e.name, e.bytes), e.end_us.saturating_sub(e.start_us));
+            let d = self.durations.entry(key).or_insert(Durations {
+                ring: [0; HISTORY],
+                n: 0,
+            });
+            d.ring[d.n % HISTORY] = took;
+            d.n += 1;
         }
+    }
+
+    /// The median duration of the recent operations `name` of `bytes` that succeeded,
+    /// microseconds (`None` until a few have).
+    pub fn usual_us(&self, name: &'static str, bytes: u64) -> Option<u64> {
+        let d = self.durations.get(&(name, bytes))?;
+        let k = d.n.min(HISTORY);
+        if k < MIN_HISTORY {
+            return None;
+        }
+        let mut v = d.ring[..k].to_vec();
+        v.sort_unstable();
+        Some(v[k / 2])
     }
 
     /// Entries from oldest to newest.
@@ -215,7 +257,7 @@ impl Recorder {
             }
             let _ = write!(
                 s,
-                "{{\"seq\":{},\"name\":{},\"algo\":{},\"dtype\":{},\"op\":{},\"count\":{},\"bytes\":{},\"root\":{},\"state\":\"{}\",\"start_us\":{},\"end_us\":{},\"waiting_on\":{},\"error\":{},\"peers\":[",
+                "{{\"seq\":{},\"name\":{},\"algo\":{},\"dtype\":{},\"op\":{},\"count\":{},\"bytes\":{},\"root\":{},\"state\":\"{}\",\"start_us\":{},\"end_us\":{},\"progress_us\":{},\"waiting_on\":{},\"error\":{},\"peers\":[",
                 e.seq,
                 json_str(e.name),
                 json_str(e.algo),
@@ -227,6 +269,7 @@ impl Recorder {
                 e.state.name(),
                 e.start_us,
                 e.end_us,
+                e.progress_us,
                 e.waiting_on.map_or("null".to_string(), |r| r.to_string()),
                 e.error.as_deref().map_or("null".to_string(), json_str),
             );

@@ -331,7 +331,7 @@ fn job_key(lookup: &dyn Fn(&str) -> Option<String>) -> String {
 
 /// Stretches a string into 32 secret bytes (FNV-1a lanes; this is an identifier check, not a
 /// cryptographic key derivation).
-fn expand_secret(s: &[u8]) -> [u8; 32] {
+pub fn expand_secret(s: &[u8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     for (lane, chunk) in out.chunks_mut(8).enumerate() {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ (lane as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);

@@ -15,7 +15,13 @@
 
 pub mod env;
 mod recovery;
+mod monitor;
+mod watch;
 pub(crate) mod wire;
+
+pub use monitor::Monitor;
+pub use watch::{GATHER, live_query};
+pub use wire::Notice;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -443,13 +449,21 @@ impl Root {
                     );
                     return Ok(());
                 }
-                Round::Monitor => {
+                Round::Monitor(who) => {
                     ccl_trace!(
                         None,
                         "bootstrap root {}: watching the job after {round} round(s)",
                         self.addr
                     );
-                    watch(streams, self.addr, self.timeout);
+                    let _ = self.listener.set_nonblocking(true);
+                    watch::Watch::new(
+                        streams.into_iter().zip(who).collect(),
+                        &self.listener,
+                        self.secret,
+                        self.addr,
+                        self.timeout,
+                    )
+                    .run();
                     return Ok(());
                 }
             };
@@ -486,7 +500,10 @@ impl Root {
             match f.kind {
                 FrameKind::Data => blobs.push(f.payload),
                 FrameKind::Bye => byes += 1,
-                FrameKind::Monitor => watchers += 1,
+                FrameKind::Monitor => {
+                    watchers += 1;
+                    blobs.push(f.payload);
+                }
                 other => {
                     let msg = format!("rank {r} sent {other:?} in round {round}");
                     broadcast_error_streams(streams, &msg);
@@ -496,7 +513,7 @@ impl Root {
         }
         match (byes, watchers) {
             (b, _) if b == size => Ok(Round::Bye),
-            (_, w) if w == size => Ok(Round::Monitor),
+            (_, w) if w == size => Ok(Round::Monitor(blobs)),
             (0, 0) => Ok(Round::Data(blobs)),
             _ => {
                 let msg =
@@ -514,8 +531,8 @@ enum Round {
     Data(Vec<Vec<u8>>),
     /// Every rank is done with the bootstrap.
     Bye,
-    /// Every rank wants the root to watch the job.
-    Monitor,
+    /// Every rank wants the root to watch the job; what each said of itself.
+    Monitor(Vec<Vec<u8>>),
 }
 
 /// Why the rank that sent `h` from `from` cannot join the ranks admitted so far (`ranks` is as
@@ -541,145 +558,6 @@ fn admission_problem(
     } else {
         None
     }
-}
-
-/// What the root knows of one rank while watching.
-struct Watched {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    open: bool,
-    /// Said goodbye, or its failure was already passed on: its closing is no news.
-    quiet: bool,
-}
-
-/// The root's last phase: it keeps every rank's connection and passes each rank's failure on to
-/// the others, including the failure nobody can report: a rank whose process died closes its
-/// connection without a goodbye, and the root says so. Ends when every rank has gone.
-///
-/// It also revokes the communicator and runs the shrink rounds ([`recovery`]) when ranks ask.
-fn watch(streams: Vec<TcpStream>, addr: SocketAddr, timeout: Duration) {
-    use std::io::Read;
-    use std::os::fd::AsFd;
-
-    use nix::poll::{PollFd, PollFlags, PollTimeout};
-
-    let mut ranks: Vec<Watched> = streams
-        .into_iter()
-        .map(|stream| {
-            let _ = stream.set_nonblocking(true);
-            Watched {
-                stream,
-                buf: Vec::new(),
-                open: true,
-                quiet: false,
-            }
-        })
-        .collect();
-    let mut chunk = [0u8; 4096];
-    let mut recovery = recovery::Recovery::new(ranks.len(), addr, timeout);
-    while ranks.iter().any(|w| w.open) {
-        let open: Vec<usize> = (0..ranks.len()).filter(|&r| ranks[r].open).collect();
-        {
-            let mut fds: Vec<PollFd<'_>> = open
-                .iter()
-                .map(|&r| PollFd::new(ranks[r].stream.as_fd(), PollFlags::POLLIN))
-                .collect();
-            let wait = recovery.deadline().map_or(1000, |t| {
-                t.saturating_duration_since(Instant::now())
-                    .as_millis()
-                    .clamp(1, 1000) as u16
-            });
-            let _ = nix::poll::poll(&mut fds, PollTimeout::from(wait));
-        }
-        let mut notices: Vec<wire::Notice> = Vec::new();
-        let mut outs: Vec<(usize, Frame)> = Vec::new();
-        let mut asks: Vec<(usize, Frame)> = Vec::new();
-        for &r in &open {
-            let w = &mut ranks[r];
-            let closed = loop {
-                match (&w.stream).read(&mut chunk) {
-                    Ok(0) => break true,
-                    Ok(k) => w.buf.extend_from_slice(&chunk[..k]),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => break true,
-                }
-            };
-            let frames = wire::take_frames(&mut w.buf).unwrap_or_else(|_| {
-                // Garbage from a rank: treat it as gone.
-                w.open = false;
-                Vec::new()
-            });
-            for f in frames {
-                match f.kind {
-                    FrameKind::Bye => w.quiet = true,
-                    FrameKind::Failure => {
-                        if let Ok(mut n) = wire::Notice::decode(&f.payload) {
-                            n.rank = r;
-                            if !w.quiet {
-                                w.quiet = true;
-                                notices.push(n);
-                            }
-                        }
-                    }
-                    FrameKind::Revoke | FrameKind::Shrink | FrameKind::Formed => asks.push((r, f)),
-                    _ => {}
-                }
-            }
-            if closed {
-                w.open = false;
-                recovery.on_gone(r);
-                if !w.quiet {
-                    w.quiet = true;
-                    notices.push(wire::Notice {
-                        rank: r,
-                        died: true,
-                        message: "its connection to the rendezvous closed without a goodbye (the process exited, crashed or was killed)".into(),
-                    });
-                }
-            }
-        }
-        let open: Vec<bool> = ranks.iter().map(|w| w.open).collect();
-        for (r, f) in asks {
-            outs.extend(match f.kind {
-                FrameKind::Revoke => recovery.on_revoke(r, &open),
-                FrameKind::Formed => {
-                    recovery.on_formed(r, &f.payload);
-                    Vec::new()
-                }
-                _ => recovery.on_shrink(r, &f.payload, &open),
-            });
-        }
-        outs.extend(recovery.decide(&open));
-        let by = Instant::now() + Duration::from_secs(1);
-        for (r, f) in outs {
-            let w = &mut ranks[r];
-            if w.open {
-                let _ = w.stream.set_nonblocking(false);
-                let _ = wire::write_frame(&mut w.stream, &f, by);
-                let _ = w.stream.set_nonblocking(true);
-            }
-        }
-        for n in notices {
-            ccl_warn!(
-                None,
-                "bootstrap root {addr}: rank {} {}: {}",
-                n.rank,
-                if n.died { "died" } else { "failed" },
-                n.message
-            );
-            let frame = n.encode(FrameKind::Notice);
-            let by = Instant::now() + Duration::from_secs(1);
-            for (r, w) in ranks.iter_mut().enumerate() {
-                if w.open && r != n.rank {
-                    let _ = w.stream.set_nonblocking(false);
-                    let _ = wire::write_frame(&mut w.stream, &frame, by);
-                    let _ = w.stream.set_nonblocking(true);
-                }
-            }
-        }
-    }
-    ccl_trace!(None, "bootstrap root {addr}: every rank has gone");
 }
 
 fn missing_ranks(ranks: &[Option<TcpStream>], size: usize) -> String {
@@ -893,290 +771,6 @@ impl Bootstrap {
             deadline,
         )
         .map_err(|e| e.rank(self.rank))
-    }
-}
-
-impl Bootstrap {
-    /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
-    /// failure on to the others for as long as the communicator lives.
-    pub fn into_monitor(mut self) -> Result<Monitor> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        wire::write_frame(
-            &mut self.stream,
-            &Frame::new(FrameKind::Monitor, Vec::new()),
-            deadline,
-        )
-        .map_err(|e| e.rank(self.rank))?;
-        self.done = true;
-        self.stream
-            .set_nonblocking(true)
-            .map_err(|e| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank))?;
-        let stream = self
-            .stream
-            .try_clone()
-            .map_err(|e| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank))?;
-        Ok(Monitor {
-            stream,
-            rank: self.rank,
-            root: self.root,
-            inbox: std::sync::Mutex::new(Inbox::default()),
-            root_gone: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-}
-
-/// A rank's line to the root while the communicator lives: failures of other ranks arrive here
-/// as [`wire::Notice`]s, and this rank's own failure goes out through it.
-#[derive(Debug)]
-pub struct Monitor {
-    stream: TcpStream,
-    rank: usize,
-    root: SocketAddr,
-    inbox: std::sync::Mutex<Inbox>,
-    root_gone: std::sync::atomic::AtomicBool,
-}
-
-/// What has arrived from the root and not been taken yet.
-#[derive(Debug, Default)]
-struct Inbox {
-    buf: Vec<u8>,
-    notices: std::collections::VecDeque<Notice>,
-    failed: std::collections::BTreeSet<usize>,
-    revoked: Option<Notice>,
-    answers: std::collections::VecDeque<Frame>,
-    root_error: Option<String>,
-}
-
-type MonitorInbox<'a> = std::sync::MutexGuard<'a, Inbox>;
-
-pub use wire::Notice;
-
-impl Monitor {
-    /// Readable when a notice (or the root's end) arrives.
-    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(&self.stream)
-    }
-
-    /// Reads what has arrived from the root and sorts it: failure notices, a revocation,
-    /// answers to a shrink request.
-    fn read_frames(&self) -> MonitorInbox<'_> {
-        use std::io::Read;
-        let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-        if self.root_gone.load(std::sync::atomic::Ordering::Relaxed) {
-            return inbox;
-        }
-        let mut chunk = [0u8; 4096];
-        loop {
-            match (&self.stream).read(&mut chunk) {
-                Ok(0) => {
-                    // The root's process ended (it may simply have finished): no news.
-                    self.root_gone
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    break;
-                }
-                Ok(k) => inbox.buf.extend_from_slice(&chunk[..k]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
-            }
-        }
-        let frames = wire::take_frames(&mut inbox.buf).unwrap_or_default();
-        for f in frames {
-            match f.kind {
-                FrameKind::Notice => {
-                    if let Ok(n) = Notice::decode(&f.payload) {
-                        // A rank whose error only echoes another's failure did not fail itself.
-                        if n.died || !n.message.starts_with(ErrorKind::Remote.as_str()) {
-                            inbox.failed.insert(n.rank);
-                        }
-                        inbox.notices.push_back(n);
-                    }
-                }
-                FrameKind::Revoked => {
-                    if let Ok(n) = Notice::decode(&f.payload) {
-                        inbox.revoked.get_or_insert(n);
-                    }
-                }
-                FrameKind::Error => {
-                    // The root failing the job while ranks still set up (a rank left during a
-                    // round), or refusing a shrink request.
-                    let msg = String::from_utf8_lossy(&f.payload).into_owned();
-                    inbox.root_error.get_or_insert(msg);
-                    inbox.answers.push_back(f)
-                }
-                FrameKind::Shrunk | FrameKind::Commit => inbox.answers.push_back(f),
-                _ => {}
-            }
-        }
-        inbox
-    }
-
-    /// The first notice that has arrived, without waiting. It stays: a failure is as sticky
-    /// as the error it causes, so every later look (the explanation of a transport error that
-    /// followed it, too) finds it at once.
-    pub fn poll(&self) -> Option<Notice> {
-        self.read_frames().notices.front().cloned()
-    }
-
-    /// Who revoked the communicator, if a rank has (or the root did, for a shrink).
-    pub fn revoked(&self) -> Option<Notice> {
-        self.read_frames().revoked.clone()
-    }
-
-    /// The error the root failed the job with, if it did (a rank left while the ranks set up).
-    pub fn root_error(&self) -> Option<String> {
-        self.read_frames().root_error.clone()
-    }
-
-    /// The ranks the root has said failed or died so far.
-    pub fn failed_ranks(&self) -> Vec<usize> {
-        self.read_frames().failed.iter().copied().collect()
-    }
-
-    /// Tells the root (and through it every rank) that this rank revoked the communicator.
-    pub fn revoke(&self) {
-        self.send(&Frame::new(FrameKind::Revoke, Vec::new()));
-    }
-
-    /// Asks the root to shrink the communicator (see [`recovery`]) and waits, until `deadline`,
-    /// for the members and the unique id of the new one. `round` is the number of shrink rounds
-    /// this rank has seen decided.
-    pub fn shrink(
-        &self,
-        round: u32,
-        exclude: &[usize],
-        size: usize,
-        deadline: Instant,
-    ) -> Result<wire::ShrinkDecision> {
-        let req = wire::ShrinkRequest {
-            round,
-            exclude: exclude.to_vec(),
-        };
-        self.send(&req.encode());
-        let f = self.answer(deadline)?;
-        if f.kind != FrameKind::Shrunk {
-            return Err(Error::remote(format!(
-                "the rendezvous answered a shrink request with {:?}",
-                f.kind
-            ))
-            .rank(self.rank));
-        }
-        wire::ShrinkDecision::decode(&f.payload, size).map_err(|e| e.rank(self.rank))
-    }
-
-    /// Tells the root whether this rank's part of the shrunk communicator of `round` formed,
-    /// and waits until `deadline` for whether every member's did (then it may be used).
-    pub fn formed(&self, round: u32, ok: bool, deadline: Instant) -> Result<bool> {
-        self.send(&wire::round_flag(FrameKind::Formed, round, ok));
-        let f = self.answer(deadline)?;
-        match (f.kind, wire::read_round_flag(&f.payload)) {
-            (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
-            _ => Err(Error::remote(format!(
-                "the rendezvous answered a shrink's outcome with {:?}",
-                f.kind
-            ))
-            .rank(self.rank)),
-        }
-    }
-
-    /// The root's next answer to a shrink request or outcome; an error frame is an error.
-    fn answer(&self, deadline: Instant) -> Result<Frame> {
-        use nix::poll::{PollFd, PollFlags, PollTimeout};
-        loop {
-            if let Some(f) = self.read_frames().answers.pop_front() {
-                if f.kind == FrameKind::Error {
-                    let msg = String::from_utf8_lossy(&f.payload).into_owned();
-                    return Err(Error::new(ErrorKind::Revoked, msg).rank(self.rank));
-                }
-                return Ok(f);
-            }
-            if self.root_gone() {
-                return Err(Error::remote(format!(
-                    "cannot shrink: the job's rendezvous at {} is gone (the process that made the \
-                     unique id ended; it decides who survives)",
-                    self.root
-                ))
-                .rank(self.rank));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::timeout(format!(
-                    "no answer to the shrink request from the rendezvous at {}",
-                    self.root
-                ))
-                .rank(self.rank));
-            }
-            let mut fds = [PollFd::new(self.fd(), PollFlags::POLLIN)];
-            let ms = PollTimeout::try_from(left.as_millis().clamp(1, 100) as u64)
-                .unwrap_or(PollTimeout::MAX);
-            let _ = nix::poll::poll(&mut fds, ms);
-        }
-    }
-
-    /// Waits up to `max` for a notice; returns `None` early once the communicator is revoked.
-    pub fn wait(&self, max: Duration) -> Option<Notice> {
-        use nix::poll::{PollFd, PollFlags, PollTimeout};
-        let until = Instant::now() + max;
-        loop {
-            if let Some(n) = self.poll() {
-                return Some(n);
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero()
-                || self.root_gone.load(std::sync::atomic::Ordering::Relaxed)
-                || self.read_frames().revoked.is_some()
-            {
-                return None;
-            }
-            let mut fds = [PollFd::new(self.fd(), PollFlags::POLLIN)];
-            let ms =
-                PollTimeout::try_from(left.as_millis().max(1) as u64).unwrap_or(PollTimeout::MAX);
-            let _ = nix::poll::poll(&mut fds, ms);
-        }
-    }
-
-    /// Tells the root (and through it every rank) that this rank failed, and why.
-    pub fn report(&self, message: &str) {
-        let n = Notice {
-            rank: self.rank,
-            died: false,
-            message: message.to_string(),
-        };
-        self.send(&n.encode(FrameKind::Failure));
-    }
-
-    fn send(&self, f: &Frame) {
-        use std::io::Write;
-        // Small frames fit the socket buffer; a root that does not read gets a short grace.
-        let bytes = f.encode();
-        let until = Instant::now() + Duration::from_millis(500);
-        let mut off = 0;
-        while off < bytes.len() && Instant::now() < until {
-            match (&self.stream).write(&bytes[off..]) {
-                Ok(k) => off += k,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// The root's address (for messages).
-    pub fn root(&self) -> SocketAddr {
-        self.root
-    }
-
-    /// Whether the root's connection has closed (its process ended).
-    pub fn root_gone(&self) -> bool {
-        self.root_gone.load(std::sync::atomic::Ordering::Relaxed)
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        // A goodbye tells the root this rank's closing is no failure.
-        self.send(&Frame::new(FrameKind::Bye, Vec::new()));
     }
 }
 

@@ -145,6 +145,8 @@ impl Recovery {
             rank: by,
             died: false,
             message: why,
+            verdict: String::new(),
+            culprit: None,
         };
         let f = n.encode(FrameKind::Revoked);
         (0..self.size)

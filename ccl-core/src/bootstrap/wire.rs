@@ -43,6 +43,20 @@ pub enum FrameKind {
     /// Root to rank: whether every member's did, so the shrunk communicator may be used
     /// (`[u32 round][u8 commit]`); if not, the members ask again.
     Commit = 25,
+    /// Root to rank: describe your state (payload: `[u32 query id]`).
+    StateQuery = 10,
+    /// Rank to root: `[u32 query id]` then a [`crate::diag::encode`]d view.
+    StateReply = 11,
+    /// Rank to root: an operation runs late; send the verdict (payload: what to say first).
+    VerdictRequest = 12,
+    /// Root to rank: the answer to a [`FrameKind::VerdictRequest`] (payload: text).
+    Verdict = 13,
+    /// Root to rank: a failure report or verdict request arrived and is being worked on.
+    Ack = 14,
+    /// Live client to root: `[magic][secret]`, asking where the job is.
+    Query = 15,
+    /// Root to live client: the answer (payload: text).
+    Report = 16,
 }
 
 impl FrameKind {
@@ -63,6 +77,13 @@ impl FrameKind {
             23 => FrameKind::Shrunk,
             24 => FrameKind::Formed,
             25 => FrameKind::Commit,
+            10 => FrameKind::StateQuery,
+            11 => FrameKind::StateReply,
+            12 => FrameKind::VerdictRequest,
+            13 => FrameKind::Verdict,
+            14 => FrameKind::Ack,
+            15 => FrameKind::Query,
+            16 => FrameKind::Report,
             _ => return None,
         })
     }
@@ -169,30 +190,52 @@ pub struct Notice {
     /// It vanished without a word (process exit, kill) rather than reporting an error.
     pub died: bool,
     pub message: String,
+    /// The monitor's verdict on the job (empty from a rank, or when it has none).
+    pub verdict: String,
+    /// The rank the verdict names first.
+    pub culprit: Option<usize>,
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn cut(s: &str, max: usize) -> &[u8] {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s.as_bytes()[..end]
 }
 
 impl Notice {
-    /// `[u32 rank][u8 died][message]`.
+    /// `[u32 rank][u8 died][u32 culprit or MAX][u16 message length][message][verdict]`.
     pub fn encode(&self, kind: FrameKind) -> Frame {
-        let mut p = Vec::with_capacity(5 + self.message.len().min(MAX_NOTICE));
+        let msg = cut(&self.message, MAX_NOTICE);
+        let verdict = cut(&self.verdict, MAX_NOTICE);
+        let mut p = Vec::with_capacity(11 + msg.len() + verdict.len());
         p.extend_from_slice(&(self.rank as u32).to_le_bytes());
         p.push(u8::from(self.died));
-        let mut end = self.message.len().min(MAX_NOTICE);
-        while !self.message.is_char_boundary(end) {
-            end -= 1;
-        }
-        p.extend_from_slice(&self.message.as_bytes()[..end]);
+        p.extend_from_slice(&self.culprit.map_or(u32::MAX, |c| c as u32).to_le_bytes());
+        p.extend_from_slice(&(msg.len() as u16).to_le_bytes());
+        p.extend_from_slice(msg);
+        p.extend_from_slice(verdict);
         Frame::new(kind, p)
     }
 
     pub fn decode(p: &[u8]) -> Result<Notice> {
-        if p.len() < 5 || p.len() > 5 + MAX_NOTICE || p[4] > 1 {
-            return Err(Error::remote("malformed failure notice"));
+        let bad = || Error::remote("malformed failure notice");
+        if p.len() < 11 || p.len() > 11 + 2 * MAX_NOTICE || p[4] > 1 {
+            return Err(bad());
+        }
+        let culprit = u32::from_le_bytes(p[5..9].try_into().expect("4 bytes"));
+        let len = u16::from_le_bytes([p[9], p[10]]) as usize;
+        if p.len() < 11 + len {
+            return Err(bad());
         }
         Ok(Notice {
             rank: u32::from_le_bytes(p[..4].try_into().expect("4 bytes")) as usize,
             died: p[4] == 1,
-            message: String::from_utf8_lossy(&p[5..]).into_owned(),
+            culprit: (culprit != u32::MAX).then_some(culprit as usize),
+            message: String::from_utf8_lossy(&p[11..11 + len]).into_owned(),
+            verdict: String::from_utf8_lossy(&p[11 + len..]).into_owned(),
         })
     }
 }
@@ -307,6 +350,21 @@ pub fn read_round_flag(p: &[u8]) -> Result<(u32, bool)> {
     }
 }
 
+const QUERY_MAGIC: [u8; 8] = *b"CCLLIVE1";
+
+/// A live client's request: `[magic][secret]`.
+pub fn query(secret: &[u8; 32]) -> Frame {
+    let mut p = QUERY_MAGIC.to_vec();
+    p.extend_from_slice(secret);
+    Frame::new(FrameKind::Query, p)
+}
+
+/// The secret a live client's request presents, if it is one.
+pub fn query_secret(f: &Frame) -> Option<[u8; 32]> {
+    (f.kind == FrameKind::Query && f.payload.len() == 40 && f.payload[..8] == QUERY_MAGIC)
+        .then(|| f.payload[8..].try_into().expect("32 bytes"))
+}
+
 /// Splits the complete frames off the front of `buf` (a non-blocking reader's accumulator).
 pub fn take_frames(buf: &mut Vec<u8>) -> Result<Vec<Frame>> {
     let mut out = Vec::new();
@@ -394,6 +452,8 @@ mod tests {
             rank: 7,
             died: true,
             message: "gone".into(),
+            verdict: "allreduce #3 is stuck behind rank 7".into(),
+            culprit: Some(7),
         };
         let f = n.encode(FrameKind::Notice);
         assert_eq!(Notice::decode(&f.payload).unwrap(), n);
@@ -401,6 +461,8 @@ mod tests {
             rank: 1,
             died: false,
             message: "é".repeat(3000),
+            verdict: String::new(),
+            culprit: None,
         };
         let d = Notice::decode(&long.encode(FrameKind::Failure).payload).unwrap();
         assert!(d.message.len() <= MAX_NOTICE && d.message.chars().all(|c| c == 'é'));

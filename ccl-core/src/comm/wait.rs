@@ -73,6 +73,7 @@ impl Peers {
             None => None,
         };
         before_sleep();
+        self.warn_if_late();
         let mut fds: Vec<(BorrowedFd<'_>, PollFlags)> = Vec::with_capacity(waits.len() + 3);
         fds.push((self.abort.fd(), PollFlags::POLLIN));
         if let Some(m) = &self.monitor {

@@ -1,0 +1,407 @@
+//! A rank's line to the root while the communicator lives.
+//!
+//! A thread per communicator reads it, so the rank answers the root's state queries whatever
+//! its own threads do (wait in a collective, compute, sleep): only a stopped or dead process
+//! stays silent, and that silence is what names it. The thread queues failure notices and wakes
+//! the rank's waits through an eventfd; this rank's own failure goes out through the same
+//! connection.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use super::Bootstrap;
+use super::wire::{self, Frame, FrameKind, Notice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::{ccl_trace, ccl_warn};
+
+/// Describes this rank for a state query ([`crate::diag::encode`]d).
+pub type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
+
+impl Bootstrap {
+    /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
+    /// failure on to the others for as long as the communicator lives, and asks this rank for
+    /// its state (see [`Monitor::set_state_source`]).
+    pub fn into_monitor(mut self) -> Result<Monitor> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut who = std::process::id().to_le_bytes().to_vec();
+        who.extend_from_slice(crate::log::hostname().as_bytes());
+        wire::write_frame(
+            &mut self.stream,
+            &Frame::new(FrameKind::Monitor, who),
+            deadline,
+        )
+        .map_err(|e| e.rank(self.rank))?;
+        self.done = true;
+        let sys =
+            |e: std::io::Error| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank);
+        self.stream.set_nonblocking(true).map_err(sys)?;
+        let reader = self.stream.try_clone().map_err(sys)?;
+        let writer = self.stream.try_clone().map_err(sys)?;
+        let efd = || {
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| Error::io(ErrorKind::System, "eventfd", e.into()).rank(self.rank))
+        };
+        let shared = Arc::new(Shared {
+            writer: Mutex::new(writer),
+            rank: self.rank,
+            notices: Mutex::new(VecDeque::new()),
+            wake: efd()?,
+            stop: efd()?,
+            root_gone: AtomicBool::new(false),
+            acks: AtomicU64::new(0),
+            state: OnceLock::new(),
+            recovery: Mutex::new(Recovery::default()),
+        });
+        let s = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("ccl-monitor".into())
+            .spawn(move || s.read_loop(reader))
+            .map_err(|e| {
+                Error::io(ErrorKind::System, "spawning the monitor thread", e).rank(self.rank)
+            })?;
+        Ok(Monitor {
+            shared,
+            root: self.root,
+        })
+    }
+}
+
+/// What the rank's threads and its monitor thread share.
+struct Shared {
+    writer: Mutex<TcpStream>,
+    rank: usize,
+    notices: Mutex<VecDeque<Notice>>,
+    /// Readable once a notice arrived or the root's connection closed.
+    wake: EventFd,
+    /// Readable once the monitor is dropped: ends the thread.
+    stop: EventFd,
+    root_gone: AtomicBool,
+    /// Acknowledgements from the root (it is alive and working on a report of ours).
+    acks: AtomicU64,
+    state: OnceLock<StateSource>,
+    recovery: Mutex<Recovery>,
+}
+
+/// What the root said about revoking and shrinking, and which ranks it reported failed.
+#[derive(Debug, Default)]
+struct Recovery {
+    failed: std::collections::BTreeSet<usize>,
+    revoked: Option<Notice>,
+    /// Answers to a shrink request or outcome (or an error frame), in order.
+    answers: VecDeque<Frame>,
+    /// The error the root failed the job with while the ranks set up (a rank left during a
+    /// round), or refused a shrink request with.
+    root_error: Option<String>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("rank", &self.rank).finish()
+    }
+}
+
+impl Shared {
+    fn read_loop(&self, stream: TcpStream) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            {
+                let mut fds = [
+                    PollFd::new(stream.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.stop.as_fd(), PollFlags::POLLIN),
+                ];
+                let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
+                if fds[1].any().unwrap_or(false) {
+                    return;
+                }
+            }
+            let closed = loop {
+                match (&stream).read(&mut chunk) {
+                    Ok(0) => break true,
+                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                    Err(_) => break true,
+                }
+            };
+            let frames = wire::take_frames(&mut buf).unwrap_or_default();
+            for f in frames {
+                self.handle(f);
+            }
+            if closed {
+                // The root's process ended (it may simply have finished): no news, but waits
+                // look again.
+                self.root_gone.store(true, Ordering::Release);
+                let _ = self.wake.write(1);
+                return;
+            }
+        }
+    }
+
+    fn handle(&self, f: Frame) {
+        match f.kind {
+            FrameKind::Notice => {
+                if let Ok(n) = Notice::decode(&f.payload) {
+                    // A rank whose error only echoes another's failure did not fail itself.
+                    if n.died || !n.message.starts_with(ErrorKind::Remote.as_str()) {
+                        self.recovery().failed.insert(n.rank);
+                    }
+                    self.notices
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_back(n);
+                    let _ = self.wake.write(1);
+                }
+            }
+            FrameKind::StateQuery => {
+                let mut reply = f.payload.get(..4).unwrap_or(&[0; 4]).to_vec();
+                // Nothing to say while the communicator is being dropped: no answer.
+                let body = self.state.get().map(|src| src()).unwrap_or_default();
+                if !body.is_empty() {
+                    reply.extend(body);
+                    self.send(&Frame::new(FrameKind::StateReply, reply));
+                }
+            }
+            FrameKind::Verdict => {
+                ccl_warn!(Some(self.rank), "{}", String::from_utf8_lossy(&f.payload));
+            }
+            FrameKind::Ack => {
+                self.acks.fetch_add(1, Ordering::AcqRel);
+            }
+            FrameKind::Revoked => {
+                if let Ok(n) = Notice::decode(&f.payload) {
+                    self.recovery().revoked.get_or_insert(n);
+                    let _ = self.wake.write(1);
+                }
+            }
+            FrameKind::Error => {
+                let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                let mut r = self.recovery();
+                r.root_error.get_or_insert(msg);
+                r.answers.push_back(f);
+                drop(r);
+                let _ = self.wake.write(1);
+            }
+            FrameKind::Shrunk | FrameKind::Commit => {
+                self.recovery().answers.push_back(f);
+                let _ = self.wake.write(1);
+            }
+            k => ccl_trace!(Some(self.rank), "monitor: ignored {k:?} from the root"),
+        }
+    }
+
+    fn recovery(&self) -> std::sync::MutexGuard<'_, Recovery> {
+        self.recovery.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(&self, f: &Frame) {
+        use std::io::Write;
+        let s = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        // Small frames fit the socket buffer; a root that does not read gets a short grace.
+        let bytes = f.encode();
+        let until = Instant::now() + Duration::from_millis(500);
+        let mut off = 0;
+        while off < bytes.len() && Instant::now() < until {
+            match (&*s).write(&bytes[off..]) {
+                Ok(k) => off += k,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// A rank's line to the root while the communicator lives: failures of other ranks arrive here
+/// as [`Notice`]s (with the root's verdict), and this rank's own failure goes out through it.
+#[derive(Debug)]
+pub struct Monitor {
+    shared: Arc<Shared>,
+    root: SocketAddr,
+}
+
+impl Monitor {
+    /// Readable when a notice (or the root's end) arrives.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.shared.wake.as_fd()
+    }
+
+    /// Sets what this rank answers the root's state queries with (once; later calls are
+    /// ignored). Until it is set the rank does not answer.
+    pub fn set_state_source(&self, f: StateSource) {
+        let _ = self.shared.state.set(f);
+    }
+
+    /// The first notice that has arrived, without waiting. The first failure is the one that
+    /// counts: it stays, so every later look sees it too.
+    pub fn poll(&self) -> Option<Notice> {
+        self.shared
+            .notices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .front()
+            .cloned()
+    }
+
+    /// Waits up to `max` for a notice; returns `None` early once the communicator is revoked.
+    pub fn wait(&self, max: Duration) -> Option<Notice> {
+        let until = Instant::now() + max;
+        loop {
+            if let Some(n) = self.poll() {
+                return Some(n);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.root_gone() || self.revoked().is_some() {
+                return None;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(10)));
+        }
+    }
+
+    /// Who revoked the communicator, if a rank has (or the root did, for a shrink).
+    pub fn revoked(&self) -> Option<Notice> {
+        self.shared.recovery().revoked.clone()
+    }
+
+    /// The ranks the root has said failed or died so far.
+    pub fn failed_ranks(&self) -> Vec<usize> {
+        self.shared.recovery().failed.iter().copied().collect()
+    }
+
+    /// The error the root failed the job with, if it did (a rank left while the ranks set up).
+    pub fn root_error(&self) -> Option<String> {
+        self.shared.recovery().root_error.clone()
+    }
+
+    /// Tells the root (and through it every rank) that this rank revoked the communicator.
+    pub fn revoke(&self) {
+        self.shared.send(&Frame::new(FrameKind::Revoke, Vec::new()));
+    }
+
+    /// Asks the root to shrink the communicator (see `recovery`) and waits, until `deadline`,
+    /// for the members and the unique id of the new one. `round` is the number of shrink rounds
+    /// this rank has seen decided.
+    pub fn shrink(
+        &self,
+        round: u32,
+        exclude: &[usize],
+        size: usize,
+        deadline: Instant,
+    ) -> Result<wire::ShrinkDecision> {
+        let req = wire::ShrinkRequest {
+            round,
+            exclude: exclude.to_vec(),
+        };
+        self.shared.send(&req.encode());
+        let f = self.answer(deadline)?;
+        if f.kind != FrameKind::Shrunk {
+            return Err(Error::remote(format!(
+                "the rendezvous answered a shrink request with {:?}",
+                f.kind
+            ))
+            .rank(self.shared.rank));
+        }
+        wire::ShrinkDecision::decode(&f.payload, size).map_err(|e| e.rank(self.shared.rank))
+    }
+
+    /// Tells the root whether this rank's part of the shrunk communicator of `round` formed,
+    /// and waits until `deadline` for whether every member's did (then it may be used).
+    pub fn formed(&self, round: u32, ok: bool, deadline: Instant) -> Result<bool> {
+        self.shared
+            .send(&wire::round_flag(FrameKind::Formed, round, ok));
+        let f = self.answer(deadline)?;
+        match (f.kind, wire::read_round_flag(&f.payload)) {
+            (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
+            _ => Err(Error::remote(format!(
+                "the rendezvous answered a shrink's outcome with {:?}",
+                f.kind
+            ))
+            .rank(self.shared.rank)),
+        }
+    }
+
+    /// The root's next answer to a shrink request or outcome; an error frame is an error.
+    fn answer(&self, deadline: Instant) -> Result<Frame> {
+        let rank = self.shared.rank;
+        loop {
+            if let Some(f) = self.shared.recovery().answers.pop_front() {
+                if f.kind == FrameKind::Error {
+                    let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                    return Err(Error::new(ErrorKind::Revoked, msg).rank(rank));
+                }
+                return Ok(f);
+            }
+            if self.root_gone() {
+                return Err(Error::remote(format!(
+                    "cannot shrink: the job's rendezvous at {} is gone (the process that made the \
+                     unique id ended; it decides who survives)",
+                    self.root
+                ))
+                .rank(rank));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::timeout(format!(
+                    "no answer to the shrink request from the rendezvous at {}",
+                    self.root
+                ))
+                .rank(rank));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Acknowledgements from the root so far (it answers a failure report or verdict request
+    /// at once, before it gathers the verdict): whether the root is alive.
+    pub fn acks(&self) -> u64 {
+        self.shared.acks.load(Ordering::Acquire)
+    }
+
+    /// Tells the root (and through it every rank) that this rank failed, and why.
+    pub fn report(&self, message: &str) {
+        let n = Notice {
+            rank: self.shared.rank,
+            died: false,
+            message: message.to_string(),
+            verdict: String::new(),
+            culprit: None,
+        };
+        self.shared.send(&n.encode(FrameKind::Failure));
+    }
+
+    /// Asks the root for the current verdict; the answer is logged at warn level after
+    /// `preamble` when it comes (by the monitor thread).
+    pub fn request_verdict(&self, preamble: &str) {
+        self.shared.send(&Frame::new(
+            FrameKind::VerdictRequest,
+            preamble.as_bytes().to_vec(),
+        ));
+    }
+
+    /// The root's address (for messages).
+    pub fn root(&self) -> SocketAddr {
+        self.root
+    }
+
+    /// Whether the root's connection has closed (its process ended).
+    pub fn root_gone(&self) -> bool {
+        self.shared.root_gone.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        // A goodbye tells the root this rank's closing is no failure.
+        self.shared.send(&Frame::new(FrameKind::Bye, Vec::new()));
+        let _ = self.shared.stop.write(1);
+    }
+}

@@ -1,0 +1,886 @@
+//! Which rank a stuck job waits for, from every rank's view of its own latest operations.
+//!
+//! One analysis serves three readers: the job's monitor (the bootstrap root), which asks every
+//! live rank for its state when a rank fails or stalls and puts the verdict into every rank's
+//! error; `ccl-trace --live`, which asks a running job the same; and `ccl-trace DIR`, which reads
+//! flight-recorder dumps. Each rank names the one peer it waits for; following those waits from
+//! rank to rank ends at the culprit: a rank that died, one that cannot answer (stopped), one that
+//! never entered the operation, one inside it that stopped moving, or a link on which bytes the
+//! sender handed over never arrived.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use crate::trace::{Entry, PeerStat, Recorder, State};
+
+/// A peer that the slow-rank report named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowPeer {
+    pub peer: usize,
+    /// Mean lateness over the last window, microseconds.
+    pub mean_late_us: i64,
+    /// Operations with this peer in the window.
+    pub ops: u64,
+}
+
+/// One operation as a rank sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpView {
+    pub seq: u64,
+    pub name: String,
+    pub algo: String,
+    pub bytes: u64,
+    pub state: State,
+    pub start_us: u64,
+    pub end_us: u64,
+    /// When something last moved in it (0: unknown).
+    pub progress_us: u64,
+    pub waiting_on: Option<usize>,
+    pub peers: Vec<PeerStat>,
+}
+
+/// The last `n` operations of `rec`, oldest first.
+pub fn op_views(rec: &Recorder, n: usize) -> Vec<OpView> {
+    let all: Vec<&Entry> = rec.entries().collect();
+    all[all.len().saturating_sub(n)..]
+        .iter()
+        .map(|e| OpView {
+            seq: e.seq,
+            name: e.name.to_string(),
+            algo: e.algo.to_string(),
+            bytes: e.bytes,
+            state: e.state,
+            start_us: e.start_us,
+            end_us: e.end_us,
+            progress_us: e.progress_us,
+            waiting_on: e.waiting_on,
+            peers: e.peers.clone(),
+        })
+        .collect()
+}
+
+/// Whether a rank could tell what it is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// It answered (or left a dump).
+    Answered,
+    /// Its process is alive as far as anyone knows but it did not answer in time: stopped
+    /// (`SIGSTOP`, a debugger) or its whole process is hung.
+    Silent,
+    /// Its process ended.
+    Dead,
+    /// No dump from it (`ccl-trace DIR`): stopped, killed, or stuck outside ccl.
+    NoDump,
+}
+
+/// One rank: who it is and its latest operations, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankView {
+    pub rank: usize,
+    pub host: String,
+    pub pid: u32,
+    pub presence: Presence,
+    /// Its clock when it answered (microseconds since the epoch).
+    pub now_us: u64,
+    pub ops: Vec<OpView>,
+    pub slow: Vec<SlowPeer>,
+}
+
+impl RankView {
+    /// A rank known only by name and how it failed to answer.
+    pub fn absent(rank: usize, host: &str, pid: u32, presence: Presence) -> RankView {
+        RankView {
+            rank,
+            host: host.to_string(),
+            pid,
+            presence,
+            now_us: 0,
+            ops: Vec::new(),
+            slow: Vec::new(),
+        }
+    }
+
+    fn latest(&self) -> Option<&OpView> {
+        self.ops.iter().max_by_key(|o| o.seq)
+    }
+
+    fn who(&self) -> String {
+        if self.host.is_empty() {
+            format!("rank {}", self.rank)
+        } else {
+            format!("rank {} ({}:{})", self.rank, self.host, self.pid)
+        }
+    }
+}
+
+/// What the job waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Culprit {
+    /// The chain of waits ends at these ranks; why is in [`Verdict::line`].
+    Ranks(BTreeSet<usize>),
+    /// `to` waits for bytes `from` handed to the link and that never arrived.
+    Link { from: usize, to: usize },
+    /// Nobody waits for anybody.
+    Nothing,
+}
+
+/// The analysis of one communicator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub size: usize,
+    /// The operation the job is in (the furthest any rank got).
+    pub stuck_seq: u64,
+    pub stuck_name: String,
+    /// Ranks that never entered it (or cannot say).
+    pub never_arrived: BTreeSet<usize>,
+    /// Ranks that could not say what they do (no dump, no answer, dead).
+    pub absent: BTreeSet<usize>,
+    /// Rank -> the peer it waits for.
+    pub waits: BTreeMap<usize, usize>,
+    /// Where the waits lead: the rank(s) the job waits for.
+    pub culprits: BTreeSet<usize>,
+    pub culprit: Culprit,
+}
+
+/// Analyses the views of one communicator of `size` ranks (ranks without a view count as
+/// absent).
+pub fn analyse(views: &[RankView], size: usize) -> Verdict {
+    let by_rank: BTreeMap<usize, &RankView> = views
+        .iter()
+        .filter(|v| v.presence == Presence::Answered)
+        .map(|v| (v.rank, v))
+        .collect();
+    let stuck = by_rank
+        .values()
+        .filter_map(|v| v.latest())
+        .max_by_key(|e| e.seq);
+    let (stuck_seq, stuck_name) = stuck.map_or((0, String::new()), |e| (e.seq, e.name.clone()));
+    let absent: BTreeSet<usize> = (0..size).filter(|r| !by_rank.contains_key(r)).collect();
+    let mut never_arrived = absent.clone();
+    for (&r, v) in &by_rank {
+        match v.ops.iter().find(|e| e.seq == stuck_seq) {
+            None => {
+                never_arrived.insert(r);
+            }
+            Some(e) => {
+                // A peer whose header never came has not entered this operation.
+                for p in &e.peers {
+                    if !p.arrived && p.to_recv > 0 && e.state != State::Done {
+                        never_arrived.insert(p.peer);
+                    }
+                }
+            }
+        }
+    }
+    // What each rank waits for is read from its own latest unfinished operation: a rank still
+    // inside an earlier operation than the furthest one waits there, and the chain runs through
+    // it to the rank everyone is really behind.
+    let mut waits = BTreeMap::new();
+    for (&r, v) in &by_rank {
+        let open = v
+            .ops
+            .iter()
+            .filter(|e| e.state != State::Done)
+            .max_by_key(|e| e.seq);
+        if let Some(p) = open.and_then(|e| e.waiting_on) {
+            waits.insert(r, p);
+        }
+    }
+    let mut culprits = follow(&waits, &never_arrived);
+    // A rank that died, or cannot answer, explains the chains that end elsewhere: a rank that
+    // was sending to it when its state was taken names nobody it waits for.
+    let dead: BTreeSet<usize> = views
+        .iter()
+        .filter(|v| v.presence == Presence::Dead)
+        .map(|v| v.rank)
+        .collect();
+    let absent_culprits: BTreeSet<usize> = culprits.intersection(&absent).copied().collect();
+    if !absent_culprits.is_empty() {
+        culprits = absent_culprits;
+    } else if !dead.is_empty() {
+        culprits = dead;
+    }
+    // A rank that died or cannot answer explains any link: its peers' sockets hold what it
+    // never read.
+    let link = if absent.is_empty() {
+        link(&by_rank, &waits)
+    } else {
+        None
+    };
+    let culprit = match link {
+        Some((from, to)) => Culprit::Link { from, to },
+        None if culprits.is_empty() => Culprit::Nothing,
+        None => Culprit::Ranks(culprits.clone()),
+    };
+    Verdict {
+        size,
+        stuck_seq,
+        stuck_name,
+        never_arrived,
+        absent,
+        waits,
+        culprits,
+        culprit,
+    }
+}
+
+/// Follows each rank's waits to where they end: a rank that cannot say or waits for nobody. A
+/// rank names only one of the peers it waits for, so waits can run in a cycle (two
+/// halving-doubling partners each stuck behind a third rank): a cycle proves nothing and counts
+/// only when no chain ends anywhere else, and then the ranks that never arrived come first.
+fn follow(waits: &BTreeMap<usize, usize>, never_arrived: &BTreeSet<usize>) -> BTreeSet<usize> {
+    let mut culprits = BTreeSet::new();
+    let mut cycles = BTreeSet::new();
+    for &start in waits.keys() {
+        let mut at = start;
+        let mut seen = BTreeSet::new();
+        let mut cycled = false;
+        while let Some(&next) = waits.get(&at) {
+            if !seen.insert(at) {
+                cycled = true;
+                break;
+            }
+            at = next;
+        }
+        if cycled {
+            cycles.insert(at);
+        } else {
+            culprits.insert(at);
+        }
+    }
+    if culprits.is_empty() {
+        culprits = if never_arrived.is_empty() {
+            cycles
+        } else {
+            never_arrived.clone()
+        };
+    }
+    culprits
+}
+
+/// A rank waiting for a peer that is inside the same operation and has handed the link more
+/// bytes for it than arrived: the bytes are somewhere between the two. Only counts when the
+/// waiter has been idle long enough for any healthy link to deliver what was in flight, which
+/// holds whenever a verdict is asked for (a timeout, a late operation).
+fn link(
+    by_rank: &BTreeMap<usize, &RankView>,
+    waits: &BTreeMap<usize, usize>,
+) -> Option<(usize, usize)> {
+    for (&to, &from) in waits {
+        let (Some(a), Some(b)) = (by_rank.get(&to), by_rank.get(&from)) else {
+            continue;
+        };
+        let (Some(ea), Some(eb)) = (a.latest(), b.latest()) else {
+            continue;
+        };
+        if ea.seq != eb.seq || eb.state == State::Done || idle_s(a, ea) < MOVING_S {
+            continue;
+        }
+        let got = ea.peers.iter().find(|p| p.peer == from);
+        let gave = eb.peers.iter().find(|p| p.peer == to);
+        if let (Some(got), Some(gave)) = (got, gave)
+            && got.arrived
+            && gave.sent > got.received
+        {
+            return Some((from, to));
+        }
+    }
+    None
+}
+
+/// How long `e` of `v` had gone without progress when `v` answered (or when `e` ended).
+fn idle_s(v: &RankView, e: &OpView) -> f64 {
+    let at = if e.progress_us > 0 {
+        e.progress_us
+    } else {
+        e.start_us
+    };
+    let now = if e.end_us > 0 { e.end_us } else { v.now_us };
+    now.saturating_sub(at) as f64 / 1e6
+}
+
+/// `4 MiB`, `512 B`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 || v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// `0, 2 and 3`.
+fn and_list(s: impl IntoIterator<Item = usize>) -> String {
+    let v: Vec<String> = s.into_iter().map(|r| r.to_string()).collect();
+    match v.len() {
+        0 => String::new(),
+        1 => v[0].clone(),
+        n => format!("{} and {}", v[..n - 1].join(", "), v[n - 1]),
+    }
+}
+
+impl Verdict {
+    /// The ranks held up behind `c`: every other rank that waits (with a single culprit, a
+    /// rank whose own wait runs in a cycle, such as halving-doubling partners, is behind it too).
+    fn waiting_for(&self, c: usize) -> BTreeSet<usize> {
+        self.waits.keys().copied().filter(|&r| r != c).collect()
+    }
+
+    /// The one line a user reads first, e.g. `allreduce #203 (ring, 4 MiB) is stuck behind
+    /// rank 1 (host:pid), which does not answer (stopped, or its process is hung): the job has
+    /// not progressed for 5.0 s; ranks 0, 2 and 3 wait on it`. A rank named as the culprit is
+    /// always written `rank R (host:pid)`.
+    pub fn line(&self, views: &[RankView]) -> String {
+        let view = |r: usize| views.iter().find(|v| v.rank == r);
+        let who = |r: usize| view(r).map_or(format!("rank {r}"), |v| v.who());
+        // The operation as a rank inside it describes it.
+        let op = views
+            .iter()
+            .filter(|v| v.presence == Presence::Answered)
+            .filter_map(|v| v.ops.iter().find(|e| e.seq == self.stuck_seq))
+            .next();
+        let before = if self.stuck_seq == 0 {
+            "the job (before its first operation)".to_string()
+        } else {
+            format!("{} #{}", self.stuck_name, self.stuck_seq)
+        };
+        let op_text = op.map_or(before, |e| {
+            format!(
+                "{} #{} ({}, {})",
+                e.name,
+                e.seq,
+                e.algo,
+                human_bytes(e.bytes)
+            )
+        });
+        let stalled = self.stalled_s(views);
+        let since = match stalled {
+            Some(s) if s >= 0.1 => format!(": the job has not progressed for {s:.1} s"),
+            _ => String::new(),
+        };
+        let waiters = |c: usize| {
+            let w = self.waiting_for(c);
+            match w.len() {
+                0 => String::new(),
+                1 => format!("; rank {} waits on it", and_list(w)),
+                _ => format!("; ranks {} wait on it", and_list(w)),
+            }
+        };
+        match &self.culprit {
+            Culprit::Nothing => format!("{op_text}: no rank waits for another"),
+            Culprit::Link { from, to } => {
+                let (sent, got) = self.link_bytes(views, *from, *to);
+                format!(
+                    "{op_text} is stuck on the link from {} to {}: {sent} bytes were sent on it and {got} arrived, both ranks are inside the operation{since}",
+                    who(*from),
+                    who(*to)
+                )
+            }
+            Culprit::Ranks(set) if set.len() == 1 => {
+                let c = *set.iter().next().expect("one");
+                let why = match view(c).map(|v| v.presence) {
+                    Some(Presence::Dead) => ", which died (its process ended)".to_string(),
+                    Some(Presence::Silent) => {
+                        ", which does not answer (stopped, or its process is hung)".to_string()
+                    }
+                    Some(Presence::NoDump) | None => {
+                        ", which left no state (stopped, killed, or stuck outside ccl)".to_string()
+                    }
+                    Some(Presence::Answered) => self.inside_or_not(view(c).expect("some")),
+                };
+                format!(
+                    "{op_text} is stuck behind {}{why}{since}{}",
+                    who(c),
+                    waiters(c)
+                )
+            }
+            Culprit::Ranks(set) => format!(
+                "{op_text} is stuck behind {}{since}",
+                set.iter().map(|&r| who(r)).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+
+    /// Why a rank that answered holds the others up.
+    fn inside_or_not(&self, v: &RankView) -> String {
+        match v.ops.iter().find(|e| e.seq == self.stuck_seq) {
+            Some(e) if e.state == State::Running || e.state == State::Failed => {
+                ", which is inside it but has stopped moving (deadlocked, starved or descheduled)"
+                    .to_string()
+            }
+            _ => match v.latest() {
+                Some(l) => format!(
+                    ", which never entered it (its last operation is {} #{}, {}: it is in its own code or called something else)",
+                    l.name,
+                    l.seq,
+                    l.state.name()
+                ),
+                None => ", which never entered it (it has run no operation yet)".to_string(),
+            },
+        }
+    }
+
+    /// The least time any waiting rank has gone without progress, seconds.
+    fn stalled_s(&self, views: &[RankView]) -> Option<f64> {
+        self.waits
+            .keys()
+            .filter_map(|&r| {
+                let v = views.iter().find(|v| v.rank == r)?;
+                Some(idle_s(v, v.latest()?))
+            })
+            .min_by(f64::total_cmp)
+    }
+
+    fn link_bytes(&self, views: &[RankView], from: usize, to: usize) -> (u64, u64) {
+        let stat = |r: usize, p: usize| {
+            views
+                .iter()
+                .find(|v| v.rank == r)
+                .and_then(|v| v.latest())
+                .and_then(|e| e.peers.iter().find(|s| s.peer == p))
+        };
+        (
+            stat(from, to).map_or(0, |s| s.sent),
+            stat(to, from).map_or(0, |s| s.received),
+        )
+    }
+}
+
+/// What a live query shows: every rank's current operation, per-peer progress, slow-rank
+/// figures, and the verdict.
+pub fn live_report(views: &[RankView], size: usize) -> String {
+    let mut out = String::new();
+    let mut sorted: Vec<&RankView> = views.iter().collect();
+    sorted.sort_by_key(|v| v.rank);
+    for v in &sorted {
+        match v.presence {
+            Presence::Answered => {}
+            Presence::Silent => {
+                let _ = writeln!(out, "{}: does not answer (stopped or hung)", v.who());
+                continue;
+            }
+            Presence::Dead => {
+                let _ = writeln!(out, "{}: its process ended", v.who());
+                continue;
+            }
+            Presence::NoDump => {
+                let _ = writeln!(out, "{}: no state", v.who());
+                continue;
+            }
+        }
+        let Some(e) = v.latest() else {
+            let _ = writeln!(out, "{}: no operation yet", v.who());
+            continue;
+        };
+        let age = |t: u64| {
+            if t > 0 && v.now_us > t {
+                format!("{:.1} s", (v.now_us - t) as f64 / 1e6)
+            } else {
+                "-".to_string()
+            }
+        };
+        let mut line = format!(
+            "{}: {} #{} ({}, {}) {}",
+            v.who(),
+            e.name,
+            e.seq,
+            e.algo,
+            human_bytes(e.bytes),
+            e.state.name()
+        );
+        if e.state == State::Running {
+            let _ = write!(
+                line,
+                " for {}, last progress {} ago",
+                age(e.start_us),
+                age(e.progress_us.max(e.start_us))
+            );
+        }
+        if let Some(p) = e.waiting_on {
+            let _ = write!(line, ", waiting for rank {p}");
+        }
+        let _ = writeln!(out, "{line}");
+        for p in &e.peers {
+            let _ = writeln!(
+                out,
+                "    peer {}: sent {}/{} received {}/{}{} waited {:.1} ms, entered {:.1} ms {}",
+                p.peer,
+                p.sent,
+                p.to_send,
+                p.received,
+                p.to_recv,
+                if p.arrived {
+                    ""
+                } else {
+                    " (its header has not arrived)"
+                },
+                p.waited_us as f64 / 1e3,
+                p.late_us.unsigned_abs() as f64 / 1e3,
+                if p.late_us >= 0 { "later" } else { "earlier" }
+            );
+        }
+        for s in &v.slow {
+            let _ = writeln!(
+                out,
+                "    slow rank: peer {} entered {:.1} ms late on average over {} operations",
+                s.peer,
+                s.mean_late_us as f64 / 1e3,
+                s.ops
+            );
+        }
+    }
+    let verdict = analyse(views, size);
+    let everyone_answered = views
+        .iter()
+        .filter(|v| v.presence == Presence::Answered)
+        .count()
+        == size;
+    match verdict.stalled_s(views) {
+        // Waits shorter than this are the job at work, not a hang.
+        Some(s) if s < MOVING_S && everyone_answered => {
+            let _ = writeln!(
+                out,
+                "=> the job is moving: no rank has waited longer than {s:.1} s"
+            );
+        }
+        None if everyone_answered => {
+            let _ = writeln!(out, "=> the job is moving: no rank waits");
+        }
+        _ => {
+            let _ = writeln!(out, "=> {}", verdict.line(views));
+        }
+    }
+    out
+}
+
+/// A wait shorter than this, seconds, is the job at work, not a hang.
+const MOVING_S: f64 = 1.0;
+
+// The wire form of a RankView, what a rank answers the monitor: little-endian integers, strings
+// with a u16 length. Decoding checks every length, so a bad reply is an error, never a panic.
+
+const MAX_OPS: usize = 16;
+const MAX_PEERS: usize = 1 << 16;
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    b.extend_from_slice(&(s.len() as u16).to_le_bytes());
+    b.extend_from_slice(s);
+}
+
+/// Encodes `v` (at most the last 16 operations).
+pub fn encode(v: &RankView) -> Vec<u8> {
+    let mut b = Vec::with_capacity(256);
+    b.extend_from_slice(&(v.rank as u32).to_le_bytes());
+    put_str(&mut b, &v.host);
+    b.extend_from_slice(&v.pid.to_le_bytes());
+    b.extend_from_slice(&v.now_us.to_le_bytes());
+    let ops = &v.ops[v.ops.len().saturating_sub(MAX_OPS)..];
+    b.push(ops.len() as u8);
+    for e in ops {
+        b.extend_from_slice(&e.seq.to_le_bytes());
+        put_str(&mut b, &e.name);
+        put_str(&mut b, &e.algo);
+        b.extend_from_slice(&e.bytes.to_le_bytes());
+        b.push(match e.state {
+            State::Running => 0,
+            State::Done => 1,
+            State::Failed => 2,
+        });
+        for t in [e.start_us, e.end_us, e.progress_us] {
+            b.extend_from_slice(&t.to_le_bytes());
+        }
+        b.extend_from_slice(&e.waiting_on.map_or(u32::MAX, |p| p as u32).to_le_bytes());
+        let peers = &e.peers[..e.peers.len().min(MAX_PEERS)];
+        b.extend_from_slice(&(peers.len() as u32).to_le_bytes());
+        for p in peers {
+            b.extend_from_slice(&(p.peer as u32).to_le_bytes());
+            for x in [p.to_send, p.sent, p.to_recv, p.received, p.waited_us] {
+                b.extend_from_slice(&x.to_le_bytes());
+            }
+            b.extend_from_slice(&p.late_us.to_le_bytes());
+            b.push(u8::from(p.arrived));
+        }
+    }
+    let slow = &v.slow[..v.slow.len().min(MAX_PEERS)];
+    b.extend_from_slice(&(slow.len() as u32).to_le_bytes());
+    for s in slow {
+        b.extend_from_slice(&(s.peer as u32).to_le_bytes());
+        b.extend_from_slice(&s.mean_late_us.to_le_bytes());
+        b.extend_from_slice(&s.ops.to_le_bytes());
+    }
+    b
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.b.len() < n {
+            return Err("state reply cut short".into());
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    fn str(&mut self) -> Result<String, String> {
+        let n = self.u16()? as usize;
+        Ok(String::from_utf8_lossy(self.take(n)?).into_owned())
+    }
+    fn count(&mut self, max: usize) -> Result<usize, String> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(format!("state reply claims {n} entries"));
+        }
+        Ok(n)
+    }
+}
+
+/// Decodes [`encode`]'s output; the result is marked as answered.
+pub fn decode(b: &[u8]) -> Result<RankView, String> {
+    let mut r = Reader { b };
+    let rank = r.u32()? as usize;
+    let host = r.str()?;
+    let pid = r.u32()?;
+    let now_us = r.u64()?;
+    let n_ops = r.u8()? as usize;
+    if n_ops > MAX_OPS {
+        return Err(format!("state reply claims {n_ops} operations"));
+    }
+    let mut ops = Vec::with_capacity(n_ops);
+    for _ in 0..n_ops {
+        let seq = r.u64()?;
+        let name = r.str()?;
+        let algo = r.str()?;
+        let bytes = r.u64()?;
+        let state = match r.u8()? {
+            0 => State::Running,
+            1 => State::Done,
+            2 => State::Failed,
+            s => return Err(format!("unknown operation state {s}")),
+        };
+        let (start_us, end_us, progress_us) = (r.u64()?, r.u64()?, r.u64()?);
+        let waiting_on = match r.u32()? {
+            u32::MAX => None,
+            p => Some(p as usize),
+        };
+        let n_peers = r.count(MAX_PEERS)?;
+        let mut peers = Vec::with_capacity(n_peers.min(1024));
+        for _ in 0..n_peers {
+            let peer = r.u32()? as usize;
+            let (to_send, sent, to_recv, received, waited_us) =
+                (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let late_us = r.u64()? as i64;
+            let arrived = r.u8()? != 0;
+            peers.push(PeerStat {
+                peer,
+                to_send,
+                sent,
+                to_recv,
+                received,
+                arrived,
+                waited_us,
+                late_us,
+            });
+        }
+        ops.push(OpView {
+            seq,
+            name,
+            algo,
+            bytes,
+            state,
+            start_us,
+            end_us,
+            progress_us,
+            waiting_on,
+            peers,
+        });
+    }
+    let n_slow = r.count(MAX_PEERS)?;
+    let mut slow = Vec::with_capacity(n_slow.min(1024));
+    for _ in 0..n_slow {
+        slow.push(SlowPeer {
+            peer: r.u32()? as usize,
+            mean_late_us: r.u64()? as i64,
+            ops: r.u64()?,
+        });
+    }
+    Ok(RankView {
+        rank,
+        host,
+        pid,
+        presence: Presence::Answered,
+        now_us,
+        ops,
+        slow,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(peer: usize, arrived: bool, sent: u64, received: u64) -> PeerStat {
+        PeerStat {
+            peer,
+            to_send: 64,
+            sent,
+            to_recv: 64,
+            received,
+            arrived,
+            waited_us: 0,
+            late_us: 0,
+        }
+    }
+
+    fn view(
+        rank: usize,
+        seq: u64,
+        state: State,
+        waiting_on: Option<usize>,
+        peers: Vec<PeerStat>,
+    ) -> RankView {
+        RankView {
+            rank,
+            host: "h".into(),
+            pid: 100 + rank as u32,
+            presence: Presence::Answered,
+            now_us: 10_000_000,
+            ops: vec![OpView {
+                seq,
+                name: "allreduce".into(),
+                algo: "ring".into(),
+                bytes: 4 << 20,
+                state,
+                start_us: 1_000_000,
+                end_us: 0,
+                progress_us: 5_000_000,
+                waiting_on,
+                peers,
+            }],
+            slow: vec![],
+        }
+    }
+
+    #[test]
+    fn a_silent_rank_at_the_end_of_the_chain_is_the_verdict() {
+        // Ring 0 -> 1 -> 2 -> 3 -> 0 with rank 1 stopped: 2 waits for 1, 3 for 2, 0 for 3.
+        let vs = vec![
+            view(0, 7, State::Running, Some(3), vec![peer(3, true, 0, 0)]),
+            RankView::absent(1, "h", 101, Presence::Silent),
+            view(2, 7, State::Failed, Some(1), vec![peer(1, true, 0, 0)]),
+            view(3, 7, State::Running, Some(2), vec![peer(2, true, 0, 0)]),
+        ];
+        let v = analyse(&vs, 4);
+        assert_eq!(v.culprit, Culprit::Ranks(BTreeSet::from([1])));
+        let line = v.line(&vs);
+        assert!(
+            line.starts_with(
+                "allreduce #7 (ring, 4 MiB) is stuck behind rank 1 (h:101), which does not answer"
+            ),
+            "{line}"
+        );
+        assert!(line.contains("not progressed for 5.0 s"), "{line}");
+        assert!(line.contains("ranks 0, 2 and 3 wait on it"), "{line}");
+    }
+
+    #[test]
+    fn a_rank_that_never_entered_is_told_apart_from_a_stopped_one() {
+        let mut late = view(2, 6, State::Done, None, vec![]);
+        late.ops[0].end_us = 2_000_000;
+        let vs = vec![
+            view(0, 7, State::Running, Some(2), vec![peer(2, false, 0, 0)]),
+            view(1, 7, State::Running, Some(0), vec![peer(0, true, 0, 0)]),
+            late,
+        ];
+        let v = analyse(&vs, 3);
+        assert_eq!(v.culprits, BTreeSet::from([2]));
+        let line = v.line(&vs);
+        assert!(
+            line.contains("rank 2 (h:102), which never entered it"),
+            "{line}"
+        );
+        assert!(line.contains("allreduce #6, done"), "{line}");
+        // Inside but not waiting for anyone: stopped moving.
+        let vs = vec![
+            view(0, 7, State::Running, Some(1), vec![peer(1, true, 0, 0)]),
+            view(1, 7, State::Running, None, vec![peer(0, true, 0, 0)]),
+        ];
+        let line = analyse(&vs, 2).line(&vs);
+        assert!(
+            line.contains("rank 1 (h:101), which is inside it but has stopped moving"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn bytes_sent_that_never_arrive_name_the_link() {
+        // 1 sent 64 bytes to 0, of which 0 got 16; both are inside.
+        let vs = vec![
+            view(0, 3, State::Failed, Some(1), vec![peer(1, true, 0, 16)]),
+            view(1, 3, State::Running, Some(0), vec![peer(0, true, 64, 0)]),
+        ];
+        let v = analyse(&vs, 2);
+        assert_eq!(v.culprit, Culprit::Link { from: 1, to: 0 });
+        let line = v.line(&vs);
+        assert!(line.contains("link from rank 1 (h:101) to rank 0 (h:100): 64 bytes were sent on it and 16 arrived"), "{line}");
+    }
+
+    #[test]
+    fn a_dead_rank_is_named_as_dead() {
+        let vs = vec![
+            view(0, 9, State::Failed, Some(1), vec![peer(1, true, 0, 0)]),
+            RankView::absent(1, "h", 101, Presence::Dead),
+        ];
+        let line = analyse(&vs, 2).line(&vs);
+        assert!(line.contains("behind rank 1 (h:101), which died"), "{line}");
+        assert!(line.contains("rank 0 waits on it"), "{line}");
+        // A rank caught sending to the dead one waits for nobody; the dead rank still explains.
+        let vs = vec![
+            view(0, 9, State::Running, None, vec![peer(2, true, 0, 0)]),
+            view(1, 9, State::Failed, Some(0), vec![peer(0, true, 0, 0)]),
+            RankView::absent(2, "h", 102, Presence::Dead),
+            view(3, 9, State::Failed, Some(2), vec![peer(2, true, 0, 0)]),
+        ];
+        let v = analyse(&vs, 4);
+        assert_eq!(v.culprit, Culprit::Ranks(BTreeSet::from([2])));
+    }
+
+    #[test]
+    fn state_round_trips_and_bad_bytes_are_refused() {
+        let mut v = view(3, 11, State::Running, Some(2), vec![peer(2, true, 5, 6)]);
+        v.slow.push(SlowPeer {
+            peer: 2,
+            mean_late_us: -7,
+            ops: 9,
+        });
+        let b = encode(&v);
+        assert_eq!(decode(&b).unwrap(), v);
+        for n in 0..b.len() {
+            assert!(decode(&b[..n]).is_err(), "cut at {n} accepted");
+        }
+        assert!(live_report(&[v], 4).contains("=> "));
+        assert_eq!(human_bytes(4 << 20), "4 MiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+}
