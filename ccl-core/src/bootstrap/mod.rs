@@ -14,8 +14,8 @@
 //! arrived, so a job with a missing rank fails with a message naming it instead of hanging.
 
 pub mod env;
-mod recovery;
 mod monitor;
+mod recovery;
 mod watch;
 pub(crate) mod wire;
 
