@@ -176,7 +176,10 @@ fn grow_adds_a_process_and_refuses_forged_and_stale_ids() {
     // The root tells a stranger nothing: the forged joiner is never let in (it times out or
     // the root drops its connection), and learns nothing of the job.
     assert!(forged.contains("bootstrap"), "{forged}");
-    assert!(!forged.contains("rank 0") && !forged.contains("rank 1"), "{forged}");
+    assert!(
+        !forged.contains("rank 0") && !forged.contains("rank 1"),
+        "{forged}"
+    );
     // A stale id: its rendezvous ends with the grown communicator (refused once the root is
     // gone; until then the join finds nobody admitting).
     let mut short = config(TransportKind::Tcp, Duration::from_secs(3));
