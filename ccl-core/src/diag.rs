@@ -454,6 +454,8 @@ impl Verdict {
 
 /// What a live query shows: every rank's current operation, per-peer progress, slow-rank
 /// figures, and the verdict.
+// Long: one report written top to bottom (a line per rank, its operation, a line per peer with
+// bytes sent and received, the slow-rank figures, the verdict); each part is plain formatting.
 pub fn live_report(views: &[RankView], size: usize) -> String {
     let mut out = String::new();
     let mut sorted: Vec<&RankView> = views.iter().collect();

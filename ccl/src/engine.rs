@@ -154,6 +154,9 @@ impl Engine {
     /// Runs `call` on untyped buffers (`send` is `None` in place) after checking every
     /// argument: lengths against the collective's rules, the root against the world size. Not
     /// ordered: callers hold the turn.
+    // Long: the argument checks, the reuse of a recent call's algorithm and schedule, and the
+    // execution share one hold of the engine lock, which the small-message path takes once per
+    // call; the steps are short and in the order a call needs them.
     pub fn run(&self, call: Call, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         let Call {
             coll,
