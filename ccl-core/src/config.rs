@@ -55,6 +55,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "directory for flight-recorder dumps (on failure and SIGUSR1); %h = host, %p = pid",
     },
     Setting {
+        name: "CCL_TRACE_TORCH_FILE",
+        default: "",
+        help: "also write each dump in PyTorch's flight-recorder format to this path + rank; %h, %p, %c = communicator id",
+    },
+    Setting {
         name: "CCL_SLOW_WINDOW",
         default: "200",
         help: "operations per window of the slow-rank report",
@@ -330,6 +335,8 @@ pub struct Config {
     pub trace_buffer: usize,
     /// `CCL_TRACE_DIR`
     pub trace_dir: Option<String>,
+    /// `CCL_TRACE_TORCH_FILE`: path prefix of dumps in PyTorch's flight-recorder format.
+    pub trace_torch_file: Option<String>,
     /// `CCL_SLOW_WINDOW`
     pub slow_window: usize,
     /// `CCL_SLOW_MS`
@@ -504,6 +511,7 @@ impl Config {
             timeout: parse_seconds("CCL_TIMEOUT", &req("CCL_TIMEOUT"))?,
             trace_buffer: parse_size("CCL_TRACE_BUFFER", &req("CCL_TRACE_BUFFER"), 0)?,
             trace_dir: get("CCL_TRACE_DIR"),
+            trace_torch_file: get("CCL_TRACE_TORCH_FILE"),
             slow_window: parse_size("CCL_SLOW_WINDOW", &req("CCL_SLOW_WINDOW"), 1)?,
             slow_ms: parse_num("CCL_SLOW_MS", &req("CCL_SLOW_MS"))?,
             slow_report: Duration::from_secs(parse_num(
