@@ -279,6 +279,9 @@ enum Fault {
     Sleep,
     /// SIGKILL.
     Kill,
+    /// The rank stops moving inside an operation while its monitor thread answers
+    /// (`CCL_FAULT_STALL`), as one deadlocked inside ccl would.
+    Stall,
 }
 
 impl Fault {
@@ -288,15 +291,17 @@ impl Fault {
             Fault::Stop => "which does not answer",
             Fault::Sleep => "which never entered it",
             Fault::Kill => "which died",
+            Fault::Stall => "which is inside it but has stopped moving",
         }
     }
 }
 
-/// The four ranks of a verdict trial, with `algo` forced and `extra` arguments on `victim`.
+/// The four ranks of a verdict trial, with `algo` forced and `extra` arguments and
+/// `victim_env` on `victim`.
 fn verdict_job(
     port: u16,
     algo: &str,
-    extra: &[String],
+    (extra, victim_env): (&[String], &[(&str, String)]),
     victim: usize,
     env: &[(&str, &str)],
 ) -> Vec<Child> {
@@ -321,6 +326,7 @@ fn verdict_job(
             }
             if r == victim {
                 c.args(extra);
+                c.envs(victim_env.iter().map(|(k, v)| (k, v)));
             }
             c.stdout(Stdio::null())
                 .stderr(Stdio::piped())
@@ -351,6 +357,8 @@ fn verdict_trials(fault: Fault, algo: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64 ^ std::process::id() as u64 ^ (fault as u64) << 32;
     let mut worst = Duration::ZERO;
+    // Injected from inside the victim: the fault's moment is not known here.
+    let inside = matches!(fault, Fault::Sleep | Fault::Stall);
     for trial in 0..repeats() {
         let port = free_port();
         let victim = (xorshift(&mut seed) % 4) as usize;
@@ -366,9 +374,14 @@ fn verdict_trials(fault: Fault, algo: &str) {
                 .collect(),
             _ => Vec::new(),
         };
-        let mut kids = verdict_job(port, algo, &extra, victim, &[]);
+        let stall = [(
+            "CCL_FAULT_STALL",
+            format!("op:{}", 10 + xorshift(&mut seed) % 40),
+        )];
+        let victim_env: &[(&str, String)] = if fault == Fault::Stall { &stall } else { &[] };
+        let mut kids = verdict_job(port, algo, (&extra, victim_env), victim, &[]);
         let pid = nix::unistd::Pid::from_raw(kids[victim].id() as i32);
-        let t0 = if fault == Fault::Sleep {
+        let t0 = if inside {
             Instant::now()
         } else {
             std::thread::sleep(Duration::from_millis(1000 + xorshift(&mut seed) % 1000));
@@ -386,7 +399,7 @@ fn verdict_trials(fault: Fault, algo: &str) {
         for r in (0..4).filter(|&r| r != victim) {
             let what = format!("{fault:?} {algo} trial {trial}: rank {r} (victim {victim})");
             let (err, took) = finish(&mut kids[r], t0, limit, &what);
-            if fault != Fault::Sleep {
+            if !inside {
                 worst = worst.max(took);
             }
             let line = err
@@ -417,7 +430,7 @@ fn verdict_trials(fault: Fault, algo: &str) {
             );
         }
     }
-    if fault != Fault::Sleep {
+    if !inside {
         eprintln!(
             "{fault:?} {algo}: {} trials, the last survivor exited {worst:?} after the fault at worst (CCL_TIMEOUT {VERDICT_TIMEOUT_S} s)",
             repeats()
@@ -435,6 +448,12 @@ fn a_stopped_rank_is_named_by_every_survivors_error() {
 fn a_rank_that_never_enters_the_call_is_named_by_every_survivors_error() {
     verdict_trials(Fault::Sleep, "ring");
     verdict_trials(Fault::Sleep, "halving_doubling");
+}
+
+#[test]
+fn a_rank_that_stops_moving_inside_the_call_is_named_by_every_survivors_error() {
+    verdict_trials(Fault::Stall, "ring");
+    verdict_trials(Fault::Stall, "halving_doubling");
 }
 
 #[test]
@@ -465,7 +484,7 @@ fn a_rank_slowed_on_purpose_is_named_by_the_early_warning_and_the_slow_rank_repo
                 ("CCL_SLOW_MS", "100"),
                 ("CCL_SLOW_REPORT_S", "1"),
             ];
-            let mut kids = verdict_job(free_port(), algo, &extra, victim, &env);
+            let mut kids = verdict_job(free_port(), algo, (&extra, &[]), victim, &env);
             // 30 quick calls, then late ones; the job would run 100000 calls: stop it once some
             // late ones have been seen.
             let t0 = Instant::now();
@@ -534,7 +553,7 @@ fn the_live_query_answers_during_a_hang_and_refuses_a_stranger() {
     let port = free_port();
     let victim = 2;
     let env = [("CCL_TIMEOUT", "120"), ("CCL_SECRET", "live-test-secret")];
-    let mut kids = verdict_job(port, "ring", &[], victim, &env);
+    let mut kids = verdict_job(port, "ring", (&[], &[]), victim, &env);
     let trace = env!("CARGO_BIN_EXE_ccl-trace");
     let addr = format!("127.0.0.1:{port}");
     let ask = |secret: &str| {

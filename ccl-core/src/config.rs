@@ -85,6 +85,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "the least CCL_LATE_WARN_MS=auto waits before the early warning",
     },
     Setting {
+        name: "CCL_FAULT_STALL",
+        default: "",
+        help: "testing aid: op:N makes this rank stop moving inside its operation #N (its monitor still answers) until the job fails",
+    },
+    Setting {
         name: "CCL_TRANSPORT",
         default: "auto",
         help: "data transport for every pair of ranks: auto (shared memory within a host, ib or tcp across), shm, ib, tcp, local (in-process)",
@@ -347,6 +352,8 @@ pub struct Config {
     pub late_warn_ms: Option<u64>,
     /// `CCL_LATE_WARN_FLOOR_MS`
     pub late_warn_floor_ms: u64,
+    /// `CCL_FAULT_STALL=op:N`: the operation this rank stalls in on purpose (a testing aid).
+    pub fault_stall: Option<u64>,
     /// `CCL_TRANSPORT`
     pub transport: TransportKind,
     /// `CCL_SOCKET_IFNAME`
@@ -526,6 +533,14 @@ impl Config {
                 "CCL_LATE_WARN_FLOOR_MS",
                 &req("CCL_LATE_WARN_FLOOR_MS"),
             )?,
+            fault_stall: get("CCL_FAULT_STALL")
+                .map(|v| match v.trim().strip_prefix("op:") {
+                    Some(n) => parse_num("CCL_FAULT_STALL", n),
+                    None => Err(Error::invalid_argument(format!(
+                        "CCL_FAULT_STALL='{v}' is not op:N (the operation number to stall in)"
+                    ))),
+                })
+                .transpose()?,
             transport: req("CCL_TRANSPORT")
                 .parse()
                 .map_err(|e| Error::invalid_argument(format!("CCL_TRANSPORT: {e}")))?,
