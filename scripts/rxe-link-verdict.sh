@@ -5,8 +5,8 @@
 #   scripts/rxe-link-verdict.sh --guest        inside each VM of scripts/rxe-vm-pair.sh
 #
 # Four ranks over verbs, ranks 0 and 1 in VM B (B hosts the rendezvous), 2 and 3 in VM A, run
-# 16 MiB ring allreduces with CCL_TIMEOUT=5. Once both of A's ranks are connected and moving,
-# A puts a 30 s netem delay on the RoCE packets (UDP port 4791) it sends to B: every process
+# 16 MiB ring allreduces with CCL_TIMEOUT=20. Once both of A's ranks are connected and moving,
+# A puts a 60 s netem delay on the RoCE packets (UDP port 4791) it sends to B: every process
 # stays healthy and the job's monitor (TCP, not delayed) keeps answering, but the bytes rank 3
 # writes to rank 0 stop arriving. Every rank must then fail with the verdict "stuck on the link
 # from rank X (...) to rank Y (...)" with X in one VM and Y in the other. (Two ranks per VM:
@@ -17,7 +17,8 @@
 # Env: CCL_RXE_VM_TIMEOUT (default 600) as for scripts/rxe-vm-pair.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-TIMEOUT_S=5
+# Also how long the rendezvous waits for every rank: VMs under TCG start slowly.
+TIMEOUT_S=20
 
 guest() {
   : "${RXE_ROLE:?run inside scripts/rxe-vm-pair.sh}" "${RXE_NETDEV:?}"
@@ -51,10 +52,10 @@ guest() {
     sleep 3   # a few allreduces in: every rank is inside one, headers exchanged
     modprobe sch_netem && modprobe sch_prio && modprobe cls_u32 || return 1
     tc qdisc add dev "$RXE_NETDEV" root handle 1: prio &&
-      tc qdisc add dev "$RXE_NETDEV" parent 1:3 handle 30: netem delay 30s &&
+      tc qdisc add dev "$RXE_NETDEV" parent 1:3 handle 30: netem delay 60s &&
       tc filter add dev "$RXE_NETDEV" parent 1:0 protocol ip prio 1 u32 \
         match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3 || return 1
-    echo "netem: RoCE packets from A delayed 30 s from $(date +%s.%N)"
+    echo "netem: RoCE packets from A delayed 60 s from $(date +%s.%N)"
   fi
   local t0=$SECONDS
   wait "${pids[@]}"

@@ -254,11 +254,13 @@ fn survivors_of_random_kills_shrink_and_finish_checked_allreduces() {
     }
 }
 
-/// Trials of each fault per algorithm. The issue asks for ten; two keep the CI run to a couple
-/// of minutes on a loaded two-core machine. `FAULT_REPEATS=10` runs the full count.
-const REPEATS: usize = 2;
-/// The timeout the verdict tests give the ranks, seconds.
-const VERDICT_TIMEOUT_S: u64 = 3;
+/// Trials of each fault per algorithm: the issue's ten. A trial costs little more than the
+/// timeout below (the fault comes within a second of the start, the job is small), so the
+/// verdict tests take a few minutes on a loaded two-core machine; `FAULT_REPEATS` overrides.
+const REPEATS: usize = 10;
+/// The timeout the verdict tests give the ranks, seconds: short, for cheap trials, and still
+/// far above any pause of a healthy 1 MiB allreduce on a loaded machine.
+const VERDICT_TIMEOUT_S: u64 = 2;
 
 fn repeats() -> usize {
     std::env::var("FAULT_REPEATS")
@@ -369,14 +371,14 @@ fn verdict_trials(fault: Fault, algo: &str) {
                 .map(String::from)
                 .chain([
                     "--delay-from".into(),
-                    (10 + xorshift(&mut seed) % 40).to_string(),
+                    (5 + xorshift(&mut seed) % 20).to_string(),
                 ])
                 .collect(),
             _ => Vec::new(),
         };
         let stall = [(
             "CCL_FAULT_STALL",
-            format!("op:{}", 10 + xorshift(&mut seed) % 40),
+            format!("op:{}", 5 + xorshift(&mut seed) % 20),
         )];
         let victim_env: &[(&str, String)] = if fault == Fault::Stall { &stall } else { &[] };
         let mut kids = verdict_job(port, algo, (&extra, victim_env), victim, &[]);
@@ -384,7 +386,8 @@ fn verdict_trials(fault: Fault, algo: &str) {
         let t0 = if inside {
             Instant::now()
         } else {
-            std::thread::sleep(Duration::from_millis(1000 + xorshift(&mut seed) % 1000));
+            // Connected and running by then (a 4-rank TCP job connects within tens of ms).
+            std::thread::sleep(Duration::from_millis(500 + xorshift(&mut seed) % 500));
             let sig = match fault {
                 Fault::Stop => nix::sys::signal::Signal::SIGSTOP,
                 _ => nix::sys::signal::Signal::SIGKILL,
@@ -462,9 +465,27 @@ fn a_killed_rank_is_named_dead_by_every_survivors_error() {
     verdict_trials(Fault::Kill, "halving_doubling");
 }
 
+/// Collects `kid`'s stderr as it comes, so a test can stop the job once it has seen enough.
+fn collect_stderr(kid: &mut Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (mut err, sink) = (kid.stderr.take().unwrap(), text.clone());
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(k) = err.read(&mut buf) {
+            if k == 0 {
+                break;
+            }
+            let s = String::from_utf8_lossy(&buf[..k]);
+            sink.lock().unwrap().push_str(&s);
+        }
+    });
+    text
+}
+
 /// A rank that delays every call from some point on fails nothing: the others' early warning
 /// (an operation far longer than its recent median) carries the verdict naming it, and the
-/// periodic slow-rank report of a rank that hears from it names it by host and pid.
+/// periodic slow-rank report of a rank that hears from it names it by host and pid. The job
+/// runs until every survivor has warned and one has reported (at most 60 s).
 #[test]
 fn a_rank_slowed_on_purpose_is_named_by_the_early_warning_and_the_slow_rank_report() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -475,48 +496,58 @@ fn a_rank_slowed_on_purpose_is_named_by_the_early_warning_and_the_slow_rank_repo
             let extra: Vec<String> = ["--delay-rank", &victim.to_string()]
                 .into_iter()
                 .map(String::from)
-                .chain(["--delay-ms", "400", "--delay-from", "30"].map(String::from))
+                .chain(["--delay-ms", "250", "--delay-from", "20"].map(String::from))
                 .collect();
             let env = [
                 ("CCL_TIMEOUT", "60"),
-                ("CCL_LATE_WARN_FLOOR_MS", "150"),
+                ("CCL_LATE_WARN_FLOOR_MS", "100"),
                 ("CCL_SLOW_WINDOW", "4"),
-                ("CCL_SLOW_MS", "100"),
+                ("CCL_SLOW_MS", "60"),
                 ("CCL_SLOW_REPORT_S", "1"),
             ];
             let mut kids = verdict_job(free_port(), algo, (&extra, &[]), victim, &env);
-            // 30 quick calls, then late ones; the job would run 100000 calls: stop it once some
-            // late ones have been seen.
+            let logs: Vec<_> = kids.iter_mut().map(collect_stderr).collect();
+            let named = format!("behind rank {victim} (");
+            let warned = |err: &str| {
+                err.lines().any(|l| {
+                    l.contains("late operation:")
+                        && l.contains(&named)
+                        && l.contains("never entered it")
+                })
+            };
+            let reports = |err: &str| -> Vec<String> {
+                err.lines()
+                    .filter(|l| l.contains("the rank this one waits for: "))
+                    .map(String::from)
+                    .collect()
+            };
+            let survivors = || (0..4).filter(|&r| r != victim);
+            // 20 quick calls, then late ones; the job would run 100000 calls.
             let t0 = Instant::now();
-            std::thread::sleep(Duration::from_secs(9));
+            loop {
+                std::thread::sleep(Duration::from_millis(200));
+                let text: Vec<String> = logs.iter().map(|l| l.lock().unwrap().clone()).collect();
+                let all_warned = survivors().all(|r| warned(&text[r]));
+                let reported = survivors().any(|r| !reports(&text[r]).is_empty());
+                if (all_warned && reported) || t0.elapsed() > Duration::from_secs(60) {
+                    break;
+                }
+            }
             for k in &mut kids {
                 let _ = k.kill();
+                let _ = k.wait();
             }
-            let mut warned = 0;
+            // The readers end with the pipes; give them a moment to take the last bytes.
+            std::thread::sleep(Duration::from_millis(100));
             let mut reported = 0;
-            for (r, k) in kids.iter_mut().enumerate() {
+            for r in survivors() {
                 let what = format!("slow {algo} trial {trial}: rank {r} (victim {victim})");
-                let (err, _) = finish(k, t0, Duration::from_secs(60), &what);
-                if r == victim {
-                    continue;
-                }
-                let named = format!("behind rank {victim} (");
-                let late: Vec<&str> = err
-                    .lines()
-                    .filter(|l| l.contains("late operation:"))
-                    .collect();
-                if late
-                    .iter()
-                    .any(|l| l.contains(&named) && l.contains("never entered it"))
-                {
-                    warned += 1;
-                } else {
-                    panic!("{what}: no early warning names rank {victim}:\n{err}");
-                }
-                for l in err
-                    .lines()
-                    .filter(|l| l.contains("the rank this one waits for: "))
-                {
+                let err = logs[r].lock().unwrap().clone();
+                assert!(
+                    warned(&err),
+                    "{what}: no early warning names rank {victim}:\n{err}"
+                );
+                for l in reports(&err) {
                     assert!(
                         l.contains(&format!("waits for: rank {victim} (")),
                         "{what}: the slow-rank report names another rank: {l}"
@@ -536,7 +567,6 @@ fn a_rank_slowed_on_purpose_is_named_by_the_early_warning_and_the_slow_rank_repo
                     );
                 }
             }
-            assert_eq!(warned, 3);
             assert!(
                 reported > 0,
                 "slow {algo} trial {trial}: no slow-rank report named rank {victim}"

@@ -342,7 +342,9 @@ impl Peers {
             n.message
         ))
         .rank(self.rank)
-        .peer(n.culprit.unwrap_or(n.rank))
+        // A rank is no peer of its own: on the receiving end of a stalled link it is the
+        // culprit the verdict names first.
+        .peer(n.culprit.filter(|&c| c != self.rank).unwrap_or(n.rank))
     }
 
     /// Fails with the first failure notice that has arrived, if any, or with the revocation.
@@ -459,7 +461,12 @@ impl Peers {
                 format!("{}{}", verdict_prefix(&n.verdict), e.message()),
             )
             .rank(self.rank)
-            .peer(n.culprit.or(e.peer_id()).unwrap_or(self.rank)),
+            .peer(
+                n.culprit
+                    .filter(|&c| c != self.rank)
+                    .or(e.peer_id())
+                    .unwrap_or(self.rank),
+            ),
             // Even a notice from the neighbour that closed carries its own cause, which leads on
             // to the rank that failed first.
             Some(n) => {
