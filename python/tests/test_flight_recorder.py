@@ -31,18 +31,22 @@ CULPRIT = 2
 DONE = 5  # allreduces every rank finishes; the culprit never makes the next one
 
 
+def stay_in_own_code_until(dump):
+    """Busy elsewhere (never making the next call) until this rank's dump is there: its
+    monitor thread writes it when it hears of the failure."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(dump):
+        assert time.monotonic() < deadline, "the rank in its own code wrote no dump"
+        time.sleep(0.05)
+
+
 def hang_in_own_code(rank, size, uid, out):
     comm = ccl.Communicator(rank, size, uid, timeout=3)
     x = np.ones(4096, dtype=np.float32)
     for _ in range(DONE):
         comm.all_reduce(x)
     if rank == CULPRIT:
-        # Busy elsewhere until its dump is there (written when it hears of the failure).
-        mine = os.environ["CCL_TRACE_TORCH_FILE"] + str(rank)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(mine):
-            assert time.monotonic() < deadline, "the rank in its own code wrote no dump"
-            time.sleep(0.05)
+        stay_in_own_code_until(os.environ["CCL_TRACE_TORCH_FILE"] + str(rank))
         return
     with pytest.raises(ccl.CclError) as e:
         comm.all_reduce(x)
@@ -112,11 +116,7 @@ def torch_job_hangs(rank, size, uid, store_file, out):
     for _ in range(DONE):
         dist.all_reduce(t)
     if rank == 1:
-        mine = os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank)
-        deadline = time.monotonic() + 60
-        while not os.path.exists(mine):
-            assert time.monotonic() < deadline, "the rank in its own code wrote no dump"
-            time.sleep(0.05)
+        stay_in_own_code_until(os.environ["TORCH_FR_DUMP_TEMP_FILE"] + str(rank))
         return
     with pytest.raises(Exception) as e:  # noqa: PT011 - whatever torch wraps it in
         dist.all_reduce(t)
