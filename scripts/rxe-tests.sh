@@ -17,13 +17,15 @@
 #     runs of scripts/rxe-entropy.sh (1 and 4 QPs per connection, round-robin and split,
 #     captured with tcpdump: each data QP must leave with its own UDP source port); then,
 #     in a second boot, a checked allreduce with 1% packet loss (netem) each way, and the
-#     link set down mid-run, which must fail both ranks naming the other within the timeout.
+#     link set down mid-run, which must fail both ranks naming the other within the timeout;
+#     in a third boot, four ranks (two per VM) whose link between the VMs stops delivering
+#     (netem delay) must each fail with a verdict naming that pair (scripts/rxe-link-verdict.sh).
 # On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
 # CCL_RXE_TESTS_DIRECT=1 to run step 1 without a VM.
 # The verbs tests are #[ignore]d on a host without a device; step 1 runs them with
 # --include-ignored, and fails if a test binary is missing or runs no test.
 # Ends with "rxe-tests: N passed, M failed", counting the tests of step 1 and the runs of step 2
-# (the two-VM allreduce, each entropy run, the link faults);
+# (the two-VM allreduce, each entropy run, the link faults, the link verdict);
 # exit status 0 when everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -191,6 +193,16 @@ if [ "$PAIR" = 1 ]; then
     fail=$((fail + 1)); log "two-VM link faults FAILED"
   fi
   log "two-VM link faults: $(( $(date +%s) - t0 )) s"
+
+  # A link that stops delivering while every rank is healthy (netem delay on one VM's RoCE
+  # packets, four ranks): every rank's verdict names the pair across the link.
+  t0=$(date +%s)
+  if scripts/rxe-link-verdict.sh --no-build; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1)); log "two-VM link verdict FAILED"
+  fi
+  log "two-VM link verdict: $(( $(date +%s) - t0 )) s"
 fi
 echo "rxe-tests: $pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -718,8 +718,12 @@ impl Run<'_, '_> {
         const CLOCK_EVERY: u32 = 8;
         let mut idle_from: Option<Instant> = None;
         let (mut idle_passes, mut idle) = (0u32, Duration::ZERO);
+        let stall = self.comm.config().fault_stall == Some(self.seq);
         while !self.st.finished() {
             self.comm.check_aborted()?;
+            if stall && self.st.headers_left == 0 {
+                return self.stall().map_err(|e| self.fail(e));
+            }
             if self.pass().map_err(|e| self.fail(e))? {
                 idle_from = None;
                 self.st.end_idle();
@@ -741,6 +745,30 @@ impl Run<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// `CCL_FAULT_STALL`: once every header went out and came in (the peers see this rank
+    /// inside, it sees them), moves nothing more, as a rank deadlocked inside ccl would, while the monitor thread
+    /// answers; ends when the job fails (a notice or an abort) or after twice the timeout.
+    fn stall(&mut self) -> Result<()> {
+        let timeout = self.comm.config().timeout;
+        let until = Instant::now() + 2 * timeout;
+        self.st.idle_since = Some((Instant::now(), None));
+        self.st.sync_trace(self.comm, self.sched, None);
+        ccl_core::ccl_warn!(
+            Some(self.comm.rank()),
+            "CCL_FAULT_STALL: operation #{} stops moving here on purpose",
+            self.seq
+        );
+        while Instant::now() < until {
+            self.comm
+                .block(self.links, &[], None, Duration::from_millis(100), || {})?;
+        }
+        Err(Error::timeout(format!(
+            "stalled on purpose (CCL_FAULT_STALL=op:{}) for {:.1} s and nothing failed the job",
+            self.seq,
+            (2 * timeout).as_secs_f64()
+        )))
     }
 
     /// Offers every queue head what it may do now; returns whether anything moved.

@@ -246,8 +246,19 @@ impl Peers {
                 weak.upgrade()
                     .map_or_else(Vec::new, |c| crate::diag::encode(&c.state_view()))
             }));
+            if comm.config.trace_dir.is_some() || comm.config.trace_torch_file.is_some() {
+                let weak = Arc::downgrade(&comm);
+                let once = std::sync::atomic::AtomicBool::new(false);
+                m.set_notice_hook(Box::new(move |n| {
+                    if let Some(c) = weak.upgrade()
+                        && !once.swap(true, Ordering::AcqRel)
+                    {
+                        c.dump_outside_operations(n);
+                    }
+                }));
+            }
         }
-        if comm.config.trace_dir.is_some() {
+        if comm.config.trace_dir.is_some() || comm.config.trace_torch_file.is_some() {
             watch_sigusr1(&comm);
         }
         Ok((comm, Links { endpoints, host }))
@@ -331,7 +342,9 @@ impl Peers {
             n.message
         ))
         .rank(self.rank)
-        .peer(n.culprit.unwrap_or(n.rank))
+        // A rank is no peer of its own: on the receiving end of a stalled link it is the
+        // culprit the verdict names first.
+        .peer(n.culprit.filter(|&c| c != self.rank).unwrap_or(n.rank))
     }
 
     /// Fails with the first failure notice that has arrived, if any, or with the revocation.
@@ -448,7 +461,12 @@ impl Peers {
                 format!("{}{}", verdict_prefix(&n.verdict), e.message()),
             )
             .rank(self.rank)
-            .peer(n.culprit.or(e.peer_id()).unwrap_or(self.rank)),
+            .peer(
+                n.culprit
+                    .filter(|&c| c != self.rank)
+                    .or(e.peer_id())
+                    .unwrap_or(self.rank),
+            ),
             // Even a notice from the neighbour that closed carries its own cause, which leads on
             // to the rank that failed first.
             Some(n) => {
@@ -616,26 +634,71 @@ impl Peers {
 
     /// The recorder as JSON (what a dump holds).
     pub fn trace_json(&self, reason: &str) -> String {
-        let meta = Meta {
+        self.recorder().to_json(&self.trace_meta(reason))
+    }
+
+    fn trace_meta(&self, reason: &str) -> Meta {
+        Meta {
             comm: self.tag.clone(),
             rank: self.rank,
             size: self.size,
             host: crate::log::hostname().to_string(),
             pid: std::process::id(),
             reason: reason.to_string(),
-        };
-        self.recorder().to_json(&meta)
+        }
     }
 
-    /// Writes the recorder to `CCL_TRACE_DIR`, if set; returns the file written.
+    /// Writes the recorder to `CCL_TRACE_DIR` and, in PyTorch's format, to
+    /// `CCL_TRACE_TORCH_FILE`, those that are set; returns the file written to `CCL_TRACE_DIR`.
     pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
+        if let Some(prefix) = &self.config.trace_torch_file {
+            let path = crate::log::expand_path(prefix).replace("%c", &self.tag);
+            let meta = self.trace_meta(reason);
+            let bytes = crate::torch_fr::pickle(&crate::torch_fr::dump(&self.recorder(), &meta));
+            self.write_dump(
+                std::path::PathBuf::from(format!("{path}{}", self.rank)),
+                &bytes,
+                reason,
+            );
+        }
         let dir = crate::log::expand_path(self.config.trace_dir.as_deref()?);
         let path =
             std::path::Path::new(&dir).join(format!("ccl-trace-{}-r{}.json", self.tag, self.rank));
+        self.write_dump(path, self.trace_json(reason).as_bytes(), reason)
+    }
+
+    /// Dumps the recorder on the first failure notice when this rank is in none of its
+    /// operations: it learns of the failure only at its next call, and a rank in its own code
+    /// is often the one the job waits for, whose dump (without the operation the others are
+    /// in) an analyser needs most. A rank inside an operation dumps when that operation fails.
+    fn dump_outside_operations(&self, n: &crate::bootstrap::Notice) {
+        let outside = self
+            .recorder()
+            .current()
+            .is_none_or(|e| e.state != crate::trace::State::Running);
+        if outside {
+            let what = if n.died { "died" } else { "failed" };
+            self.dump_trace(&format!(
+                "rank {} {what} while this rank was outside ccl: {}",
+                n.rank, n.message
+            ));
+        }
+    }
+
+    /// Writes a dump whole (a reader never sees half a file) and says where it went.
+    fn write_dump(
+        &self,
+        path: std::path::PathBuf,
+        bytes: &[u8],
+        reason: &str,
+    ) -> Option<std::path::PathBuf> {
         let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(&dir)?;
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, self.trace_json(reason))?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut tmp = path.clone().into_os_string();
+            tmp.push(format!(".tmp{}", std::process::id()));
+            std::fs::write(&tmp, bytes)?;
             std::fs::rename(&tmp, &path)
         };
         match write() {

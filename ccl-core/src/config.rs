@@ -55,6 +55,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "directory for flight-recorder dumps (on failure and SIGUSR1); %h = host, %p = pid",
     },
     Setting {
+        name: "CCL_TRACE_TORCH_FILE",
+        default: "",
+        help: "also write each dump in PyTorch's flight-recorder format to this path + rank; %h, %p, %c = communicator id",
+    },
+    Setting {
         name: "CCL_SLOW_WINDOW",
         default: "200",
         help: "operations per window of the slow-rank report",
@@ -78,6 +83,11 @@ pub const SETTINGS: &[Setting] = &[
         name: "CCL_LATE_WARN_FLOOR_MS",
         default: "1000",
         help: "the least CCL_LATE_WARN_MS=auto waits before the early warning",
+    },
+    Setting {
+        name: "CCL_FAULT_STALL",
+        default: "",
+        help: "testing aid: op:N makes this rank stop moving inside its operation #N (its monitor still answers) until the job fails",
     },
     Setting {
         name: "CCL_TRANSPORT",
@@ -330,6 +340,8 @@ pub struct Config {
     pub trace_buffer: usize,
     /// `CCL_TRACE_DIR`
     pub trace_dir: Option<String>,
+    /// `CCL_TRACE_TORCH_FILE`: path prefix of dumps in PyTorch's flight-recorder format.
+    pub trace_torch_file: Option<String>,
     /// `CCL_SLOW_WINDOW`
     pub slow_window: usize,
     /// `CCL_SLOW_MS`
@@ -340,6 +352,8 @@ pub struct Config {
     pub late_warn_ms: Option<u64>,
     /// `CCL_LATE_WARN_FLOOR_MS`
     pub late_warn_floor_ms: u64,
+    /// `CCL_FAULT_STALL=op:N`: the operation this rank stalls in on purpose (a testing aid).
+    pub fault_stall: Option<u64>,
     /// `CCL_TRANSPORT`
     pub transport: TransportKind,
     /// `CCL_SOCKET_IFNAME`
@@ -504,6 +518,7 @@ impl Config {
             timeout: parse_seconds("CCL_TIMEOUT", &req("CCL_TIMEOUT"))?,
             trace_buffer: parse_size("CCL_TRACE_BUFFER", &req("CCL_TRACE_BUFFER"), 0)?,
             trace_dir: get("CCL_TRACE_DIR"),
+            trace_torch_file: get("CCL_TRACE_TORCH_FILE"),
             slow_window: parse_size("CCL_SLOW_WINDOW", &req("CCL_SLOW_WINDOW"), 1)?,
             slow_ms: parse_num("CCL_SLOW_MS", &req("CCL_SLOW_MS"))?,
             slow_report: Duration::from_secs(parse_num(
@@ -518,6 +533,14 @@ impl Config {
                 "CCL_LATE_WARN_FLOOR_MS",
                 &req("CCL_LATE_WARN_FLOOR_MS"),
             )?,
+            fault_stall: get("CCL_FAULT_STALL")
+                .map(|v| match v.trim().strip_prefix("op:") {
+                    Some(n) => parse_num("CCL_FAULT_STALL", n),
+                    None => Err(Error::invalid_argument(format!(
+                        "CCL_FAULT_STALL='{v}' is not op:N (the operation number to stall in)"
+                    ))),
+                })
+                .transpose()?,
             transport: req("CCL_TRANSPORT")
                 .parse()
                 .map_err(|e| Error::invalid_argument(format!("CCL_TRANSPORT: {e}")))?,

@@ -13,6 +13,7 @@ pub mod net;
 pub mod reduce;
 pub mod test_values;
 pub mod topology;
+pub mod torch_fr;
 pub mod trace;
 pub mod transport;
 pub mod types;

@@ -26,6 +26,7 @@ How it fits into PyTorch (see docs/torch.md for what each operation does and wha
 """
 
 import ctypes
+import os
 import queue
 import threading
 import time
@@ -447,6 +448,35 @@ class _P2P:
             t.done = True
 
 
+# The dump path torch's variables gave, once the first group took it; groups made so far.
+_fr_prefix = None
+_fr_groups = 0
+
+
+def _flight_recorder_from_torch_env():
+    """Asks for dumps in PyTorch's flight-recorder format where torch's own variables ask for a
+    flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE`` above 0, ``TORCH_NCCL_DUMP_ON_TIMEOUT`` not
+    off), at torch's path (``TORCH_FR_DUMP_TEMP_FILE`` + rank), unless ``CCL_TRACE_TORCH_FILE``
+    is set. The first group of a process writes there; later groups (whose ranks are not the
+    global ones) add their communicator id to the name so that nothing is overwritten (the
+    analyser then needs ``-p`` for them)."""
+    global _fr_prefix, _fr_groups
+
+    try:
+        size = int(os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0"))
+    except ValueError:
+        return
+    if size <= 0 or os.environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT", "1").lower() in ("0", "false"):
+        return
+    if _fr_prefix is None:
+        if os.environ.get("CCL_TRACE_TORCH_FILE"):
+            return  # the user's own choice
+        _fr_prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "/tmp/nccl_trace_rank_")
+    os.environ["CCL_TRACE_TORCH_FILE"] = _fr_prefix if _fr_groups == 0 else _fr_prefix + "%c_"
+    os.environ.setdefault("CCL_TRACE_BUFFER", str(size))
+    _fr_groups += 1
+
+
 class ProcessGroupCCL(_Backend):
     """A ``torch.distributed`` backend (device ``cpu``) over a ccl communicator."""
 
@@ -460,6 +490,7 @@ class ProcessGroupCCL(_Backend):
             store.set(_UID_KEY, uid)
         else:
             uid = store.get(_UID_KEY)
+        _flight_recorder_from_torch_env()
         self.comm = _ccl.Communicator(rank, size, uid, timeout=self._timeout)
         self._gone = None
         self._seq = 0

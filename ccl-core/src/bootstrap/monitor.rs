@@ -25,6 +25,9 @@ use crate::{ccl_trace, ccl_warn};
 /// Describes this rank for a state query ([`crate::diag::encode`]d).
 pub type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 
+/// Called on the monitor thread with each failure notice as it arrives.
+pub type NoticeHook = Box<dyn Fn(&Notice) + Send + Sync>;
+
 impl Bootstrap {
     /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
     /// failure on to the others for as long as the communicator lives, and asks this rank for
@@ -58,6 +61,7 @@ impl Bootstrap {
             root_gone: AtomicBool::new(false),
             acks: AtomicU64::new(0),
             state: OnceLock::new(),
+            on_notice: OnceLock::new(),
             recovery: Mutex::new(Recovery::default()),
         });
         let s = Arc::clone(&shared);
@@ -87,6 +91,7 @@ struct Shared {
     /// Acknowledgements from the root (it is alive and working on a report of ours).
     acks: AtomicU64,
     state: OnceLock<StateSource>,
+    on_notice: OnceLock<NoticeHook>,
     recovery: Mutex<Recovery>,
 }
 
@@ -153,6 +158,9 @@ impl Shared {
                     // A rank whose error only echoes another's failure did not fail itself.
                     if n.died || !n.message.starts_with(ErrorKind::Remote.as_str()) {
                         self.recovery().failed.insert(n.rank);
+                    }
+                    if let Some(hook) = self.on_notice.get() {
+                        hook(&n);
                     }
                     self.notices
                         .lock()
@@ -240,6 +248,12 @@ impl Monitor {
     /// ignored). Until it is set the rank does not answer.
     pub fn set_state_source(&self, f: StateSource) {
         let _ = self.shared.state.set(f);
+    }
+
+    /// Sets what to do with each failure notice as it arrives, on the monitor thread, before
+    /// the rank's waits see it (once; later calls are ignored).
+    pub fn set_notice_hook(&self, f: NoticeHook) {
+        let _ = self.shared.on_notice.set(f);
     }
 
     /// The first notice that has arrived, without waiting. The first failure is the one that
