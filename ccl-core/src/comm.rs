@@ -101,7 +101,8 @@ pub struct Peers {
 }
 
 /// Connections to every peer, indexed by rank (`None` for this rank), and the memory this rank
-/// shares with every other rank of the communicator when they all run on one host.
+/// shares with the other ranks of its host (all of the communicator's ranks on one host, or
+/// the host's own when the communicator spans hosts).
 #[derive(Debug, Default)]
 pub struct Links {
     pub endpoints: Vec<Option<Box<dyn Endpoint>>>,
@@ -206,12 +207,28 @@ impl Peers {
         if let (Some(path), true, 0) = (&config.topo_file, topo_file.is_some(), rank) {
             log_topology(path, &topology);
         }
+        let groups = topology.host_groups();
+        let every_host = wireup::hosts_share_memory(&records, &candidates, &groups);
+        let my_host = topology.host_peers(rank);
         let InUse {
             peer_transports,
             props,
             name: transport_name,
             host,
-        } = in_use(&chosen, &candidates, size);
+        } = in_use(&chosen, &candidates, &my_host, every_host);
+        if let Some(h) = &host {
+            ccl_info!(
+                Some(rank),
+                "host memory: {} ranks of this host share a segment of {} KiB slots{}",
+                h.ranks().len(),
+                h.slot_len() >> 10,
+                if groups.len() > 1 && every_host {
+                    ", as do every host's"
+                } else {
+                    ""
+                }
+            );
+        }
         let tag = comm_tag(&ctx.secret);
         let trace_buffer = config.trace_buffer;
         let comm = Peers {
@@ -939,16 +956,23 @@ fn check_fingerprints(records: &[Record], fp: u64, rank: usize) -> Result<()> {
 struct InUse {
     /// Per peer, the transport's name.
     peer_transports: Vec<Option<&'static str>>,
-    /// As the cost model sees them: the slowest transport in use, and whether host memory spans
-    /// the communicator.
+    /// As the cost model sees them: the slowest transport in use, and whether the ranks of every
+    /// host share host memory.
     props: TransportProperties,
     /// `tcp`, `shm+tcp`, ...
     name: String,
-    /// The memory every rank shares, when they all run on this host.
+    /// The memory this rank shares with the other ranks of its host.
     host: Option<Box<dyn HostMemory>>,
 }
 
-fn in_use(chosen: &[Option<usize>], candidates: &[Arc<dyn Transport>], size: usize) -> InUse {
+/// `my_host`: the ranks of this rank's host as the topology places them; `every_host`: whether
+/// every host's ranks share memory ([`wireup::hosts_share_memory`]).
+fn in_use(
+    chosen: &[Option<usize>],
+    candidates: &[Arc<dyn Transport>],
+    my_host: &[usize],
+    every_host: bool,
+) -> InUse {
     let peer_transports = chosen
         .iter()
         .map(|c| c.map(|t| candidates[t].name()))
@@ -959,14 +983,15 @@ fn in_use(chosen: &[Option<usize>], candidates: &[Arc<dyn Transport>], size: usi
         .filter(|(t, _)| chosen.contains(&Some(*t)))
         .map(|(_, t)| t)
         .collect();
-    // Host memory serves collectives only when it spans the whole communicator (the
-    // hierarchical algorithms do not use it yet).
+    // Host memory serves collectives when it holds exactly this host's ranks: the whole
+    // communicator (`shm` algorithms) or one host of several (`hiershm`), whose schedules
+    // number slots by the host's ranks in order.
     let host = used
         .iter()
         .find_map(|t| t.take_host())
-        .filter(|h| h.ranks().len() == size);
+        .filter(|h| h.ranks() == my_host);
     let mut props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
-    props.host_memory = host.is_some();
+    props.host_memory = every_host;
     InUse {
         peer_transports,
         props,

@@ -179,6 +179,36 @@ pub fn choose(
         .collect()
 }
 
+/// Whether the ranks of every host share host memory: on each host of more than one rank
+/// (`groups`: each host's ranks, as the topology places them), every pair uses a transport that
+/// sets up host memory (`TransportProperties::host_memory`) and none of them uses it with a rank
+/// elsewhere, so the segment the transport makes holds exactly the host's ranks; and at least
+/// one host has more than one rank. Every rank computes the same answer from the same records,
+/// so all agree on whether the algorithms that need it can run.
+pub fn hosts_share_memory(
+    records: &[Record],
+    mine: &[Arc<dyn Transport>],
+    groups: &[Vec<usize>],
+) -> bool {
+    let mut any = false;
+    for g in groups.iter().filter(|g| g.len() > 1) {
+        for &a in g {
+            let Ok(chosen) = choose(a, records, mine) else {
+                return false;
+            };
+            for (b, t) in chosen.iter().enumerate() {
+                if let Some(t) = t
+                    && g.contains(&b) != mine[*t].properties().host_memory
+                {
+                    return false;
+                }
+            }
+        }
+        any = true;
+    }
+    any
+}
+
 /// One line on what connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across`.
 pub fn summary(
     records: &[Record],
