@@ -10,6 +10,10 @@
 # Needs root (unshare --uts); exits 77 (skipped) without it.
 # Usage: scripts/two-hosts.sh [COLLECTIVE...] (default: allreduce broadcast allgather, then the
 # hiershm cases; with collectives given, only those)
+#        scripts/two-hosts.sh --bench [ROUNDS] [BENCH-ARGS...]: no checks; allreduce over the
+# 2 x 2 ranks with each allreduce algorithm forced and with the automatic choice, ROUNDS
+# (default 3) interleaved rounds, then `ccl-bench compare` (median out-of-place time per size;
+# default sizes 8 B to 16 MiB, x8, -n 20 -w 5). Reports and table in target/two-hosts-bench/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -18,6 +22,12 @@ if ! unshare --uts true 2>/dev/null; then
   exit 77
 fi
 cargo build --release -q -p ccl-bench
+bench=0
+if [ "${1:-}" = --bench ]; then
+  bench=1; shift; rounds=${1:-3}; [ $# -gt 0 ] && shift
+  bargs=("$@"); [ ${#bargs[@]} -gt 0 ] || bargs=(-b 8 -e 16M -f 8 -n 20 -w 5)
+  set --
+fi
 colls=("$@"); hier=1
 if [ ${#colls[@]} -gt 0 ]; then hier=0; else colls=(allreduce broadcast allgather); fi
 out=$(mktemp -d)
@@ -74,6 +84,19 @@ run() {
     exit 1
   }
 }
+
+if [ "$bench" = 1 ]; then
+  dir=target/two-hosts-bench; rm -rf "$dir"; mkdir -p "$dir"
+  for round in $(seq "$rounds"); do
+    for algo in ring rd tree hd hier hiershm auto; do
+      a=(--algo "$algo"); [ "$algo" = auto ] && a=()
+      run "bench-$algo" block allreduce "${a[@]}" "${bargs[@]}" -c 0 --json "$dir/$algo.$round.json"
+    done
+    echo "two-hosts: bench round $round of $rounds done" >&2
+  done
+  ./target/release/ccl-bench compare "$dir"/*.json | tee "$dir/table.md"
+  exit 0
+fi
 
 for coll in "${colls[@]}"; do
   run "$coll" block "$coll" -b 8 -e 4M -f 8 -n 3 -w 1 -c 1

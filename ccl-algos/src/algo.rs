@@ -871,3 +871,28 @@ mod tests {
         }
     }
 }
+#[cfg(test)]
+mod scratch_costs {
+    use super::*;
+    use std::time::Duration;
+    #[test]
+    #[ignore = "scratch"]
+    fn print_costs() {
+        let t = TransportProperties {
+            latency: Duration::from_micros(5),
+            bandwidth: 3.0e9,
+            spin: Duration::ZERO,
+            host_memory: true,
+        };
+        let topo = Topology::from_hosts(&["a", "a", "b", "b"].map(String::from));
+        for p in [3, 6, 9, 12, 15, 18, 21, 24] {
+            let b = 1usize << p;
+            let mut line = format!("{b:>10}");
+            for a in Collective::AllReduce.algos() {
+                let c = cost(Collective::AllReduce, *a, 4, b, &t, &topo).map_or(-1.0, |c| c * 1e6);
+                line += &format!(" {}={c:.1}", a.name());
+            }
+            eprintln!("{line}");
+        }
+    }
+}

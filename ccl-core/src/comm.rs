@@ -77,6 +77,8 @@ pub struct Peers {
     /// CPUs of this machine (0: unknown).
     cpus: usize,
     hosts: Vec<String>,
+    /// Every rank's machine: its boot id, else (unknown) its host name.
+    machines: Vec<String>,
     /// Process id of every rank, in rank order.
     pids: Vec<u32>,
     topology: Topology,
@@ -167,6 +169,13 @@ impl Peers {
         check_fingerprints(&records, fp, rank)?;
         let hosts: Vec<String> = records.iter().map(|r| r.host.name.clone()).collect();
         let pids: Vec<u32> = records.iter().map(|r| r.host.pid).collect();
+        let machines: Vec<String> = records
+            .iter()
+            .map(|r| match r.host.boot_id.as_str() {
+                "" => r.host.name.clone(),
+                b => b.to_string(),
+            })
+            .collect();
         let topology = match (&config.topology, &topo_file) {
             (Some(t), _) => t.clone(),
             (None, Some(f)) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
@@ -243,6 +252,7 @@ impl Peers {
             topology,
             local_ip,
             hosts,
+            machines,
             pids,
             monitor,
             root_host,
@@ -303,11 +313,13 @@ impl Peers {
         self.transport_props
     }
 
-    /// How many ranks of this communicator run on this rank's host (this one included).
+    /// How many ranks of this communicator share this rank's machine, and so its CPUs (this one
+    /// included): same boot id, whatever their host names (hosts in UTS namespaces or
+    /// containers on one machine still share its CPUs).
     pub fn ranks_on_host(&self) -> usize {
-        self.hosts
+        self.machines
             .iter()
-            .filter(|h| **h == self.hosts[self.rank])
+            .filter(|m| **m == self.machines[self.rank])
             .count()
     }
 

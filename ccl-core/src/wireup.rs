@@ -467,7 +467,7 @@ mod tests {
                 latency: Duration::ZERO,
                 bandwidth: 1.0,
                 spin: Duration::ZERO,
-                host_memory: false,
+                host_memory: self.0 == "shm",
             }
         }
         fn listen(&self, _: &ConnectContext) -> Result<Box<dyn Listener>> {
@@ -490,6 +490,50 @@ mod tests {
             Arc::new(Fake("ib", Scope::Any)),
             Arc::new(Fake("tcp", Scope::Any)),
         ]
+    }
+
+    /// Host memory on every host only when each host's ranks, as the topology groups them,
+    /// are exactly the ranks that share memory pair by pair.
+    #[test]
+    fn every_host_shares_memory_only_when_each_hosts_ranks_do() {
+        let all = ["shm", "tcp"];
+        let two_by_two = vec![
+            rec(host("a", 1, 10), &all),
+            rec(host("a", 1, 11), &all),
+            rec(host("b", 1, 20), &all),
+            rec(host("b", 1, 21), &all),
+        ];
+        let hosts = vec![vec![0, 1], vec![2, 3]];
+        assert!(hosts_share_memory(&two_by_two, &mine(), &hosts));
+        // A rank alone on its host needs no memory; the others still share theirs.
+        let mut lone = two_by_two.clone();
+        lone.push(rec(host("c", 1, 30), &all));
+        assert!(hosts_share_memory(
+            &lone,
+            &mine(),
+            &[vec![0, 1], vec![2, 3], vec![4]]
+        ));
+        // A rank with shared memory off: its host has none, so not every host does.
+        let mut off = two_by_two.clone();
+        off[3] = rec(host("b", 1, 21), &["tcp"]);
+        assert!(!hosts_share_memory(&off, &mine(), &hosts));
+        // A topology that puts the four on one host, or splits one host's pair: the segments
+        // would not hold the topology's hosts.
+        assert!(!hosts_share_memory(&two_by_two, &mine(), &[vec![0, 1, 2, 3]]));
+        assert!(!hosts_share_memory(
+            &two_by_two,
+            &mine(),
+            &[vec![0], vec![1], vec![2, 3]]
+        ));
+        // A rank per host: no host memory anywhere.
+        let spread: Vec<Record> = (0..3)
+            .map(|i| rec(host(&format!("h{i}"), 1, 10 + i), &all))
+            .collect();
+        assert!(!hosts_share_memory(
+            &spread,
+            &mine(),
+            &[vec![0], vec![1], vec![2]]
+        ));
     }
 
     #[test]
