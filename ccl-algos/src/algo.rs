@@ -466,10 +466,7 @@ pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementati
             AllToAll,
             Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm | HierShm,
         )
-        | (
-            Barrier,
-            Ring | Pairwise | Tree | HalvingDoubling | Hierarchical | Shm | HierShm,
-        )
+        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical | Shm | HierShm)
         | (
             Gather | Scatter | AllGatherV | ReduceScatterV | AllToAllV,
             Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm | HierShm,
@@ -696,6 +693,44 @@ mod tests {
         assert!(r(&slow) / r(&fast) > c(&slow) / c(&fast));
     }
 
+    /// Hosts whose ranks share memory: `hiershm` is priced only with host memory and several
+    /// hosts. Behind host links as fast as a connection, with four ranks a host, it wins large
+    /// buffers: every rank crosses the network with a quarter of the buffer, where `hier`'s
+    /// leader alone sends twice the buffer and the ring's ranks 1.75 times it each.
+    #[test]
+    fn hierarchical_on_host_memory_is_priced_where_hosts_share_memory() {
+        let host = TransportProperties {
+            host_memory: true,
+            ..tcp()
+        };
+        let two_by_four = Topology::grid(1, 1, 2, 4);
+        let c = |a, t: &TransportProperties, topo: &Topology, b| {
+            cost(Collective::AllReduce, a, topo.size(), b, t, topo)
+        };
+        assert!(c(Algo::HierShm, &tcp(), &two_by_four, 1 << 20).is_none());
+        let one_host = Topology::from_hosts(&vec!["box".to_string(); 4]);
+        assert!(c(Algo::HierShm, &host, &one_host, 1 << 20).is_none());
+        assert!(c(Algo::Shm, &host, &two_by_four, 1 << 20).is_none());
+        assert_eq!(
+            choose(Collective::AllReduce, 8, 256 << 20, &host, &two_by_four),
+            Algo::HierShm
+        );
+        for other in [Algo::Ring, Algo::Hierarchical, Algo::HalvingDoubling] {
+            let (h, o) = (
+                c(Algo::HierShm, &host, &two_by_four, 256 << 20).unwrap(),
+                c(other, &host, &two_by_four, 256 << 20).unwrap(),
+            );
+            assert!(h < o, "hiershm {h} s against {other} {o} s");
+        }
+        // Uneven hosts load the ranks of the smallest host with more parts.
+        let uneven = Topology::from_hosts(&["a", "a", "a", "a", "b", "b"].map(String::from));
+        let even = Topology::from_hosts(&["a", "a", "a", "b", "b", "b"].map(String::from));
+        assert!(
+            c(Algo::HierShm, &host, &uneven, 1 << 26).unwrap()
+                > c(Algo::HierShm, &host, &even, 1 << 26).unwrap()
+        );
+    }
+
     /// A slow rack uplink: algorithms that cross it less win.
     #[test]
     fn rack_uplink_is_charged() {
@@ -868,31 +903,6 @@ mod tests {
             assert_eq!(pick(64 << 20), Algo::Ring);
             let t = |n| cost(coll, Algo::Tree, n, 1 << 20, &tcp(), &Topology::flat(n)).unwrap();
             assert!(t(16) > t(2));
-        }
-    }
-}
-#[cfg(test)]
-mod scratch_costs {
-    use super::*;
-    use std::time::Duration;
-    #[test]
-    #[ignore = "scratch"]
-    fn print_costs() {
-        let t = TransportProperties {
-            latency: Duration::from_micros(5),
-            bandwidth: 3.0e9,
-            spin: Duration::ZERO,
-            host_memory: true,
-        };
-        let topo = Topology::from_hosts(&["a", "a", "b", "b"].map(String::from));
-        for p in [3, 6, 9, 12, 15, 18, 21, 24] {
-            let b = 1usize << p;
-            let mut line = format!("{b:>10}");
-            for a in Collective::AllReduce.algos() {
-                let c = cost(Collective::AllReduce, *a, 4, b, &t, &topo).map_or(-1.0, |c| c * 1e6);
-                line += &format!(" {}={c:.1}", a.name());
-            }
-            eprintln!("{line}");
         }
     }
 }

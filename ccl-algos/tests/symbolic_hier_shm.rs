@@ -132,7 +132,13 @@ fn uneven_hosts_and_ranks_alone_on_their_host() {
         &["a", "b", "a", "b"],
         &["x", "y", "y", "x", "z", "x"],
     ] {
-        check(&placed(hosts), &format!("{hosts:?}"), &[1, 3, 7, 26], &[2, 6, 32], 4);
+        check(
+            &placed(hosts),
+            &format!("{hosts:?}"),
+            &[1, 3, 7, 26],
+            &[2, 6, 32],
+            4,
+        );
     }
 }
 
@@ -167,7 +173,10 @@ fn the_checker_keeps_hosts_apart() {
         })
         .collect();
     let failed = (0..20).any(|seed| simulate_hosts(&scheds, &st, &hosts, seed).is_err());
-    assert!(failed, "a schedule without its barriers must fail the check");
+    assert!(
+        failed,
+        "a schedule without its barriers must fail the check"
+    );
     // Host rank 2 exists on no host of two ranks.
     let mut bad = Schedule::new("bad");
     bad.host_slot = 4;
@@ -189,7 +198,11 @@ fn the_checker_keeps_hosts_apart() {
     // Modelled as one host of four, the two-host schedules wait for posts from ranks that never
     // make them in this memory: the check must not pass by accident.
     let scheds = schedules(&topo, 8, false, ReduceOp::Sum, 4, 0);
-    let e = simulate(&scheds, &Setup::allreduce(4, 8, false, ReduceOp::Sum, false), 1);
+    let e = simulate(
+        &scheds,
+        &Setup::allreduce(4, 8, false, ReduceOp::Sum, false),
+        1,
+    );
     assert!(e.is_err());
 }
 

@@ -519,7 +519,11 @@ mod tests {
         assert!(!hosts_share_memory(&off, &mine(), &hosts));
         // A topology that puts the four on one host, or splits one host's pair: the segments
         // would not hold the topology's hosts.
-        assert!(!hosts_share_memory(&two_by_two, &mine(), &[vec![0, 1, 2, 3]]));
+        assert!(!hosts_share_memory(
+            &two_by_two,
+            &mine(),
+            &[vec![0, 1, 2, 3]]
+        ));
         assert!(!hosts_share_memory(
             &two_by_two,
             &mine(),

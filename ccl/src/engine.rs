@@ -251,10 +251,9 @@ impl Engine {
             None => {
                 let algo = self.choose(coll, forced, size_bytes);
                 if !self.can_run(algo) {
-                    return Err(Error::invalid_usage(
-                        algo::unavailable(coll, algo).to_string(),
-                    )
-                    .rank(rank));
+                    return Err(
+                        Error::invalid_usage(algo::unavailable(coll, algo).to_string()).rank(rank),
+                    );
                 }
                 let sched = g.plan(coll, algo, &shape, self.peers.topology())?;
                 g.remember(Recent {

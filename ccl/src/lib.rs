@@ -239,10 +239,10 @@ impl Communicator {
             && coll.algos().contains(&a)
             && !self.algorithms(coll).contains(&a)
         {
-            return Err(Error::invalid_argument(
-                ccl_algos::algo::unavailable(coll, a).to_string(),
-            )
-            .rank(self.rank()));
+            return Err(
+                Error::invalid_argument(ccl_algos::algo::unavailable(coll, a).to_string())
+                    .rank(self.rank()),
+            );
         }
         let mut o = self
             .engine

@@ -176,7 +176,11 @@ impl<'a> Builder<'a> {
     /// Where part `p` of chunk `j` lies in host rank `i`'s slot.
     fn slot(&self, i: usize, j: usize, p: usize) -> Region {
         let l = self.part(j, p).1;
-        Region::new(Buf::Host(i as u16), (j % 2) * self.half + p * self.stride, l)
+        Region::new(
+            Buf::Host(i as u16),
+            (j % 2) * self.half + p * self.stride,
+            l,
+        )
     }
 
     /// Part `p` of chunk `j` in buffer `buf`.
