@@ -179,7 +179,15 @@ impl Peers {
         let topology = match (&config.topology, &topo_file) {
             (Some(t), _) => t.clone(),
             (None, Some(f)) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
-            (None, None) => Topology::from_hosts(&hosts),
+            // Hosts by name and machine: two machines (VMs, say) that share a host name are
+            // still two hosts.
+            (None, None) => Topology::from_hosts(
+                &hosts
+                    .iter()
+                    .zip(&machines)
+                    .map(|(h, m)| format!("{h}\0{m}"))
+                    .collect::<Vec<_>>(),
+            ),
         };
         let chosen = wireup::choose(rank, &records, &candidates)?;
         let root_host = records.iter().position(|r| r.runs_root);
