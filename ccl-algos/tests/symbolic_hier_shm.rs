@@ -7,7 +7,7 @@
 use ccl_algos::algo::{Algo, AlgoError, Collective, build};
 use ccl_algos::allreduce::hier_shm;
 use ccl_algos::schedule::{Action, Buf, Region, Schedule, Shape};
-use ccl_algos::symbolic::{Setup, simulate, simulate_hosts};
+use ccl_algos::symbolic::{Setup, simulate, simulate_hosts, twice};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 
@@ -52,32 +52,6 @@ fn schedules(
             s
         })
         .collect()
-}
-
-/// The schedule run twice in a row, as two operations: the second's waits count on from the
-/// first's posts.
-fn twice(s: &Schedule) -> Schedule {
-    let posts = s
-        .ops
-        .iter()
-        .filter(|o| matches!(o.action, Action::Post))
-        .count() as u32;
-    let mut t = Schedule::new(s.algo);
-    t.host_slot = s.host_slot;
-    for round in 0..2u32 {
-        let base = t.ops.len();
-        for o in &s.ops {
-            let action = match o.action {
-                Action::WaitPosts { count } => Action::WaitPosts {
-                    count: count + round * posts,
-                },
-                a => a,
-            };
-            let deps: Vec<usize> = o.deps.iter().map(|d| d + base).collect();
-            t.push(action, &deps, o.stream_from.map(|f| f + base), o.step);
-        }
-    }
-    t.finish()
 }
 
 fn check(topo: &Topology, what: &str, counts: &[usize], slots: &[usize], seeds: u64) {
