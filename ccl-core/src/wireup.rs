@@ -517,14 +517,21 @@ mod tests {
         let mut off = two_by_two.clone();
         off[3] = rec(host("b", 1, 21), &["tcp"]);
         assert!(!hosts_share_memory(&off, &mine(), &hosts));
-        // A topology that puts the four on one host, or splits one host's pair: the segments
-        // would not hold the topology's hosts.
+        // A topology that puts the four on one host, or three of them: the segments would not
+        // hold the topology's hosts.
         assert!(!hosts_share_memory(
             &two_by_two,
             &mine(),
             &[vec![0, 1, 2, 3]]
         ));
         assert!(!hosts_share_memory(
+            &two_by_two,
+            &mine(),
+            &[vec![0, 1, 2], vec![3]]
+        ));
+        // One that splits a pair into two hosts of one rank each: those need no host memory
+        // (their shared-memory connection is only a pipe to them), the other host has its own.
+        assert!(hosts_share_memory(
             &two_by_two,
             &mine(),
             &[vec![0], vec![1], vec![2, 3]]
