@@ -13,7 +13,9 @@
 #     collective and algorithm, 2 and 3 ranks, bit for bit against plain buffers) and
 #     ccl-ibverbs' endpoint tests;
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
-#     run a checked allreduce over rxe between the two "hosts", then in the same boot the
+#     run a checked allreduce over rxe between the two "hosts", then two ranks in each VM
+#     (shared memory inside each, verbs across) a checked hiershm allreduce with odd
+#     counts, then in the same boot the
 #     runs of scripts/rxe-entropy.sh (1 and 4 QPs per connection, round-robin and split,
 #     captured with tcpdump: each data QP must leave with its own UDP source port); then,
 #     in a second boot, a checked allreduce with 1% packet loss (netem) each way, and the
@@ -141,6 +143,20 @@ if [ "$PAIR" = 1 ]; then
        rc=$?; grep -v "is not a ccl setting" $TMPDIR/err | grep -E "ERROR|error|ready|verbs" ; cat $TMPDIR/out;
        if [ "$CCL_RANK" = 0 ]; then grep -q "Out of bounds values : 0 OK" $TMPDIR/out || rc=1; fi;
        echo "RESULT two-VM allreduce: exit $rc";
+       h=2; [ "$RXE_ROLE" = b ] && h=0; hp=();
+       for i in 0 1; do
+         CCL_WORLD_SIZE=4 CCL_RANK=$((h + i)) CCL_COMM_ID=192.0.2.2:29558 CCL_SECRET=rxe-pair4 CCL_TRANSPORT=auto \
+           timeout 300 target/release/ccl-bench allreduce --algo hiershm -b 4 -e 2M -f 5 -n 2 -w 1 -c 1 \
+           > $TMPDIR/h$i.out 2> $TMPDIR/h$i.err & hp+=($!);
+       done;
+       hrc=0; for p in "${hp[@]}"; do wait $p || hrc=1; done;
+       for i in 0 1; do
+         grep -q "2 hosts x 2 ranks: shm within hosts, ib across" $TMPDIR/h$i.err || { echo "not shm within, ib across"; hrc=1; };
+         grep -q "host memory: 2 ranks of this host share a segment" $TMPDIR/h$i.err || { echo "no host memory"; hrc=1; };
+         grep -E "ERROR|error|ready|host memory" $TMPDIR/h$i.err | grep -v "is not a ccl setting";
+       done;
+       if [ $h = 0 ]; then cat $TMPDIR/h0.out; grep -q "Out of bounds values : 0 OK" $TMPDIR/h0.out || hrc=1; fi;
+       echo "RESULT two-VM 2x2 hiershm allreduce: exit $hrc"; [ $hrc = 0 ] || rc=1;
        (unset CCL_COMM_ID CCL_SECRET CCL_DEBUG CCL_RANK; scripts/rxe-entropy.sh --guest); e=$?;
        [ $rc = 0 ] && [ $e = 0 ]'
   CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm-pair.sh "$cmd" "$cmd" 2>&1 \
@@ -150,6 +166,12 @@ if [ "$PAIR" = 1 ]; then
     pass=$((pass + 1))
   else
     fail=$((fail + 1)); log "two-VM allreduce FAILED"
+  fi
+  # Two ranks per VM: shared memory inside each VM, verbs across, hiershm forced.
+  if [ "$(grep -c 'RESULT two-VM 2x2 hiershm allreduce: exit 0$' target/rxe-tests/pair.log)" = 2 ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1)); log "two-VM 2 ranks per VM (hiershm) FAILED"
   fi
   # VM A captured and checked each entropy run; B's side of a run only has to succeed.
   ep=$(grep -c '^\[A\] PASSED: qps' target/rxe-tests/pair.log)

@@ -232,6 +232,10 @@ pub enum AlgoError {
         "{coll}: the shm algorithm needs every rank on one host, connected by shared memory (not disabled by CCL_SHM_DISABLE or CCL_TRANSPORT)"
     )]
     NoHostMemory { coll: Collective },
+    #[error(
+        "{coll}: the hiershm algorithm needs the ranks of every host connected by shared memory (not disabled by CCL_SHM_DISABLE or CCL_TRANSPORT), each host's ranks among themselves only"
+    )]
+    NoHostMemoryPerHost { coll: Collective },
     /// Any of the above, in the `CCL_ALGO` setting `spec`.
     #[error("CCL_ALGO='{spec}': {error}")]
     Setting { spec: String, error: Box<AlgoError> },
@@ -303,6 +307,11 @@ wire_enum! {
         /// rank reads it; flag barriers between the steps. Only when every rank of the
         /// communicator is on one host and the shared-memory transport connects them.
         Shm = 6 => "shm",
+        /// Hierarchical on host memory: the ranks of each host reduce-scatter and allgather
+        /// through their host's shared segment, and every rank allreduces its part with its
+        /// counterparts on the other hosts over the network. Only when the ranks of every host
+        /// share memory.
+        HierShm = 7 => "hiershm",
     }
 }
 
@@ -317,6 +326,7 @@ impl Algo {
             Algo::HalvingDoubling => &["halving_doubling", "rabenseifner"],
             Algo::Hierarchical => &["hierarchical"],
             Algo::Shm => &["host", "shared_memory"],
+            Algo::HierShm => &["hier_shm", "hierarchical_shm"],
         }
     }
 }
@@ -382,6 +392,7 @@ pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementati
         (AllReduce, Tree) => (allreduce::double_tree::build, cost::double_tree),
         (AllReduce, HalvingDoubling) => (allreduce::hd::build, cost::halving_doubling),
         (AllReduce, Hierarchical) => (allreduce::hier::build, cost::hierarchical),
+        (AllReduce, HierShm) => (allreduce::hier_shm::build, cost::hier_shm),
         (Broadcast, Ring) => (
             |s, _| broadcast::ring::build(s),
             |n, _| cost::chain(n, false),
@@ -442,14 +453,23 @@ pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementati
         }
         // The pairs that do not exist.
         (AllReduce, Pairwise)
-        | (Broadcast | Reduce, RecursiveDoubling | Pairwise | HalvingDoubling | Hierarchical)
+        | (
+            Broadcast | Reduce,
+            RecursiveDoubling | Pairwise | HalvingDoubling | Hierarchical | HierShm,
+        )
         | (Reduce, Shm)
-        | (AllGather | ReduceScatter, RecursiveDoubling | Tree | HalvingDoubling | Hierarchical)
-        | (AllToAll, Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm)
-        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical | Shm)
+        | (
+            AllGather | ReduceScatter,
+            RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | HierShm,
+        )
+        | (
+            AllToAll,
+            Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm | HierShm,
+        )
+        | (Barrier, Ring | Pairwise | Tree | HalvingDoubling | Hierarchical | Shm | HierShm)
         | (
             Gather | Scatter | AllGatherV | ReduceScatterV | AllToAllV,
-            Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm,
+            Ring | RecursiveDoubling | Tree | HalvingDoubling | Hierarchical | Shm | HierShm,
         ) => return None,
     };
     Some(Implementation {
@@ -491,6 +511,10 @@ pub fn build(
     if algo == Algo::Shm && shape.host_slot < 2 * shape.size {
         return Err(AlgoError::NoHostMemory { coll });
     }
+    // At least one element in each half.
+    if algo == Algo::HierShm && shape.host_slot < 2 {
+        return Err(AlgoError::NoHostMemoryPerHost { coll });
+    }
     match imp.build {
         Builder::One(f) => Ok(f(shape, topo)),
         Builder::PerRank(_) => Err(AlgoError::Counts {
@@ -529,13 +553,38 @@ pub fn cost(
     topo: &Topology,
 ) -> Option<f64> {
     let imp = implementation(coll, algo)?;
-    if algo == Algo::Shm && !t.host_memory {
+    if !available(algo, t, topo) {
+        return None;
+    }
+    // On one host the host-memory algorithm proper does the same with fewer steps.
+    if algo == Algo::HierShm && topo.num_hosts() <= 1 {
         return None;
     }
     if n <= 1 {
         return Some(0.0);
     }
     Some(LinkCosts::new(t, topo).time(&(imp.load)(n, topo), bytes as f64))
+}
+
+/// Whether a communicator whose transports are `t` (as [`crate::cost::properties_of`] gives them:
+/// `host_memory` when the ranks of every host share a segment) and whose ranks are placed as
+/// `topo` says can run `algo`: `shm` needs every rank on one host, `hiershm` host memory on
+/// every host; the others need nothing.
+pub fn available(algo: Algo, t: &TransportProperties, topo: &Topology) -> bool {
+    match algo {
+        Algo::Shm => t.host_memory && topo.num_hosts() <= 1,
+        Algo::HierShm => t.host_memory,
+        _ => true,
+    }
+}
+
+/// Why `coll` cannot run `algo` on a communicator where it is not [`available`].
+pub fn unavailable(coll: Collective, algo: Algo) -> AlgoError {
+    if algo == Algo::HierShm {
+        AlgoError::NoHostMemoryPerHost { coll }
+    } else {
+        AlgoError::NoHostMemory { coll }
+    }
 }
 
 /// The cheapest algorithm for `coll` by [`cost`].
@@ -608,7 +657,7 @@ mod tests {
         for a in Collective::AllReduce
             .algos()
             .iter()
-            .filter(|&&a| a != Algo::Shm)
+            .filter(|&&a| !matches!(a, Algo::Shm | Algo::HierShm))
         {
             let t = |b| cost(Collective::AllReduce, *a, 6, b, &tcp(), &topo).unwrap();
             assert!(t(1 << 20) > t(1 << 10), "{a}");
@@ -644,6 +693,44 @@ mod tests {
         assert!(r(&slow) / r(&fast) > c(&slow) / c(&fast));
     }
 
+    /// Hosts whose ranks share memory: `hiershm` is priced only with host memory and several
+    /// hosts. Behind host links as fast as a connection, with four ranks a host, it wins large
+    /// buffers: every rank crosses the network with a quarter of the buffer, where `hier`'s
+    /// leader alone sends twice the buffer and the ring's ranks 1.75 times it each.
+    #[test]
+    fn hierarchical_on_host_memory_is_priced_where_hosts_share_memory() {
+        let host = TransportProperties {
+            host_memory: true,
+            ..tcp()
+        };
+        let two_by_four = Topology::grid(1, 1, 2, 4);
+        let c = |a, t: &TransportProperties, topo: &Topology, b| {
+            cost(Collective::AllReduce, a, topo.size(), b, t, topo)
+        };
+        assert!(c(Algo::HierShm, &tcp(), &two_by_four, 1 << 20).is_none());
+        let one_host = Topology::from_hosts(&vec!["box".to_string(); 4]);
+        assert!(c(Algo::HierShm, &host, &one_host, 1 << 20).is_none());
+        assert!(c(Algo::Shm, &host, &two_by_four, 1 << 20).is_none());
+        assert_eq!(
+            choose(Collective::AllReduce, 8, 256 << 20, &host, &two_by_four),
+            Algo::HierShm
+        );
+        for other in [Algo::Ring, Algo::Hierarchical, Algo::HalvingDoubling] {
+            let (h, o) = (
+                c(Algo::HierShm, &host, &two_by_four, 256 << 20).unwrap(),
+                c(other, &host, &two_by_four, 256 << 20).unwrap(),
+            );
+            assert!(h < o, "hiershm {h} s against {other} {o} s");
+        }
+        // Uneven hosts load the ranks of the smallest host with more parts.
+        let uneven = Topology::from_hosts(&["a", "a", "a", "a", "b", "b"].map(String::from));
+        let even = Topology::from_hosts(&["a", "a", "a", "b", "b", "b"].map(String::from));
+        assert!(
+            c(Algo::HierShm, &host, &uneven, 1 << 26).unwrap()
+                > c(Algo::HierShm, &host, &even, 1 << 26).unwrap()
+        );
+    }
+
     /// A slow rack uplink: algorithms that cross it less win.
     #[test]
     fn rack_uplink_is_charged() {
@@ -652,7 +739,7 @@ mod tests {
         for a in Collective::AllReduce
             .algos()
             .iter()
-            .filter(|&&a| a != Algo::Shm)
+            .filter(|&&a| !matches!(a, Algo::Shm | Algo::HierShm))
         {
             let c = |t: &Topology| cost(Collective::AllReduce, *a, 8, 1 << 26, &tcp(), t).unwrap();
             assert!(c(&slow) > 5.0 * c(&topo), "{a}");
@@ -664,7 +751,7 @@ mod tests {
         for a in Collective::AllReduce
             .algos()
             .iter()
-            .filter(|&&a| a != Algo::Hierarchical && a != Algo::Shm)
+            .filter(|&&a| !matches!(a, Algo::Hierarchical | Algo::Shm | Algo::HierShm))
         {
             let c = |t: &Topology| cost(Collective::AllReduce, *a, 4, 1 << 20, &tcp(), t).unwrap();
             assert!(c(&one) <= c(&flat), "{a}");
@@ -686,6 +773,7 @@ mod tests {
                     HalvingDoubling,
                     Hierarchical,
                     Shm,
+                    HierShm,
                 ],
             ),
             (Collective::Broadcast, &[Ring, Tree, Shm]),
@@ -701,6 +789,7 @@ mod tests {
             (Collective::AllToAllV, &[Pairwise]),
         ];
         let topo = Topology::flat(4);
+        let one_host = Topology::from_hosts(&vec!["box".to_string(); 4]);
         for (coll, algos) in want {
             let counts = [1, 2, 3, 4];
             let v = match coll {
@@ -737,12 +826,20 @@ mod tests {
                     host_memory: true,
                     ..tcp()
                 };
-                assert_eq!(cost(coll, a, 4, 1 << 20, &host, &topo).is_some(), listed);
-                // Without host memory, the shm algorithms are neither priced nor built.
-                if a == Shm {
-                    assert!(cost(coll, a, 4, 1 << 20, &tcp(), &topo).is_none());
+                // `shm` runs on one host only; `hiershm` is priced across hosts.
+                let priced_on = if a == Shm { &one_host } else { &topo };
+                assert_eq!(
+                    cost(coll, a, 4, 1 << 20, &host, priced_on).is_some(),
+                    listed
+                );
+                // Without host memory, the host-memory algorithms are neither priced nor built.
+                if a == Shm || a == HierShm {
+                    assert!(cost(coll, a, 4, 1 << 20, &tcp(), priced_on).is_none());
                     let none = Shape::new(1, 4, 8, false, ccl_core::ReduceOp::Sum);
                     assert!(build(coll, a, &none, &topo).is_err());
+                }
+                if a == Shm {
+                    assert!(cost(coll, a, 4, 1 << 20, &host, &topo).is_none());
                 }
             }
         }

@@ -75,6 +75,11 @@ pub struct Load {
     zone: f64,
     /// Reduced by the busiest rank.
     reduce: f64,
+    /// Flag barriers in host memory (the host-memory steps of [`hier_shm`]; the single-host
+    /// algorithms price theirs as steps of the transport).
+    barriers: f64,
+    /// Copied through host memory by the busiest rank (into its slot and out of others').
+    mem: f64,
 }
 
 impl Load {
@@ -89,6 +94,7 @@ impl Load {
             rack: sent,
             zone: sent,
             reduce: reduced,
+            ..Load::default()
         }
     }
 }
@@ -102,6 +108,9 @@ pub struct LinkCosts {
     rack: Option<f64>,
     zone: Option<f64>,
     gamma: f64,
+    /// Seconds per flag barrier in host memory, and per byte copied there.
+    barrier: f64,
+    mem: f64,
 }
 
 impl LinkCosts {
@@ -125,6 +134,8 @@ impl LinkCosts {
                 .then(|| topo.zone_uplink().map(|b| 1.0 / b))
                 .flatten(),
             gamma: 1.0 / REDUCE_RATE,
+            barrier: HOST_BARRIER.as_secs_f64(),
+            mem: 1.0 / COPY_RATE,
         }
     }
 
@@ -139,7 +150,9 @@ impl LinkCosts {
         .into_iter()
         .flatten()
         .fold(0.0, f64::max);
-        l.steps * self.alpha + bytes * (wire + l.reduce * self.gamma)
+        l.steps * self.alpha
+            + l.barriers * self.barrier
+            + bytes * (wire + l.reduce * self.gamma + l.mem * self.mem)
     }
 }
 
@@ -205,6 +218,7 @@ pub fn halving_doubling(n: usize, topo: &Topology) -> Load {
         rack: out(sm.min_per_rack, sm.max_per_rack),
         zone: out(sm.min_per_zone, sm.max_per_zone),
         reduce: (pf - 1.0) / pf + x,
+        ..Load::default()
     }
 }
 
@@ -233,6 +247,45 @@ pub fn hierarchical(_n: usize, topo: &Topology) -> Load {
         rack: ring,
         zone: ring,
         reduce: (leader + ring / 2.0).max(if k > 1 { member_reduce } else { 0.0 }),
+        ..Load::default()
+    }
+}
+
+/// Bytes per second one core copies at sizes that leave the cache (`ccl-bench ... shm` on this
+/// machine: 12.1 GB/s, docs/performance.md).
+pub const COPY_RATE: f64 = 12.0e9;
+
+/// A flag barrier among the ranks of one host with a CPU each: an 8 B allreduce in host memory
+/// (one barrier and two small copies) takes 0.9-1.3 us on this machine.
+const HOST_BARRIER: Duration = Duration::from_micros(1);
+
+/// Hierarchical allreduce on host memory ([`crate::allreduce::hier_shm`]), with `p` parts per
+/// chunk (the most ranks on a host): on a host of `k` ranks each owns `ceil(p / k)` parts of
+/// `1/p` of the buffer, reduces them from the `k - 1` other slots, and runs a ring of `h` hosts
+/// on each; every rank copies what it does not own into its slot and the results out, about
+/// twice the buffer through host memory. The busiest rank is on the host with the fewest ranks;
+/// every host sends the ring's share of the whole buffer across its link. Two flag barriers per
+/// chunk (the copies of large buffers outweigh the barriers of the later chunks).
+pub fn hier_shm(_n: usize, topo: &Topology) -> Load {
+    let sm = topo.summary();
+    let h = sm.hosts as f64;
+    let (kmax, kmin) = (sm.max_per_host.max(1), sm.min_per_host.max(1));
+    let share = kmax.div_ceil(kmin) as f64 / kmax as f64;
+    let ring = if sm.hosts > 1 {
+        2.0 * (h - 1.0) / h
+    } else {
+        0.0
+    };
+    let host_reduce = |k: usize| (k - 1) as f64 * kmax.div_ceil(k) as f64 / kmax as f64;
+    Load {
+        steps: 2.0 * (h - 1.0),
+        link: ring * share,
+        host: ring,
+        rack: ring,
+        zone: ring,
+        reduce: host_reduce(kmax).max(host_reduce(kmin)) + ring / 2.0 * share,
+        barriers: if kmax > 1 { 2.0 } else { 0.0 },
+        mem: if kmax > 1 { 2.0 } else { 0.0 },
     }
 }
 
@@ -273,6 +326,7 @@ pub fn pairwise(n: usize, topo: &Topology, reduces: bool) -> Load {
         rack: out(sm.max_per_rack),
         zone: out(sm.max_per_zone),
         reduce: if reduces { share } else { 0.0 },
+        ..Load::default()
     }
 }
 
@@ -349,6 +403,7 @@ pub fn rooted_direct(n: usize, topo: &Topology) -> Load {
         rack: out(sm.max_per_rack),
         zone: out(sm.max_per_zone),
         reduce: 0.0,
+        ..Load::default()
     }
 }
 

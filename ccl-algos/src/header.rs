@@ -281,10 +281,11 @@ mod tests {
         assert_eq!(Algo::HalvingDoubling.id(), 4);
         assert_eq!(Algo::Hierarchical.id(), 5);
         assert_eq!(Algo::Shm.id(), 6);
+        assert_eq!(Algo::HierShm.id(), 7);
         for a in Algo::ALL {
             assert_eq!(Algo::from_id(a.id()), Some(a));
         }
-        assert_eq!(Algo::from_id(7), None);
+        assert_eq!(Algo::from_id(8), None);
     }
 
     #[test]

@@ -99,7 +99,7 @@ mod tests {
         let err = |spec: &str| Overrides::parse(spec).unwrap_err().to_string();
         assert_eq!(
             err("zigzag"),
-            "CCL_ALGO='zigzag': unknown algorithm 'zigzag' (expected one of ring, rd, pairwise, tree, hd, hier, shm)"
+            "CCL_ALGO='zigzag': unknown algorithm 'zigzag' (expected one of ring, rd, pairwise, tree, hd, hier, shm, hiershm)"
         );
         assert!(err("allgatherv:ring").contains("allgatherv"));
         assert!(err("allreduce:ring;x").contains("'x'"));

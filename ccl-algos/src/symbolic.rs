@@ -269,7 +269,45 @@ fn divide(v: Value, n: usize) -> Result<Value, String> {
 /// Runs `scheds[r]` for every rank with `seed` choosing the interleaving; returns every rank's
 /// receive buffer.
 pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec<Slot>>, String> {
-    let mut sim = Sim::new(scheds, setup, seed)?;
+    simulate_hosts(scheds, setup, &[(0..scheds.len()).collect()], seed)
+}
+
+/// Schedule `s` run twice in a row, as two operations (the second's waits in host memory count
+/// on from the first's posts): to check the hand-over between operations.
+pub fn twice(s: &Schedule) -> Schedule {
+    let posts = s
+        .ops
+        .iter()
+        .filter(|o| matches!(o.action, Action::Post))
+        .count() as u32;
+    let mut t = Schedule::new(s.algo);
+    t.host_slot = s.host_slot;
+    for round in 0..2u32 {
+        let base = t.ops.len();
+        for o in &s.ops {
+            let action = match o.action {
+                Action::WaitPosts { count } => Action::WaitPosts {
+                    count: count + round * posts,
+                },
+                a => a,
+            };
+            let deps: Vec<usize> = o.deps.iter().map(|d| d + base).collect();
+            t.push(action, &deps, o.stream_from.map(|f| f + base), o.step);
+        }
+    }
+    t.finish()
+}
+
+/// [`simulate`] with the ranks on several hosts: each of `hosts` (ranks, ascending) shares its
+/// own host memory, where host rank `i` is the `i`-th of them. A rank reads only the slots of
+/// its own host and its waits count only its own host's posts.
+pub fn simulate_hosts(
+    scheds: &[Schedule],
+    setup: &Setup,
+    hosts: &[Vec<usize>],
+    seed: u64,
+) -> Result<Vec<Vec<Slot>>, String> {
+    let mut sim = Sim::new(scheds, setup, hosts, seed)?;
     sim.run()?;
     sim.check_finished()?;
     let results = sim.results();
@@ -286,8 +324,10 @@ struct Sim<'a> {
     channels: Vec<Vec<VecDeque<Message>>>,
     /// `peer_index[r][p]`: position of peer `p` in rank `r`'s peer list.
     peer_index: Vec<Vec<Option<usize>>>,
-    /// Host memory, when the schedules use it (host rank `i` is rank `i`).
-    host: HostModel,
+    /// Each host's memory, when its ranks' schedules use it.
+    hosts: Vec<HostModel>,
+    /// Each rank's host and its host rank there.
+    place: Vec<(usize, usize)>,
     rng: u64,
 }
 
@@ -384,8 +424,27 @@ impl HostModel {
 }
 
 impl<'a> Sim<'a> {
-    fn new(scheds: &'a [Schedule], setup: &'a Setup, seed: u64) -> Result<Sim<'a>, String> {
+    fn new(
+        scheds: &'a [Schedule],
+        setup: &'a Setup,
+        hosts: &[Vec<usize>],
+        seed: u64,
+    ) -> Result<Sim<'a>, String> {
         let n = scheds.len();
+        let mut place = vec![None; n];
+        for (g, ranks) in hosts.iter().enumerate() {
+            for (i, &r) in ranks.iter().enumerate() {
+                match place.get_mut(r) {
+                    Some(p @ None) => *p = Some((g, i)),
+                    _ => return Err(format!("host {g}: rank {r} is out of range or twice")),
+                }
+            }
+        }
+        let place: Vec<(usize, usize)> = place
+            .into_iter()
+            .enumerate()
+            .map(|(r, p)| p.ok_or_else(|| format!("rank {r} is on no host")))
+            .collect::<Result<_, _>>()?;
         for (r, s) in scheds.iter().enumerate() {
             if let Some(p) = s.peers.iter().find(|p| p.peer >= n || p.peer == r) {
                 return Err(format!("rank {r}: bad peer {}", p.peer));
@@ -406,14 +465,21 @@ impl<'a> Sim<'a> {
                 v
             })
             .collect();
-        let slot = scheds.iter().map(|s| s.host_slot).max().unwrap_or(0);
+        let models = hosts
+            .iter()
+            .map(|g| {
+                let slot = g.iter().map(|&r| scheds[r].host_slot).max().unwrap_or(0);
+                HostModel::new(g.len(), slot)
+            })
+            .collect();
         Ok(Sim {
             scheds,
             setup,
             states,
             channels: vec![vec![VecDeque::new(); n]; n],
             peer_index,
-            host: HostModel::new(n, slot),
+            hosts: models,
+            place,
             rng: seed | 1,
         })
     }
@@ -447,7 +513,7 @@ impl<'a> Sim<'a> {
         if let Some(&id) = s.locals.get(st.local_cur)
             && deps_ok(id)
             && match s.ops[id].action {
-                Action::WaitPosts { count } => self.host.reached(count),
+                Action::WaitPosts { count } => self.hosts[self.place[r].0].reached(count),
                 _ => true,
             }
         {
@@ -578,15 +644,17 @@ impl<'a> Sim<'a> {
 
     /// Reads region `reg` for rank `r`: its own buffers, or host memory.
     fn read(&mut self, r: usize, reg: &Region) -> Result<Vec<Slot>, String> {
+        let (g, me) = self.place[r];
         match reg.buf {
-            Buf::Host(i) => self.host.read(r, i as usize, reg.off, reg.len),
+            Buf::Host(i) => self.hosts[g].read(me, i as usize, reg.off, reg.len),
             _ => self.states[r].read(reg),
         }
     }
 
     fn write(&mut self, r: usize, reg: &Region, v: &[Slot]) -> Result<(), String> {
+        let (g, me) = self.place[r];
         match reg.buf {
-            Buf::Host(i) => self.host.write(r, i as usize, reg.off, v),
+            Buf::Host(i) => self.hosts[g].write(me, i as usize, reg.off, v),
             _ => self.states[r].write(reg, v),
         }
     }
@@ -624,21 +692,23 @@ impl<'a> Sim<'a> {
                 }
             }
             Action::Post => {
-                let h = &mut self.host;
+                let (g, me) = self.place[r];
+                let h = &mut self.hosts[g];
                 if h.posted.is_empty() {
                     return Err("posts without host memory (host_slot 0)".into());
                 }
-                h.posted[r] += 1;
-                h.post_heard[r] = self.states[r].heard;
+                h.posted[me] += 1;
+                h.post_heard[me] = self.states[r].heard;
             }
             Action::WaitPosts { count } => {
-                let h = &mut self.host;
+                let (g, me) = self.place[r];
+                let h = &mut self.hosts[g];
                 if h.posted.is_empty() {
                     return Err("waits without host memory (host_slot 0)".into());
                 }
-                for i in 0..n {
+                for i in 0..h.posted.len() {
                     // What the wait guarantees, not what the others happen to have done.
-                    h.seen[r][i] = h.seen[r][i].max(u64::from(count));
+                    h.seen[me][i] = h.seen[me][i].max(u64::from(count));
                     if count > 0 {
                         self.states[r].heard |= h.post_heard[i];
                     }

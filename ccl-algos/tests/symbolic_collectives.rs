@@ -128,7 +128,11 @@ fn check(
             let shape = Shape {
                 root,
                 // Room for two elements per rank in each half of a slot: several chunks.
-                host_slot: if algo == Algo::Shm { 4 * n } else { 0 },
+                host_slot: if matches!(algo, Algo::Shm | Algo::HierShm) {
+                    4 * n
+                } else {
+                    0
+                },
                 ..Shape::new(rank, n, c, in_place, op)
             };
             let s = build(coll, algo, &shape, &topo).unwrap();

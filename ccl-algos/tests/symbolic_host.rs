@@ -6,7 +6,7 @@
 use ccl_algos::algo::{Algo, Collective, build};
 use ccl_algos::host;
 use ccl_algos::schedule::{Action, Buf, Schedule, Shape};
-use ccl_algos::symbolic::{Expect, Setup, Value, all_ranks, inputs, simulate};
+use ccl_algos::symbolic::{Expect, Setup, Value, all_ranks, inputs, simulate, twice};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 
@@ -19,32 +19,6 @@ fn shape(rank: usize, n: usize, count: usize, in_place: bool, op: ReduceOp, slot
 
 fn allreduce_setup(n: usize, c: usize, in_place: bool, op: ReduceOp) -> Setup {
     Setup::allreduce(n, c, in_place, op, false)
-}
-
-/// The schedule run twice in a row, as two operations: the second's waits count on from the
-/// first's posts.
-fn twice(s: &Schedule) -> Schedule {
-    let posts = s
-        .ops
-        .iter()
-        .filter(|o| matches!(o.action, Action::Post))
-        .count() as u32;
-    let mut t = Schedule::new(s.algo);
-    t.host_slot = s.host_slot;
-    for round in 0..2u32 {
-        let base = t.ops.len();
-        for o in &s.ops {
-            let action = match o.action {
-                Action::WaitPosts { count } => Action::WaitPosts {
-                    count: count + round * posts,
-                },
-                a => a,
-            };
-            let deps: Vec<usize> = o.deps.iter().map(|d| d + base).collect();
-            t.push(action, &deps, o.stream_from.map(|f| f + base), o.step);
-        }
-    }
-    t.finish()
 }
 
 #[test]

@@ -77,6 +77,8 @@ pub struct Peers {
     /// CPUs of this machine (0: unknown).
     cpus: usize,
     hosts: Vec<String>,
+    /// Every rank's machine: its boot id, else (unknown) its host name.
+    machines: Vec<String>,
     /// Process id of every rank, in rank order.
     pids: Vec<u32>,
     topology: Topology,
@@ -101,7 +103,8 @@ pub struct Peers {
 }
 
 /// Connections to every peer, indexed by rank (`None` for this rank), and the memory this rank
-/// shares with every other rank of the communicator when they all run on one host.
+/// shares with the other ranks of its host (all of the communicator's ranks on one host, or
+/// the host's own when the communicator spans hosts).
 #[derive(Debug, Default)]
 pub struct Links {
     pub endpoints: Vec<Option<Box<dyn Endpoint>>>,
@@ -166,10 +169,25 @@ impl Peers {
         check_fingerprints(&records, fp, rank)?;
         let hosts: Vec<String> = records.iter().map(|r| r.host.name.clone()).collect();
         let pids: Vec<u32> = records.iter().map(|r| r.host.pid).collect();
+        let machines: Vec<String> = records
+            .iter()
+            .map(|r| match r.host.boot_id.as_str() {
+                "" => r.host.name.clone(),
+                b => b.to_string(),
+            })
+            .collect();
         let topology = match (&config.topology, &topo_file) {
             (Some(t), _) => t.clone(),
             (None, Some(f)) => f.resolve(&hosts).map_err(|e| e.rank(rank))?,
-            (None, None) => Topology::from_hosts(&hosts),
+            // Hosts by name and machine: two machines (VMs, say) that share a host name are
+            // still two hosts.
+            (None, None) => Topology::from_hosts(
+                &hosts
+                    .iter()
+                    .zip(&machines)
+                    .map(|(h, m)| format!("{h}\0{m}"))
+                    .collect::<Vec<_>>(),
+            ),
         };
         let chosen = wireup::choose(rank, &records, &candidates)?;
         let root_host = records.iter().position(|r| r.runs_root);
@@ -206,12 +224,28 @@ impl Peers {
         if let (Some(path), true, 0) = (&config.topo_file, topo_file.is_some(), rank) {
             log_topology(path, &topology);
         }
+        let groups = topology.host_groups();
+        let every_host = wireup::hosts_share_memory(&records, &candidates, &groups);
+        let my_host = topology.host_peers(rank);
         let InUse {
             peer_transports,
             props,
             name: transport_name,
             host,
-        } = in_use(&chosen, &candidates, size);
+        } = in_use(&chosen, &candidates, &my_host, every_host);
+        if let Some(h) = &host {
+            ccl_info!(
+                Some(rank),
+                "host memory: {} ranks of this host share a segment of {} KiB slots{}",
+                h.ranks().len(),
+                h.slot_len() >> 10,
+                if groups.len() > 1 && every_host {
+                    ", as do every host's"
+                } else {
+                    ""
+                }
+            );
+        }
         let tag = comm_tag(&ctx.secret);
         let trace_buffer = config.trace_buffer;
         let comm = Peers {
@@ -226,6 +260,7 @@ impl Peers {
             topology,
             local_ip,
             hosts,
+            machines,
             pids,
             monitor,
             root_host,
@@ -297,11 +332,13 @@ impl Peers {
         self.transport_props
     }
 
-    /// How many ranks of this communicator run on this rank's host (this one included).
+    /// How many ranks of this communicator share this rank's machine, and so its CPUs (this one
+    /// included): same boot id, whatever their host names (hosts in UTS namespaces or
+    /// containers on one machine still share its CPUs).
     pub fn ranks_on_host(&self) -> usize {
-        self.hosts
+        self.machines
             .iter()
-            .filter(|h| **h == self.hosts[self.rank])
+            .filter(|m| **m == self.machines[self.rank])
             .count()
     }
 
@@ -1002,16 +1039,23 @@ fn check_fingerprints(records: &[Record], fp: u64, rank: usize) -> Result<()> {
 struct InUse {
     /// Per peer, the transport's name.
     peer_transports: Vec<Option<&'static str>>,
-    /// As the cost model sees them: the slowest transport in use, and whether host memory spans
-    /// the communicator.
+    /// As the cost model sees them: the slowest transport in use, and whether the ranks of every
+    /// host share host memory.
     props: TransportProperties,
     /// `tcp`, `shm+tcp`, ...
     name: String,
-    /// The memory every rank shares, when they all run on this host.
+    /// The memory this rank shares with the other ranks of its host.
     host: Option<Box<dyn HostMemory>>,
 }
 
-fn in_use(chosen: &[Option<usize>], candidates: &[Arc<dyn Transport>], size: usize) -> InUse {
+/// `my_host`: the ranks of this rank's host as the topology places them; `every_host`: whether
+/// every host's ranks share memory ([`wireup::hosts_share_memory`]).
+fn in_use(
+    chosen: &[Option<usize>],
+    candidates: &[Arc<dyn Transport>],
+    my_host: &[usize],
+    every_host: bool,
+) -> InUse {
     let peer_transports = chosen
         .iter()
         .map(|c| c.map(|t| candidates[t].name()))
@@ -1022,14 +1066,15 @@ fn in_use(chosen: &[Option<usize>], candidates: &[Arc<dyn Transport>], size: usi
         .filter(|(t, _)| chosen.contains(&Some(*t)))
         .map(|(_, t)| t)
         .collect();
-    // Host memory serves collectives only when it spans the whole communicator (the
-    // hierarchical algorithms do not use it yet).
+    // Host memory serves collectives when it holds exactly this host's ranks: the whole
+    // communicator (`shm` algorithms) or one host of several (`hiershm`), whose schedules
+    // number slots by the host's ranks in order.
     let host = used
         .iter()
         .find_map(|t| t.take_host())
-        .filter(|h| h.ranks().len() == size);
+        .filter(|h| h.ranks() == my_host);
     let mut props = slowest(&used).unwrap_or_else(|| candidates[0].properties());
-    props.host_memory = host.is_some();
+    props.host_memory = every_host;
     InUse {
         peer_transports,
         props,

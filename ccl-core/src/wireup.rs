@@ -179,6 +179,36 @@ pub fn choose(
         .collect()
 }
 
+/// Whether the ranks of every host share host memory: on each host of more than one rank
+/// (`groups`: each host's ranks, as the topology places them), every pair uses a transport that
+/// sets up host memory (`TransportProperties::host_memory`) and none of them uses it with a rank
+/// elsewhere, so the segment the transport makes holds exactly the host's ranks; and at least
+/// one host has more than one rank. Every rank computes the same answer from the same records,
+/// so all agree on whether the algorithms that need it can run.
+pub fn hosts_share_memory(
+    records: &[Record],
+    mine: &[Arc<dyn Transport>],
+    groups: &[Vec<usize>],
+) -> bool {
+    let mut any = false;
+    for g in groups.iter().filter(|g| g.len() > 1) {
+        for &a in g {
+            let Ok(chosen) = choose(a, records, mine) else {
+                return false;
+            };
+            for (b, t) in chosen.iter().enumerate() {
+                if let Some(t) = t
+                    && g.contains(&b) != mine[*t].properties().host_memory
+                {
+                    return false;
+                }
+            }
+        }
+        any = true;
+    }
+    any
+}
+
 /// One line on what connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across`.
 pub fn summary(
     records: &[Record],
@@ -437,7 +467,7 @@ mod tests {
                 latency: Duration::ZERO,
                 bandwidth: 1.0,
                 spin: Duration::ZERO,
-                host_memory: false,
+                host_memory: self.0 == "shm",
             }
         }
         fn listen(&self, _: &ConnectContext) -> Result<Box<dyn Listener>> {
@@ -460,6 +490,61 @@ mod tests {
             Arc::new(Fake("ib", Scope::Any)),
             Arc::new(Fake("tcp", Scope::Any)),
         ]
+    }
+
+    /// Host memory on every host only when each host's ranks, as the topology groups them,
+    /// are exactly the ranks that share memory pair by pair.
+    #[test]
+    fn every_host_shares_memory_only_when_each_hosts_ranks_do() {
+        let all = ["shm", "tcp"];
+        let two_by_two = vec![
+            rec(host("a", 1, 10), &all),
+            rec(host("a", 1, 11), &all),
+            rec(host("b", 1, 20), &all),
+            rec(host("b", 1, 21), &all),
+        ];
+        let hosts = vec![vec![0, 1], vec![2, 3]];
+        assert!(hosts_share_memory(&two_by_two, &mine(), &hosts));
+        // A rank alone on its host needs no memory; the others still share theirs.
+        let mut lone = two_by_two.clone();
+        lone.push(rec(host("c", 1, 30), &all));
+        assert!(hosts_share_memory(
+            &lone,
+            &mine(),
+            &[vec![0, 1], vec![2, 3], vec![4]]
+        ));
+        // A rank with shared memory off: its host has none, so not every host does.
+        let mut off = two_by_two.clone();
+        off[3] = rec(host("b", 1, 21), &["tcp"]);
+        assert!(!hosts_share_memory(&off, &mine(), &hosts));
+        // A topology that puts the four on one host, or three of them: the segments would not
+        // hold the topology's hosts.
+        assert!(!hosts_share_memory(
+            &two_by_two,
+            &mine(),
+            &[vec![0, 1, 2, 3]]
+        ));
+        assert!(!hosts_share_memory(
+            &two_by_two,
+            &mine(),
+            &[vec![0, 1, 2], vec![3]]
+        ));
+        // One that splits a pair into two hosts of one rank each: those need no host memory
+        // (their shared-memory connection is only a pipe to them), the other host has its own.
+        assert!(hosts_share_memory(
+            &two_by_two,
+            &mine(),
+            &[vec![0], vec![1], vec![2, 3]]
+        ));
+        // A rank per host: no host memory anywhere.
+        let spread: Vec<Record> = (0..3)
+            .map(|i| rec(host(&format!("h{i}"), 1, 10 + i), &all))
+            .collect();
+        assert!(!hosts_share_memory(
+            &spread,
+            &mine(),
+            &[vec![0], vec![1], vec![2]]
+        ));
     }
 
     #[test]

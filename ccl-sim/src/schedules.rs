@@ -17,13 +17,14 @@ use crate::program::{Dep, Flow, Local, Lock, Program};
 /// Bytes per element of the simulated buffers (f32).
 pub const ELEM: usize = 4;
 
-/// The allreduce algorithms the fabric model runs, by name: all but the one in host memory
-/// (`shm`), which needs every rank on one host and moves nothing over the fabric.
+/// The allreduce algorithms the fabric model runs, by name: all but those in host memory
+/// (`shm`, which needs every rank on one host and moves nothing over the fabric, and
+/// `hiershm`, whose host steps the model does not price).
 pub fn allreduce_algos() -> Vec<&'static str> {
     Collective::AllReduce
         .algos()
         .iter()
-        .filter(|&&a| a != Algo::Shm)
+        .filter(|&&a| !matches!(a, Algo::Shm | Algo::HierShm))
         .map(|a| a.name())
         .collect()
 }
@@ -34,8 +35,10 @@ pub fn parse_algo(name: &str) -> Result<&'static str, String> {
     if !Collective::AllReduce.algos().contains(&a) {
         return Err(format!("allreduce has no {a} algorithm"));
     }
-    if a == Algo::Shm {
-        return Err("the fabric model does not run the host-memory algorithm (shm)".into());
+    if matches!(a, Algo::Shm | Algo::HierShm) {
+        return Err(format!(
+            "the fabric model does not run the host-memory algorithms ({a})"
+        ));
     }
     Ok(a.name())
 }

@@ -57,7 +57,9 @@ pub(crate) struct Engine {
     /// The transport as the cost model sees it on this machine.
     model: TransportProperties,
     pub overrides: Mutex<Overrides>,
-    /// Bytes of this rank's slot in host memory (0: the communicator has none).
+    /// Bytes of each rank's slot in host memory (0: the communicator has none). A rank alone on
+    /// its host among hosts that share memory has no segment but schedules the same chunks as
+    /// the others, so it takes the slot size they have.
     host_slot: usize,
     /// Live registrations of caller memory (`Communicator::alloc`, `Communicator::register`).
     pub registry: Arc<Registry>,
@@ -121,12 +123,21 @@ impl Engine {
         overrides: Overrides,
         registry: Arc<Registry>,
     ) -> Engine {
+        let host_slot = match &links.host {
+            Some(h) => h.slot_len(),
+            None if peers.transport_properties().host_memory
+                && peers.topology().host_peers(peers.rank()).len() == 1 =>
+            {
+                peers.config().shm_slot_size
+            }
+            None => 0,
+        };
         Engine {
             registry,
             model: cost::properties_of(&peers),
             peers,
             overrides: Mutex::new(overrides),
-            host_slot: links.host.as_ref().map_or(0, |h| h.slot_len()),
+            host_slot,
             inner: Mutex::new(Inner {
                 links,
                 exec: ExecState::default(),
@@ -142,9 +153,11 @@ impl Engine {
         self.peers.rank()
     }
 
-    /// Whether the `shm` algorithms can run: every rank shares this host's memory.
-    pub fn has_host_memory(&self) -> bool {
-        self.host_slot > 0
+    /// Whether `algo` can run on this communicator (the host-memory algorithms need host
+    /// memory where they use it).
+    pub fn can_run(&self, algo: Algo) -> bool {
+        algo::available(algo, &self.model, self.peers.topology())
+            && (!matches!(algo, Algo::Shm | Algo::HierShm) || self.host_slot > 0)
     }
 
     pub fn size(&self) -> usize {
@@ -237,6 +250,11 @@ impl Engine {
             Some(hit) => hit,
             None => {
                 let algo = self.choose(coll, forced, size_bytes);
+                if !self.can_run(algo) {
+                    return Err(
+                        Error::invalid_usage(algo::unavailable(coll, algo).to_string()).rank(rank),
+                    );
+                }
                 let sched = g.plan(coll, algo, &shape, self.peers.topology())?;
                 g.remember(Recent {
                     coll,

@@ -221,12 +221,13 @@ impl Communicator {
     }
 
     /// The algorithms `coll` can run on this communicator: those the library has for it, less
-    /// `shm` unless every rank is on this host and connected by shared memory.
+    /// `shm` unless every rank is on this host and connected by shared memory, and `hiershm`
+    /// unless the ranks of every host are.
     pub fn algorithms(&self, coll: Collective) -> Vec<Algo> {
         coll.algos()
             .iter()
             .copied()
-            .filter(|&a| a != Algo::Shm || self.engine.has_host_memory())
+            .filter(|&a| self.engine.can_run(a))
             .collect()
     }
 
@@ -238,10 +239,10 @@ impl Communicator {
             && coll.algos().contains(&a)
             && !self.algorithms(coll).contains(&a)
         {
-            return Err(Error::invalid_argument(
-                ccl_algos::algo::AlgoError::NoHostMemory { coll }.to_string(),
-            )
-            .rank(self.rank()));
+            return Err(
+                Error::invalid_argument(ccl_algos::algo::unavailable(coll, a).to_string())
+                    .rank(self.rank()),
+            );
         }
         let mut o = self
             .engine

@@ -3,6 +3,7 @@
 pub mod double_tree;
 pub mod hd;
 pub mod hier;
+pub mod hier_shm;
 pub mod rd;
 pub mod ring;
 

@@ -70,6 +70,22 @@ pub fn emit(
     finish_avg: bool,
     step_base: u32,
 ) -> Vec<Data> {
+    emit_at(sc, order, rank, 0, count, input, finish_avg, step_base)
+}
+
+/// [`emit`] over elements `base..base + count` of the receive buffer (chunk `k` of the ring is
+/// chunk `k` of that range).
+#[allow(clippy::too_many_arguments)]
+pub fn emit_at(
+    sc: &mut Schedule,
+    order: &[usize],
+    rank: usize,
+    base: usize,
+    count: usize,
+    input: &[Data],
+    finish_avg: bool,
+    step_base: u32,
+) -> Vec<Data> {
     let n = order.len();
     debug_assert!(n >= 2 && input.len() == n);
     let p = order
@@ -80,7 +96,7 @@ pub fn emit(
     let prev = order[(p + n - 1) % n];
     let at = |k: usize| {
         let (off, len) = chunk(count, n, k);
-        Region::new(Buf::Recv, off, len)
+        Region::new(Buf::Recv, base + off, len)
     };
     let m = |x: isize| x.rem_euclid(n as isize) as usize;
     let mut out: Vec<Data> = (0..n).map(|k| Data::ready(at(k))).collect();
@@ -122,7 +138,7 @@ pub fn emit(
 
     // Allgather: chunk p+1 is final here; pass it on and copy in the others. Each receive
     // overwrites a chunk sent during reduce-scatter; push_stream makes it wait for that send.
-    let base = step_base + (n - 1) as u32;
+    let gather_base = step_base + (n - 1) as u32;
     for step in 0..n - 1 {
         let send_chunk = m(p as isize + 1 - step as isize);
         sc.push_stream(
@@ -131,7 +147,7 @@ pub fn emit(
                 src: at(send_chunk),
             },
             last_recv,
-            base + step as u32,
+            gather_base + step as u32,
         );
         let recv_chunk = m(p as isize - step as isize);
         let recv = sc.push_stream(
@@ -141,7 +157,7 @@ pub fn emit(
                 combine: Combine::Copy,
             },
             None,
-            base + step as u32,
+            gather_base + step as u32,
         );
         out[recv_chunk].producer = Some(recv);
         last_recv = Some(recv);
