@@ -105,4 +105,5 @@ pub mod wire;
 
 pub use error::VerbsError;
 pub use port::{IbDevice, probe, probe_at};
+pub use endpoint::{Traffic, traffic};
 pub use transport::IbTransport;
