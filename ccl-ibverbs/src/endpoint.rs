@@ -90,7 +90,8 @@ pub struct Traffic {
     pub received_staged: u64,
 }
 
-static TOTALS: [std::sync::atomic::AtomicU64; 5] = [const { std::sync::atomic::AtomicU64::new(0) }; 5];
+static TOTALS: [std::sync::atomic::AtomicU64; 5] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 5];
 
 /// What every verbs connection of this process that has closed moved ([`Traffic`]).
 pub fn traffic() -> Traffic {
@@ -355,9 +356,7 @@ impl IbEndpoint {
                         self.granted, self.send_seq
                     )));
                 }
-                self.res
-                    .post_ctrl_recv(index)
-                    .map_err(|e| self.err(e))?;
+                self.res.post_ctrl_recv(index).map_err(|e| self.err(e))?;
             }
             _ => {
                 return Err(Error::internal(format!(
@@ -592,7 +591,11 @@ impl IbEndpoint {
                         self.grant = None;
                     }
                     self.traffic.sent_into_grants += n as u64;
-                    (g.addr + (pos - g.offset), g.rkey, encode_imm(slot, DIRECT_LEN))
+                    (
+                        g.addr + (pos - g.offset),
+                        g.rkey,
+                        encode_imm(slot, DIRECT_LEN),
+                    )
                 }
                 _ => (
                     self.remote.ring_addr + (slot * b) as u64,
@@ -822,7 +825,9 @@ impl Endpoint for IbEndpoint {
             };
             // The piece is in place already: the sender wrote it at the grant's address plus
             // its stream offset, which is this one (pieces are delivered in stream order).
-            let g = self.my_grant.expect("a direct piece arrives only under a grant");
+            let g = self
+                .my_grant
+                .expect("a direct piece arrives only under a grant");
             if self.recv_pos + n as u64 > g.end() || got + n > dst.len() {
                 return Err(self.protocol(format!(
                     "a write of {n} bytes into the granted range at stream offset {}, past its                      end {}",

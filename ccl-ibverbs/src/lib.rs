@@ -103,7 +103,7 @@ mod transport;
 pub mod wc;
 pub mod wire;
 
+pub use endpoint::{Traffic, traffic};
 pub use error::VerbsError;
 pub use port::{IbDevice, probe, probe_at};
-pub use endpoint::{Traffic, traffic};
 pub use transport::IbTransport;

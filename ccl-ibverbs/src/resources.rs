@@ -112,11 +112,7 @@ impl Resources {
             cq,
             send_buf: RegisteredBuf::new(&dev.pd, layout.ring_bytes(), false)?,
             recv_buf: RegisteredBuf::new(&dev.pd, layout.ring_bytes(), true)?,
-            ctrl_buf: RegisteredBuf::new(
-                &dev.pd,
-                layout.ctrl_depth() as usize * GRANT_LEN,
-                false,
-            )?,
+            ctrl_buf: RegisteredBuf::new(&dev.pd, layout.ctrl_depth() as usize * GRANT_LEN, false)?,
             rank,
             peer,
         })
@@ -144,7 +140,10 @@ impl Resources {
     /// Posts control receive `i` (below `ctrl_depth`) with its cell of `ctrl_buf`.
     pub fn post_ctrl_recv(&self, i: usize) -> Result<(), VerbsError> {
         let off = i * GRANT_LEN;
-        assert!(off + GRANT_LEN <= self.ctrl_buf.len(), "control cell {i} out of range");
+        assert!(
+            off + GRANT_LEN <= self.ctrl_buf.len(),
+            "control cell {i} out of range"
+        );
         // SAFETY: the cell lies inside `ctrl_buf` (checked above), registered with its lkey for
         // local write and alive as long as the QP (fields drop in order, QPs first). Each cell
         // belongs to one receive: it is read only after that receive's completion and posted
@@ -163,11 +162,18 @@ impl Resources {
     pub fn ctrl_cell(&self, i: usize) -> [u8; GRANT_LEN] {
         let mut b = [0u8; GRANT_LEN];
         let off = i * GRANT_LEN;
-        assert!(off + GRANT_LEN <= self.ctrl_buf.len(), "control cell {i} out of range");
+        assert!(
+            off + GRANT_LEN <= self.ctrl_buf.len(),
+            "control cell {i} out of range"
+        );
         // SAFETY: in bounds (checked above); the receive that owned the cell completed and is
         // not posted again before this copy, so the device does not write it now.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ctrl_buf.as_ptr().add(off), b.as_mut_ptr(), GRANT_LEN)
+            std::ptr::copy_nonoverlapping(
+                self.ctrl_buf.as_ptr().add(off),
+                b.as_mut_ptr(),
+                GRANT_LEN,
+            )
         };
         b
     }
