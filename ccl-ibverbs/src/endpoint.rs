@@ -693,6 +693,16 @@ impl IbEndpoint {
         self.zc_start += done;
         done
     }
+    /// `region` as this connection's own registration (same protection domain) when it covers
+    /// `bytes`; `None` means stage them.
+    fn own_region<'r>(&self, region: &'r dyn MemRegion, bytes: &[u8]) -> Option<&'r UserMr> {
+        let pd = self.res.send_buf.pd();
+        region
+            .as_any()
+            .downcast_ref::<UserMr>()
+            .filter(|m| std::sync::Arc::ptr_eq(m.pd(), pd) && m.covers(bytes))
+    }
+
     /// Copies delivered bytes (the carry, then arrived ring pieces, up to the first piece that
     /// went into a granted range) into `dst`; returns how many.
     fn copy_out(&mut self, dst: &mut [u8]) -> usize {
@@ -736,12 +746,7 @@ impl Endpoint for IbEndpoint {
     }
 
     fn send_registered(&mut self, src: &[u8], region: &dyn MemRegion) -> Result<usize> {
-        let pd = self.res.send_buf.pd();
-        let mr = region
-            .as_any()
-            .downcast_ref::<UserMr>()
-            .filter(|m| std::sync::Arc::ptr_eq(m.pd(), pd) && m.covers(src));
-        let Some(mr) = mr else {
+        let Some(mr) = self.own_region(region, src) else {
             return self.send(src);
         };
         let lkey = mr.lkey();
@@ -782,12 +787,7 @@ impl Endpoint for IbEndpoint {
     }
 
     fn recv_registered(&mut self, dst: &mut [u8], region: &dyn MemRegion) -> Result<usize> {
-        let pd = self.res.send_buf.pd();
-        let mr = region
-            .as_any()
-            .downcast_ref::<UserMr>()
-            .filter(|m| std::sync::Arc::ptr_eq(m.pd(), pd) && m.covers(dst));
-        let Some(mr) = mr else {
+        let Some(mr) = self.own_region(region, dst) else {
             return self.recv(dst);
         };
         if dst.is_empty() {

@@ -424,36 +424,38 @@ impl Qp {
         len: u32,
         lkey: u32,
     ) -> Result<(), VerbsError> {
-        let mut sge = ibv_sge {
+        let sge = ibv_sge {
             addr,
             length: len,
             lkey,
         };
-        let mut wr = ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: live QP; one fully initialized work request whose memory the caller vouches
-        // for (this function's contract); `sge` outlives the call, which copies it.
-        let rc = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(VerbsError::PostRecv(errno_error(rc)));
-        }
-        Ok(())
+        // SAFETY: the memory is the caller's to vouch for (this function's contract).
+        unsafe { self.post_recv_sge(wr_id, Some(sge)) }
     }
 
+    /// A receive that takes no payload (RDMA writes with immediate values, credits).
     pub fn post_recv(&self, wr_id: u64) -> Result<(), VerbsError> {
+        // SAFETY: a receive with no scatter/gather element references no memory.
+        unsafe { self.post_recv_sge(wr_id, None) }
+    }
+
+    /// # Safety
+    /// As [`post_recv_buf`](Qp::post_recv_buf) for the memory `sge` names.
+    unsafe fn post_recv_sge(&self, wr_id: u64, sge: Option<ibv_sge>) -> Result<(), VerbsError> {
+        let mut sge = sge;
+        let (sg_list, num_sge) = match sge.as_mut() {
+            Some(s) => (s as *mut ibv_sge, 1),
+            None => (std::ptr::null_mut(), 0),
+        };
         let mut wr = ibv_recv_wr {
             wr_id,
             next: std::ptr::null_mut(),
-            sg_list: std::ptr::null_mut(),
-            num_sge: 0,
+            sg_list,
+            num_sge,
         };
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: live QP; one fully initialized work request that references no memory.
+        // SAFETY: live QP; one fully initialized work request whose memory, if any, the caller
+        // vouches for (this function's contract); `sge` outlives the call, which copies it.
         let rc = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::PostRecv(errno_error(rc)));
