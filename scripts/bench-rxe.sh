@@ -103,22 +103,29 @@ def bench(name):
     return r
 ib = perftest("ibbw.txt", 1)
 ccl = bench("ccl.txt")
-if reg:
-    bidir = perftest("ibbw-bidir.txt", 2)  # the sum of both directions -> per direction
-    cr = bench("ccl-reg.txt")
-    print("# MB/s (1e6 B/s); ib -b is ib_write_bw -b per direction; ccl columns are the better of")
-    print("# out-of-place and in-place busbw, plain and registered buffers")
-    print(f"{'bytes':>10} {'ib one-way':>10} {'ib -b':>7} {'ccl plain':>9} {'ccl reg':>8} {'plain/-b':>8} {'reg/-b':>7} {'reg/plain':>9}")
-    for s in sorted(ccl):
-        p, r, b, o = max(ccl[s]), max(cr.get(s, (float('nan'),))), bidir.get(s, float('nan')), ib.get(s, float('nan'))
-        print(f"{s:>10} {o:>10.1f} {b:>7.1f} {p:>9.1f} {r:>8.1f} {p / b:>8.2f} {r / b:>7.2f} {r / p:>9.2f}")
-    sys.exit(0)
 mp = {}
 if mpi and os.path.exists(os.path.join(out, "mpi.txt")):
     for l in open(os.path.join(out, "mpi.txt")):
         f = l.split()
         if len(f) >= 3 and f[0].isdigit():
             mp[int(f[0])] = float(f[2]) * 1000  # GB/s (1e9) -> MB/s
+if reg:
+    bidir = perftest("ibbw-bidir.txt", 2)  # the sum of both directions -> per direction
+    cr = bench("ccl-reg.txt")
+    print("# MB/s (1e6 B/s); ib -b is ib_write_bw -b per direction; ccl columns are the better of")
+    print("# out-of-place and in-place busbw, plain and registered buffers")
+    hdr = f"{'bytes':>10} {'ib one-way':>10} {'ib -b':>7} {'ccl plain':>9} {'ccl reg':>8} {'plain/-b':>8} {'reg/-b':>7} {'reg/plain':>9}"
+    if mpi:
+        hdr += f" {'mpi':>7} {'reg/mpi':>7}"
+    print(hdr)
+    for s in sorted(ccl):
+        p, r, b, o = max(ccl[s]), max(cr.get(s, (float('nan'),))), bidir.get(s, float('nan')), ib.get(s, float('nan'))
+        line = f"{s:>10} {o:>10.1f} {b:>7.1f} {p:>9.1f} {r:>8.1f} {p / b:>8.2f} {r / b:>7.2f} {r / p:>9.2f}"
+        if mpi:
+            m = mp.get(s, float('nan'))
+            line += f" {m:>7.1f} {r / m:>7.2f}"
+        print(line)
+    sys.exit(0)
 hdr = f"{'bytes':>10} {'ib_write_bw':>11} {'ccl oop':>9} {'ccl ip':>9} {'ccl/ib':>7}"
 if mpi:
     hdr += f" {'mpi':>9} {'ccl/mpi':>8}"
