@@ -9,9 +9,10 @@
 #     64 MiB, in and out of place, a peer that goes away), ccl-bench's multi-process ones
 #     (--np runs with -c 1, SIGKILL of a rank mid-collective), every other collective and
 #     allreduce algorithm (the `ib_` tests of ccl's collectives and algos suites: 1-5 ranks,
-#     every dtype, op, placement and root), the registered-buffer sweep (zero-copy sends: every
-#     collective and algorithm, 2 and 3 ranks, bit for bit against plain buffers) and
-#     ccl-ibverbs' endpoint tests;
+#     every dtype, op, placement and root), the registered-buffer sweep (zero-copy sends and
+#     receives: every collective and algorithm, 2 and 3 ranks, bit for bit against plain
+#     buffers; ranks mixing registered and plain; received bytes counted in place) and
+#     ccl-ibverbs' endpoint tests (grants larger and smaller than a send);
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
 #     run a checked allreduce over rxe between the two "hosts", then two ranks in each VM
 #     (shared memory inside each, verbs across) a checked hiershm allreduce with odd

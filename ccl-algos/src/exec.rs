@@ -47,7 +47,9 @@ pub struct Buffers<'a> {
 /// The caller buffers that are registered with the transports (`ccl`'s `Registration` and
 /// `Buffer`): one region per transport that needs registration, empty for a plain buffer. Sends
 /// out of a registered buffer go to the endpoint as zero-copy sends
-/// ([`Endpoint::send_registered`](ccl_core::transport::Endpoint::send_registered)); a
+/// ([`Endpoint::send_registered`](ccl_core::transport::Endpoint::send_registered)), and copying
+/// receives into one as zero-copy receives
+/// ([`Endpoint::recv_registered`](ccl_core::transport::Endpoint::recv_registered)); a
 /// transport without zero copy stages them as usual.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Registered<'a> {
@@ -1105,11 +1107,18 @@ impl Run<'_, '_> {
         };
         let (dtype, op, elem, world) = (self.dtype, self.op, self.elem, self.comm.size());
         let done = self.st.done[id];
+        let registered = self.registered;
+        let reg = registered.region(dst.buf, self.comm.peer_transport(peer));
         let ep = self.links.get(peer)?;
         match combine {
             Combine::Copy => {
                 let d = Self::region_mut(&mut self.bufs, self.host.as_deref_mut(), &dst, elem)?;
-                ep.recv(&mut d[done..end])
+                // Into registered memory the peer may write directly (`recv_registered`); the
+                // op keeps `d[done..]` borrowed until its bytes are in, as that asks.
+                match reg {
+                    Some(r) => ep.recv_registered(&mut d[done..end], r),
+                    None => ep.recv(&mut d[done..end]),
+                }
             }
             Combine::Reduce {
                 with,

@@ -20,6 +20,17 @@
 //!   cannot tell the difference, and the sender copies nothing. Bytes count as taken only once
 //!   their write completed (the device reads the caller's memory until then), so the caller
 //!   calls again from the first byte not taken.
+//! - **Grants (zero-copy receive).** `recv_registered` into the caller's registered memory
+//!   ([`UserMr`], registered for remote write) sends the peer a [`Grant`] on the control QP: the
+//!   bytes of the stream from offset `o` (the bytes delivered so far) to `o + len` may go straight
+//!   to the caller's range. The sender may already have written some of them into the ring when
+//!   the grant arrives; it writes the rest of the range, from its own stream position on,
+//!   directly, with WRITE_WITH_IMM whose immediate value names the next slot (taken under the
+//!   same credits, so pieces stay in one sequence across all data QPs) and [`DIRECT_LEN`]. The
+//!   receiver delivers pieces in sequence as always: ring pieces are copied into the range, a
+//!   direct piece is already in place at `range + (stream position - o)` and only advances the
+//!   stream (and frees its slot's credit). One grant per direction is in force at a time; the
+//!   receiver sends the next only when every byte of the last was delivered.
 //! - **Credits.** When slots have been consumed, the receiver returns the cumulative count of
 //!   freed slots in the immediate value of a zero-length SEND on the control QP (its own traffic
 //!   class, `CCL_IB_CTRL_TC`).
@@ -45,7 +56,7 @@ use crate::resources::{
     CTRL_RECV, CTRL_SEND, DATA_RECV, DATA_SEND, KIND_SHIFT, Layout, Resources, wr_id,
 };
 use crate::wc::wc_error;
-use crate::wire::{decode_imm, encode_imm};
+use crate::wire::{DIRECT_LEN, GRANT_LEN, Grant, decode_imm, encode_imm};
 
 /// Bytes a carry buffer holds: more than two of the largest element.
 const CARRY_CAP: usize = 64;
@@ -56,6 +67,44 @@ const DRAIN_GRACE: Duration = Duration::from_secs(5);
 /// The smallest piece split mode cuts, so a small send does not become many tiny writes (each
 /// costs a work request, a completion and a credit whatever its size).
 const MIN_SPLIT_PIECE: usize = 4096;
+/// Receives smaller than this are not granted: one more control message and its round trip
+/// would cost about what the copy out of the ring saves.
+const GRANT_MIN: usize = 16 << 10;
+/// The largest range one grant covers (its length is 32 bits on the wire); a longer receive is
+/// granted again once the first range is in.
+const GRANT_MAX: usize = 1 << 30;
+
+/// Bytes moved by every verbs connection of the process so far, added when a connection closes
+/// (the figures of its closing trace line): how many were copied and how many were not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Sent from the caller's registered memory (no copy on the sender).
+    pub sent_zero_copy: u64,
+    /// Sent through local staging slots (one copy on the sender).
+    pub sent_staged: u64,
+    /// Of all bytes sent, those written into a range the peer granted (no copy on the receiver).
+    pub sent_into_grants: u64,
+    /// Received straight into the caller's registered memory (no copy on the receiver).
+    pub received_in_place: u64,
+    /// Received through the staging ring (copied or reduced out of it).
+    pub received_staged: u64,
+}
+
+static TOTALS: [std::sync::atomic::AtomicU64; 5] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 5];
+
+/// What every verbs connection of this process that has closed moved ([`Traffic`]).
+pub fn traffic() -> Traffic {
+    let t = |i: usize| TOTALS[i].load(std::sync::atomic::Ordering::Relaxed);
+    Traffic {
+        sent_zero_copy: t(0),
+        sent_staged: t(1),
+        sent_into_grants: t(2),
+        received_in_place: t(3),
+        received_staged: t(4),
+    }
+}
+
 /// Split pieces are multiples of this, so a piece ends on an element boundary whenever the send
 /// began on one.
 const SPLIT_ALIGN: usize = 64;
@@ -114,16 +163,24 @@ pub(crate) struct IbEndpoint {
     zc_start: usize,
     zc_posted: usize,
     zc_seq: u64,
-    /// Bytes sent from the caller's registered memory and through staging slots, for the
-    /// trace line at teardown.
-    sent_zero_copy: u64,
-    sent_staged: u64,
+    /// Stream bytes posted so far.
+    send_pos: u64,
+    /// The peer's grant in force, until the stream passes its end.
+    grant: Option<Grant>,
+    /// What this connection moved, for the trace line at teardown and [`traffic`].
+    traffic: Traffic,
 
     // Receiver.
     /// Next piece to deliver.
     recv_seq: u64,
+    /// Stream bytes delivered to the caller so far.
+    recv_pos: u64,
+    /// The grant this side sent and whose bytes have not all been delivered.
+    my_grant: Option<Grant>,
     /// Bytes that arrived in each slot (`NONE` = not arrived).
     arrived: Box<[u32]>,
+    /// Whether the piece of each slot went into the granted range instead of the slot.
+    direct: Box<[bool]>,
     /// Bytes of the head slot already delivered.
     head_off: usize,
     /// Slots freed in total (wrapping), and the value last sent to the peer.
@@ -171,10 +228,14 @@ impl IbEndpoint {
             zc_start: 0,
             zc_posted: 0,
             zc_seq: 0,
-            sent_zero_copy: 0,
-            sent_staged: 0,
+            send_pos: 0,
+            grant: None,
+            traffic: Traffic::default(),
             recv_seq: 0,
+            recv_pos: 0,
+            my_grant: None,
             arrived: vec![NONE; layout.slots].into_boxed_slice(),
+            direct: vec![false; layout.slots].into_boxed_slice(),
             head_off: 0,
             freed: 0,
             credit_sent: 0,
@@ -245,7 +306,17 @@ impl IbEndpoint {
                 let Some(imm) = wc.imm else {
                     return Err(self.protocol("a data write without an immediate value".into()));
                 };
-                let (slot, len) = decode_imm(imm);
+                let (slot, mut len) = decode_imm(imm);
+                let direct = len == DIRECT_LEN;
+                if direct {
+                    if self.my_grant.is_none() {
+                        return Err(self.protocol(format!(
+                            "a write of {} bytes into a granted range while none is granted",
+                            wc.byte_len
+                        )));
+                    }
+                    len = wc.byte_len as usize;
+                }
                 if slot >= self.layout.slots
                     || len > self.layout.slot_size
                     || len == 0
@@ -259,6 +330,7 @@ impl IbEndpoint {
                     )));
                 }
                 self.arrived[slot] = len as u32;
+                self.direct[slot] = direct;
                 let qp =
                     self.res.qps.get(1 + index).ok_or_else(|| {
                         Error::internal("receive completion for an unknown data QP")
@@ -269,7 +341,11 @@ impl IbEndpoint {
             CTRL_SEND => self.ctrl_outstanding -= 1,
             CTRL_RECV => {
                 let Some(imm) = wc.imm else {
-                    return Err(self.protocol("a credit message without an immediate value".into()));
+                    let cell = self.res.ctrl_cell(index);
+                    let g = Grant::decode(&cell[..(wc.byte_len as usize).min(GRANT_LEN)])
+                        .map_err(|e| self.protocol(e))?;
+                    self.take_grant(g)?;
+                    return self.res.post_ctrl_recv(index).map_err(|e| self.err(e));
                 };
                 let delta = imm.wrapping_sub(self.last_credit_imm) as u64;
                 self.last_credit_imm = imm;
@@ -280,9 +356,7 @@ impl IbEndpoint {
                         self.granted, self.send_seq
                     )));
                 }
-                self.res.qps[0]
-                    .post_recv(wr_id(CTRL_RECV, 0))
-                    .map_err(|e| self.err(e))?;
+                self.res.post_ctrl_recv(index).map_err(|e| self.err(e))?;
             }
             _ => {
                 return Err(Error::internal(format!(
@@ -291,6 +365,28 @@ impl IbEndpoint {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Puts the peer's grant `g` in force, unless the stream has already passed its end.
+    fn take_grant(&mut self, g: Grant) -> Result<()> {
+        if g.offset > self.send_pos {
+            return Err(self.protocol(format!(
+                "a grant from stream offset {} but only {} bytes were sent",
+                g.offset, self.send_pos
+            )));
+        }
+        if let Some(old) = self.grant
+            && old.end() > self.send_pos
+        {
+            return Err(self.protocol(format!(
+                "a grant from offset {} while the one up to {} is still in force (at {})",
+                g.offset,
+                old.end(),
+                self.send_pos
+            )));
+        }
+        self.grant = (g.end() > self.send_pos).then_some(g);
         Ok(())
     }
 
@@ -304,7 +400,7 @@ impl IbEndpoint {
     fn head(&self) -> Option<(*const u8, usize)> {
         let slot = (self.recv_seq % self.layout.slots as u64) as usize;
         let len = self.arrived[slot];
-        if len == NONE {
+        if len == NONE || self.direct[slot] {
             return None;
         }
         let buf = &self.res.recv_buf;
@@ -317,6 +413,12 @@ impl IbEndpoint {
         Some((p, len as usize - self.head_off))
     }
 
+    /// The length of the head piece if it arrived and went into the granted range.
+    fn head_direct(&self) -> Option<usize> {
+        let slot = (self.recv_seq % self.layout.slots as u64) as usize;
+        (self.arrived[slot] != NONE && self.direct[slot]).then_some(self.arrived[slot] as usize)
+    }
+
     /// Marks `n` bytes of the head slot delivered; frees the slot when it is used up.
     fn advance(&mut self, n: usize) {
         if n == 0 {
@@ -327,6 +429,7 @@ impl IbEndpoint {
         debug_assert!(self.head_off <= self.arrived[slot] as usize);
         if self.head_off == self.arrived[slot] as usize {
             self.arrived[slot] = NONE;
+            self.direct[slot] = false;
             self.head_off = 0;
             self.recv_seq += 1;
             self.freed = self.freed.wrapping_add(1);
@@ -338,6 +441,17 @@ impl IbEndpoint {
         if self.freed == self.credit_sent {
             return Ok(());
         }
+        self.ctrl_room()?;
+        self.res.qps[0]
+            .post_send_imm(wr_id(CTRL_SEND, 0), self.freed)
+            .map_err(|e| self.err(e))?;
+        self.ctrl_outstanding += 1;
+        self.credit_sent = self.freed;
+        Ok(())
+    }
+
+    /// Waits, bounded, until the control queue has room for one more message.
+    fn ctrl_room(&mut self) -> Result<()> {
         if self.ctrl_outstanding as u32 >= self.layout.ctrl_depth() {
             // The control queue is full of credit messages not yet acknowledged: wait for one,
             // an acknowledgement away. (Practically never: it holds one per slot.)
@@ -356,12 +470,42 @@ impl IbEndpoint {
                 std::thread::yield_now();
             }
         }
+        Ok(())
+    }
+
+    /// Grants the peer `len` bytes of registered memory at `addr` (key `rkey`) for the stream
+    /// from the bytes delivered so far on.
+    fn send_grant(&mut self, addr: u64, len: usize, rkey: u32) -> Result<()> {
+        let g = Grant {
+            offset: self.recv_pos,
+            addr,
+            len: len as u32,
+            rkey,
+        };
+        self.ctrl_room()?;
         self.res.qps[0]
-            .post_send_imm(wr_id(CTRL_SEND, 0), self.freed)
+            .post_send_inline(wr_id(CTRL_SEND, 0), &g.encode())
             .map_err(|e| self.err(e))?;
         self.ctrl_outstanding += 1;
-        self.credit_sent = self.freed;
+        self.my_grant = Some(g);
         Ok(())
+    }
+
+    /// Fails a plain receive while a range is granted: the peer may be writing into it, and
+    /// the bytes that went there would be skipped.
+    fn no_grant(&self) -> Result<()> {
+        match self.my_grant {
+            Some(g) => Err(Error::internal(format!(
+                "verbs transport: a plain receive from peer {} while {} bytes at {:#x} are                  granted to it (stream {}..{}, at {})",
+                self.peer,
+                g.len,
+                g.addr,
+                g.offset,
+                g.end(),
+                self.recv_pos
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Moves bytes from the head slots into the carry until it holds `want` (at most
@@ -406,7 +550,7 @@ impl IbEndpoint {
     }
 
     fn ready(&self, interest: Interest) -> bool {
-        (interest.recv && self.head().is_some())
+        (interest.recv && (self.head().is_some() || self.head_direct().is_some()))
             || (interest.send
                 && if self.zc_posted > 0 {
                     // What the caller waits for is its bytes in flight.
@@ -424,7 +568,8 @@ impl IbEndpoint {
 
     /// Stages (copies into local slots) or, with `zero_copy` (the lkey of the registration
     /// `src` lies in), points at `src` directly, as many pieces of `src` as credits and free
-    /// slots allow, and posts them with one chained call per QP. Returns the bytes posted.
+    /// slots allow, and posts them with one chained call per QP: into the peer's ring, or
+    /// where its grant covers the stream, into the granted range. Returns the bytes posted.
     fn post(&mut self, src: &[u8], zero_copy: Option<u32>) -> Result<usize> {
         let (s, b, nqp) = (self.layout.slots, self.layout.slot_size, self.layout.nqp);
         let piece = piece_size(src.len(), nqp, b, self.split);
@@ -435,7 +580,29 @@ impl IbEndpoint {
         let mut taken = 0;
         while taken < src.len() && self.can_send() {
             let slot = (self.send_seq % s as u64) as usize;
-            let n = (src.len() - taken).min(piece);
+            let pos = self.send_pos + taken as u64;
+            let mut n = (src.len() - taken).min(piece);
+            // The grant's offset is at most the stream position (it names bytes delivered),
+            // so a piece either lies in the granted range or starts past it.
+            let remote = match self.grant {
+                Some(g) if pos >= g.offset && pos < g.end() => {
+                    n = n.min((g.end() - pos) as usize);
+                    if pos + n as u64 == g.end() {
+                        self.grant = None;
+                    }
+                    self.traffic.sent_into_grants += n as u64;
+                    (
+                        g.addr + (pos - g.offset),
+                        g.rkey,
+                        encode_imm(slot, DIRECT_LEN),
+                    )
+                }
+                _ => (
+                    self.remote.ring_addr + (slot * b) as u64,
+                    self.remote.rkey,
+                    encode_imm(slot, n),
+                ),
+            };
             let (local, lkey) = match zero_copy {
                 Some(lkey) => {
                     self.zc_len[slot] = n as u32;
@@ -462,9 +629,9 @@ impl IbEndpoint {
                 addr: local,
                 len: n as u32,
                 lkey,
-                remote_addr: self.remote.ring_addr + (slot * b) as u64,
-                rkey: self.remote.rkey,
-                imm: encode_imm(slot, n),
+                remote_addr: remote.0,
+                rkey: remote.1,
+                imm: remote.2,
             };
             pieces += 1;
             self.send_busy[slot] = true;
@@ -473,9 +640,10 @@ impl IbEndpoint {
             self.next_qp = (self.next_qp + 1) % nqp;
             taken += n;
         }
+        self.send_pos += taken as u64;
         match zero_copy {
-            Some(_) => self.sent_zero_copy += taken as u64,
-            None => self.sent_staged += taken as u64,
+            Some(_) => self.traffic.sent_zero_copy += taken as u64,
+            None => self.traffic.sent_staged += taken as u64,
         }
         // Piece k went to QP (first_qp + k) % nqp.
         for q in 0..nqp.min(pieces) {
@@ -498,7 +666,9 @@ impl IbEndpoint {
                     //   reported taken, which happens only after the completion is polled.
                     // - Each remote slot was granted: `seq < granted + slots` held when it was
                     //   staged, i.e. the peer freed its previous contents; it lies inside the
-                    //   ring the peer registered (`slot * b + n <= s * b`).
+                    //   ring the peer registered (`slot * b + n <= s * b`). A write into a
+                    //   granted range stays inside the range the peer granted (cut at its
+                    //   end above); the peer checks nothing more, the device checks the key.
                     unsafe { self.res.qps[1 + qi].post_writes(&group[..g]) }
                         .map_err(|e| self.err(e))?;
                     g = 0;
@@ -523,6 +693,40 @@ impl IbEndpoint {
         self.zc_start += done;
         done
     }
+    /// `region` as this connection's own registration (same protection domain) when it covers
+    /// `bytes`; `None` means stage them.
+    fn own_region<'r>(&self, region: &'r dyn MemRegion, bytes: &[u8]) -> Option<&'r UserMr> {
+        let pd = self.res.send_buf.pd();
+        region
+            .as_any()
+            .downcast_ref::<UserMr>()
+            .filter(|m| std::sync::Arc::ptr_eq(m.pd(), pd) && m.covers(bytes))
+    }
+
+    /// Copies delivered bytes (the carry, then arrived ring pieces, up to the first piece that
+    /// went into a granted range) into `dst`; returns how many.
+    fn copy_out(&mut self, dst: &mut [u8]) -> usize {
+        let mut got = 0;
+        if self.carry_len > 0 {
+            let k = self.carry_len.min(dst.len());
+            dst[..k].copy_from_slice(&self.carry[..k]);
+            self.take_carry(k);
+            got = k;
+        }
+        while got < dst.len() {
+            let Some((p, avail)) = self.head() else {
+                break;
+            };
+            let k = avail.min(dst.len() - got);
+            // SAFETY: `p..p+k` is arrived data in the head slot, which the device does not
+            // write until the slot is freed and granted again; `dst[got..got + k]` is in bounds
+            // and separate memory.
+            unsafe { std::ptr::copy_nonoverlapping(p, dst[got..].as_mut_ptr(), k) };
+            self.advance(k);
+            got += k;
+        }
+        got
+    }
 }
 
 impl Endpoint for IbEndpoint {
@@ -542,12 +746,7 @@ impl Endpoint for IbEndpoint {
     }
 
     fn send_registered(&mut self, src: &[u8], region: &dyn MemRegion) -> Result<usize> {
-        let pd = self.res.send_buf.pd();
-        let mr = region
-            .as_any()
-            .downcast_ref::<UserMr>()
-            .filter(|m| std::sync::Arc::ptr_eq(m.pd(), pd) && m.covers(src));
-        let Some(mr) = mr else {
+        let Some(mr) = self.own_region(region, src) else {
             return self.send(src);
         };
         let lkey = mr.lkey();
@@ -578,25 +777,71 @@ impl Endpoint for IbEndpoint {
         if dst.is_empty() {
             return Ok(0);
         }
+        self.no_grant()?;
         self.progress()?;
-        let mut got = 0;
-        if self.carry_len > 0 {
-            let k = self.carry_len.min(dst.len());
-            dst[..k].copy_from_slice(&self.carry[..k]);
-            self.take_carry(k);
-            got = k;
+        let got = self.copy_out(dst);
+        self.recv_pos += got as u64;
+        self.traffic.received_staged += got as u64;
+        self.flush_credits()?;
+        Ok(got)
+    }
+
+    fn recv_registered(&mut self, dst: &mut [u8], region: &dyn MemRegion) -> Result<usize> {
+        let Some(mr) = self.own_region(region, dst) else {
+            return self.recv(dst);
+        };
+        if dst.is_empty() {
+            return Ok(0);
         }
-        while got < dst.len() {
-            let Some((p, avail)) = self.head() else {
+        let rkey = mr.rkey();
+        self.progress()?;
+        let at = dst.as_ptr() as u64;
+        match self.my_grant {
+            Some(g) => {
+                let expect = g.addr + (self.recv_pos - g.offset);
+                if at != expect || at + (dst.len() as u64) < g.end_addr() {
+                    return Err(Error::internal(format!(
+                        "verbs transport: a zero-copy receive from peer {} into {} bytes at                          {at:#x}, but {} bytes at {:#x} are granted and the next is due at                          {expect:#x}",
+                        self.peer,
+                        dst.len(),
+                        g.len,
+                        g.addr
+                    )));
+                }
+            }
+            None if dst.len() >= GRANT_MIN => {
+                self.send_grant(at, dst.len().min(GRANT_MAX), rkey)?;
+            }
+            None => {}
+        }
+        let mut got = 0;
+        loop {
+            let copied = self.copy_out(&mut dst[got..]);
+            got += copied;
+            self.recv_pos += copied as u64;
+            self.traffic.received_staged += copied as u64;
+            let Some(n) = self.head_direct() else {
                 break;
             };
-            let k = avail.min(dst.len() - got);
-            // SAFETY: `p..p+k` is arrived data in the head slot, which the device does not
-            // write until the slot is freed and granted again; `dst[got..got + k]` is in bounds
-            // and separate memory.
-            unsafe { std::ptr::copy_nonoverlapping(p, dst[got..].as_mut_ptr(), k) };
-            self.advance(k);
-            got += k;
+            // The piece is in place already: the sender wrote it at the grant's address plus
+            // its stream offset, which is this one (pieces are delivered in stream order).
+            let g = self
+                .my_grant
+                .expect("a direct piece arrives only under a grant");
+            if self.recv_pos + n as u64 > g.end() || got + n > dst.len() {
+                return Err(self.protocol(format!(
+                    "a write of {n} bytes into the granted range at stream offset {}, past its                      end {}",
+                    self.recv_pos,
+                    g.end()
+                )));
+            }
+            self.advance(n);
+            got += n;
+            self.recv_pos += n as u64;
+            self.traffic.received_in_place += n as u64;
+        }
+        if self.my_grant.is_some_and(|g| self.recv_pos >= g.end()) {
+            self.my_grant = None;
         }
         self.flush_credits()?;
         Ok(got)
@@ -606,6 +851,7 @@ impl Endpoint for IbEndpoint {
         if max == 0 {
             return Ok(0);
         }
+        self.no_grant()?;
         self.progress()?;
         let mut used = 0;
         while used < max {
@@ -641,6 +887,8 @@ impl Endpoint for IbEndpoint {
                 break;
             }
         }
+        self.recv_pos += used as u64;
+        self.traffic.received_staged += used as u64;
         self.flush_credits()?;
         Ok(used)
     }
@@ -689,13 +937,29 @@ impl Drop for IbEndpoint {
             }
             std::thread::sleep(Duration::from_micros(100));
         }
+        let t = self.traffic;
         ccl_core::ccl_trace!(
             Some(self.rank),
-            "verbs connection to peer {} closes: sent {} bytes zero-copy, {} staged",
+            "verbs connection to peer {} closes: sent {} bytes zero-copy, {} staged ({} into              granted memory); received {} bytes in place, {} through the ring",
             self.peer,
-            self.sent_zero_copy,
-            self.sent_staged
+            t.sent_zero_copy,
+            t.sent_staged,
+            t.sent_into_grants,
+            t.received_in_place,
+            t.received_staged
         );
+        for (i, v) in [
+            t.sent_zero_copy,
+            t.sent_staged,
+            t.sent_into_grants,
+            t.received_in_place,
+            t.received_staged,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            TOTALS[i].fetch_add(v, std::sync::atomic::Ordering::Relaxed);
+        }
         // Dropping `res` then tears the connection down.
     }
 }

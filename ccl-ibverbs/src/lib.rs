@@ -85,8 +85,12 @@
 //! ([`Endpoint::send_registered`](ccl_core::transport::Endpoint::send_registered)) is an RDMA
 //! write straight from it into the peer's staging ring, with the same credits, slots and
 //! immediate values as a staged one (the receiver cannot tell them apart); its bytes count as
-//! taken once the write completed. Receives still go through the ring: the receiver does not
-//! yet grant registered destinations to write into (`docs/design.md`, registered memory).
+//! taken once the write completed. A receive into such memory
+//! ([`Endpoint::recv_registered`](ccl_core::transport::Endpoint::recv_registered)) grants the
+//! range to the peer in a control message (address, rkey, length and the stream offset it
+//! starts at), and the peer writes the rest of those bytes straight into it, whether it sends
+//! from registered memory or stages (see the `endpoint` module). Each connection counts what it
+//! moved with and without a copy; [`traffic`] sums the connections that closed.
 
 mod connect;
 pub mod cq;
@@ -103,6 +107,7 @@ mod transport;
 pub mod wc;
 pub mod wire;
 
+pub use endpoint::{Traffic, traffic};
 pub use error::VerbsError;
 pub use port::{IbDevice, probe, probe_at};
 pub use transport::IbTransport;

@@ -131,13 +131,15 @@ impl Drop for RegisteredBuf {
     }
 }
 
-/// Memory the program owns, registered for zero-copy sends ([`ccl_core::transport::Transport::register`]).
+/// Memory the program owns, registered for zero-copy sends and receives
+/// ([`ccl_core::transport::Transport::register`]).
 ///
 /// Unlike a registration cache, this value is made for one borrowed buffer and dropped before
 /// the buffer is released (`ccl`'s `Registration` borrows it, `Buffer` owns it), so it never
 /// pins pages the program has freed and the allocator handed out again. It records the address
 /// only; the device reads the memory only during a `send_registered` whose caller keeps it
-/// borrowed.
+/// borrowed, and peers write it only inside the range a `recv_registered` granted, whose caller
+/// keeps it borrowed mutably until those bytes are received.
 #[derive(Debug)]
 pub struct UserMr {
     addr: usize,
@@ -152,20 +154,25 @@ unsafe impl Send for UserMr {}
 unsafe impl Sync for UserMr {}
 
 impl UserMr {
-    /// Registers `mem` for local access by the device (the source of RDMA writes).
+    /// Registers `mem` for local access by the device (the source of RDMA writes) and for RDMA
+    /// writes from peers (into ranges the receiver grants, see `IbEndpoint`).
     pub fn new(pd: &Arc<Pd>, mem: &[u8]) -> Result<UserMr, VerbsError> {
         let len = mem.len().max(1);
+        let access =
+            ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
         // SAFETY:
         // - `pd` is a live protection domain (kept alive by the Arc stored below).
         // - `mem` is live, readable memory for this call; the registration only pins its pages
-        //   and grants the device local access. No remote access is granted, so no peer can
-        //   write it. The owner drops this value before it frees the memory (see the type docs).
+        //   and grants the device access. Remote write needs the rkey, which goes only to a
+        //   connected peer, in a grant for a range that a receive borrows mutably until the
+        //   peer's bytes in it are reported received. The owner drops this value before it
+        //   frees the memory (see the type docs).
         let mr = unsafe {
             ibv_reg_mr(
                 pd.as_ptr(),
                 mem.as_ptr() as *mut libc::c_void,
                 len,
-                ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32,
+                access.0 as i32,
             )
         };
         let Some(mr) = NonNull::new(mr) else {
@@ -185,6 +192,11 @@ impl UserMr {
     pub fn lkey(&self) -> u32 {
         // SAFETY: `mr` is a live registration (freed only in Drop); lkey is a plain field.
         unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as in `lkey`.
+        unsafe { (*self.mr.as_ptr()).rkey }
     }
 
     pub fn pd(&self) -> &Arc<Pd> {

@@ -236,9 +236,16 @@ unsafe impl Send for Qp {}
 
 impl Qp {
     /// An RC QP reporting both queues to `cq`, with room for `send_wr`/`recv_wr` outstanding
-    /// work requests of one scatter/gather element each. Completions are requested per work
-    /// request (not for every send).
-    pub fn new(pd: &Arc<Pd>, cq: &Arc<Cq>, send_wr: u32, recv_wr: u32) -> Result<Qp, VerbsError> {
+    /// work requests of one scatter/gather element each, and sends of up to `inline` bytes
+    /// copied into the work request. Completions are requested per work request (not for every
+    /// send).
+    pub fn new(
+        pd: &Arc<Pd>,
+        cq: &Arc<Cq>,
+        send_wr: u32,
+        recv_wr: u32,
+        inline: u32,
+    ) -> Result<Qp, VerbsError> {
         // SAFETY: all-zero is a valid `ibv_qp_init_attr` (pointers null, integers zero).
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
@@ -249,7 +256,7 @@ impl Qp {
         init.cap.max_recv_wr = recv_wr;
         init.cap.max_send_sge = 1;
         init.cap.max_recv_sge = 1;
-        init.cap.max_inline_data = 0;
+        init.cap.max_inline_data = inline;
         // SAFETY:
         // - `pd` and `cq` are live and outlive the QP (Arcs stored below).
         // - `init` is fully initialized.
@@ -384,15 +391,71 @@ impl Qp {
 
     /// Posts a receive with no buffer: it takes the immediate value of a WRITE_WITH_IMM or a
     /// zero-length SEND_WITH_IMM.
+    /// A SEND of `data` (at most the `inline` bytes the QP was made for), copied into the work
+    /// request at posting, so `data` needs no registration and may change right after.
+    pub fn post_send_inline(&self, wr_id: u64, data: &[u8]) -> Result<(), VerbsError> {
+        let mut sge = ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        // SAFETY: all-zero is a valid `ibv_send_wr`.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0 | ibv_send_flags::IBV_SEND_INLINE.0;
+        // SAFETY: with IBV_SEND_INLINE the provider copies `data` (alive for the call) into the
+        // work queue while posting and never reads it afterwards; no lkey is used.
+        unsafe { self.post_send(&mut wr) }
+    }
+
+    /// A receive whose incoming SEND payload lands in `len` bytes at `addr`.
+    ///
+    /// # Safety
+    /// `addr..addr + len` must lie in memory registered with `lkey` for local write that stays
+    /// allocated, and that nothing else reads or writes, until the receive's completion is polled
+    /// (or the QP is destroyed).
+    pub unsafe fn post_recv_buf(
+        &self,
+        wr_id: u64,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+    ) -> Result<(), VerbsError> {
+        let sge = ibv_sge {
+            addr,
+            length: len,
+            lkey,
+        };
+        // SAFETY: the memory is the caller's to vouch for (this function's contract).
+        unsafe { self.post_recv_sge(wr_id, Some(sge)) }
+    }
+
+    /// A receive that takes no payload (RDMA writes with immediate values, credits).
     pub fn post_recv(&self, wr_id: u64) -> Result<(), VerbsError> {
+        // SAFETY: a receive with no scatter/gather element references no memory.
+        unsafe { self.post_recv_sge(wr_id, None) }
+    }
+
+    /// # Safety
+    /// As [`post_recv_buf`](Qp::post_recv_buf) for the memory `sge` names.
+    unsafe fn post_recv_sge(&self, wr_id: u64, sge: Option<ibv_sge>) -> Result<(), VerbsError> {
+        let mut sge = sge;
+        let (sg_list, num_sge) = match sge.as_mut() {
+            Some(s) => (s as *mut ibv_sge, 1),
+            None => (std::ptr::null_mut(), 0),
+        };
         let mut wr = ibv_recv_wr {
             wr_id,
             next: std::ptr::null_mut(),
-            sg_list: std::ptr::null_mut(),
-            num_sge: 0,
+            sg_list,
+            num_sge,
         };
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: live QP; one fully initialized work request that references no memory.
+        // SAFETY: live QP; one fully initialized work request whose memory, if any, the caller
+        // vouches for (this function's contract); `sge` outlives the call, which copies it.
         let rc = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::PostRecv(errno_error(rc)));

@@ -12,6 +12,7 @@ use crate::error::VerbsError;
 use crate::mr::RegisteredBuf;
 use crate::port::IbDevice;
 use crate::qp::{ConnParams, Qp, QpState};
+use crate::wire::GRANT_LEN;
 
 /// Work request id: kind in the top byte, an index below.
 pub(crate) const KIND_SHIFT: u32 = 56;
@@ -71,6 +72,9 @@ pub(crate) struct Resources {
     pub send_buf: RegisteredBuf,
     /// Receive ring the peer writes into (remote write).
     pub recv_buf: RegisteredBuf,
+    /// Where control messages with a payload (grants) land: one [`GRANT_LEN`] cell per control
+    /// receive, the index of its work request id.
+    pub ctrl_buf: RegisteredBuf,
     /// Who the connection joins, for the log lines of the teardown.
     rank: usize,
     peer: usize,
@@ -86,7 +90,13 @@ impl Resources {
     ) -> Result<Resources, VerbsError> {
         let channel = CompChannel::new(&dev.ctx)?;
         let cq = Cq::new(&channel, layout.cq_entries())?;
-        let ctrl = Qp::new(&dev.pd, &cq, layout.ctrl_depth(), layout.ctrl_depth())?;
+        let ctrl = Qp::new(
+            &dev.pd,
+            &cq,
+            layout.ctrl_depth(),
+            layout.ctrl_depth(),
+            GRANT_LEN as u32,
+        )?;
         let mut qps = vec![ctrl];
         for _ in 0..layout.nqp {
             qps.push(Qp::new(
@@ -94,6 +104,7 @@ impl Resources {
                 &cq,
                 layout.data_send_depth(),
                 layout.data_recv_depth(),
+                0,
             )?);
         }
         Ok(Resources {
@@ -101,6 +112,7 @@ impl Resources {
             cq,
             send_buf: RegisteredBuf::new(&dev.pd, layout.ring_bytes(), false)?,
             recv_buf: RegisteredBuf::new(&dev.pd, layout.ring_bytes(), true)?,
+            ctrl_buf: RegisteredBuf::new(&dev.pd, layout.ctrl_depth() as usize * GRANT_LEN, false)?,
             rank,
             peer,
         })
@@ -112,8 +124,8 @@ impl Resources {
         for qp in &self.qps {
             qp.modify(QpState::Init, base)?;
         }
-        for _ in 0..layout.ctrl_depth() {
-            self.qps[0].post_recv(wr_id(CTRL_RECV, 0))?;
+        for i in 0..layout.ctrl_depth() as usize {
+            self.post_ctrl_recv(i)?;
         }
         for (i, qp) in self.qps[1..].iter().enumerate() {
             for _ in 0..layout.data_recv_depth() {
@@ -121,6 +133,49 @@ impl Resources {
             }
         }
         Ok(())
+    }
+}
+
+impl Resources {
+    /// Posts control receive `i` (below `ctrl_depth`) with its cell of `ctrl_buf`.
+    pub fn post_ctrl_recv(&self, i: usize) -> Result<(), VerbsError> {
+        let off = i * GRANT_LEN;
+        assert!(
+            off + GRANT_LEN <= self.ctrl_buf.len(),
+            "control cell {i} out of range"
+        );
+        // SAFETY: the cell lies inside `ctrl_buf` (checked above), registered with its lkey for
+        // local write and alive as long as the QP (fields drop in order, QPs first). Each cell
+        // belongs to one receive: it is read only after that receive's completion and posted
+        // again only after the read.
+        unsafe {
+            self.qps[0].post_recv_buf(
+                wr_id(CTRL_RECV, i),
+                self.ctrl_buf.addr() + off as u64,
+                GRANT_LEN as u32,
+                self.ctrl_buf.lkey(),
+            )
+        }
+    }
+
+    /// The payload of control receive `i`, after its completion was polled.
+    pub fn ctrl_cell(&self, i: usize) -> [u8; GRANT_LEN] {
+        let mut b = [0u8; GRANT_LEN];
+        let off = i * GRANT_LEN;
+        assert!(
+            off + GRANT_LEN <= self.ctrl_buf.len(),
+            "control cell {i} out of range"
+        );
+        // SAFETY: in bounds (checked above); the receive that owned the cell completed and is
+        // not posted again before this copy, so the device does not write it now.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ctrl_buf.as_ptr().add(off),
+                b.as_mut_ptr(),
+                GRANT_LEN,
+            )
+        };
+        b
     }
 }
 

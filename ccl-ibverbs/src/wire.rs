@@ -195,9 +195,99 @@ pub fn decode_imm(imm: u32) -> (usize, usize) {
     ((imm >> 24) as usize, (imm & 0x00ff_ffff) as usize)
 }
 
+/// The length field of a write into a granted range instead of a ring slot ([`Grant`]): zero,
+/// which no ring write carries; the receiver takes the length from the completion.
+pub const DIRECT_LEN: usize = 0;
+
+/// First bytes of a grant (the last is the version).
+pub const GRANT_MAGIC: [u8; 4] = *b"CGR\x01";
+/// Bytes of an encoded [`Grant`], the payload of a control SEND.
+pub const GRANT_LEN: usize = 4 + 8 + 8 + 4 + 4;
+
+/// A receiver's clear-to-send for a range of registered memory: the bytes of its stream from
+/// `offset` to `offset + len` may be RDMA-written straight to `addr` onwards (with `rkey`)
+/// instead of into the ring. Bytes the sender had already written into the ring when the grant
+/// arrived stay there; it writes the rest of the range directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub offset: u64,
+    pub addr: u64,
+    pub len: u32,
+    pub rkey: u32,
+}
+
+impl Grant {
+    pub fn encode(&self) -> [u8; GRANT_LEN] {
+        let mut b = [0u8; GRANT_LEN];
+        b[..4].copy_from_slice(&GRANT_MAGIC);
+        b[4..12].copy_from_slice(&self.offset.to_le_bytes());
+        b[12..20].copy_from_slice(&self.addr.to_le_bytes());
+        b[20..24].copy_from_slice(&self.len.to_le_bytes());
+        b[24..28].copy_from_slice(&self.rkey.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Grant, String> {
+        if b.len() != GRANT_LEN || b[..4] != GRANT_MAGIC {
+            return Err(format!(
+                "a control message of {} bytes that is not a grant",
+                b.len()
+            ));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let g = Grant {
+            offset: u64_at(4),
+            addr: u64_at(12),
+            len: u32_at(20),
+            rkey: u32_at(24),
+        };
+        if g.len == 0 || g.addr.checked_add(g.len as u64).is_none() {
+            return Err(format!(
+                "a grant of {} bytes at {:#x}, which is empty or wraps",
+                g.len, g.addr
+            ));
+        }
+        Ok(g)
+    }
+
+    /// First address past the range.
+    pub fn end_addr(&self) -> u64 {
+        self.addr + self.len as u64
+    }
+
+    /// First stream offset past the range.
+    pub fn end(&self) -> u64 {
+        self.offset + self.len as u64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grant_round_trip_and_refusals() {
+        let g = Grant {
+            offset: 1 << 40,
+            addr: 0x7f00_1234_5000,
+            len: 3 << 20,
+            rkey: 0xdead_beef,
+        };
+        assert_eq!(Grant::decode(&g.encode()), Ok(g));
+        assert_eq!(g.end(), (1 << 40) + (3 << 20));
+        assert!(Grant::decode(&g.encode()[..GRANT_LEN - 1]).is_err());
+        let mut bad = g.encode();
+        bad[0] = b'X';
+        assert!(Grant::decode(&bad).is_err());
+        let empty = Grant { len: 0, ..g };
+        assert!(Grant::decode(&empty.encode()).is_err());
+        let wraps = Grant {
+            addr: u64::MAX - 10,
+            ..g
+        };
+        assert!(Grant::decode(&wraps.encode()).is_err());
+    }
 
     fn info(nqp: usize) -> QpInfo {
         QpInfo {

@@ -292,6 +292,21 @@ pub trait Endpoint: Send {
         self.send(src)
     }
 
+    /// [`recv`](Endpoint::recv) into memory that lies inside `region` (registered with this
+    /// endpoint's transport): a transport that can lets the peer write the bytes straight into
+    /// `dst` (the verbs transport grants the range in its clear-to-send), with no copy out of its
+    /// own buffers. The default receives like `recv`, as does a transport given a region it does
+    /// not recognise or that does not cover `dst`.
+    ///
+    /// The peer may write anywhere in `dst` before the call reports those bytes, so the caller
+    /// keeps all of `dst` borrowed mutably (neither reads nor writes it) and calls again, with
+    /// `dst` starting at the first byte not yet received and reaching at least as far, until
+    /// every byte is received. A transport fails when a call starts anywhere else, or when a
+    /// plain `recv` comes while a range is granted.
+    fn recv_registered(&mut self, dst: &mut [u8], _region: &dyn MemRegion) -> Result<usize> {
+        self.recv(dst)
+    }
+
     /// Called before the rank sleeps (after it has busy-polled every peer it waits on). Returns
     /// `Ok(false)` when progress may be possible right away (e.g. data arrived while arming a
     /// notification); the executor then retries instead of sleeping.
