@@ -427,8 +427,13 @@ impl ExecState {
 
     /// Brings the recorder's entry for this operation up to date.
     fn sync_trace(&self, comm: &Peers, s: &Schedule, waiting_on: Option<usize>) {
-        let mut r = comm.recorder();
-        let Some(e) = r.current() else { return };
+        if let Some(e) = comm.recorder().current() {
+            self.sync_entry(e, s, waiting_on);
+        }
+    }
+
+    /// Brings recorder entry `e` of this operation up to date.
+    fn sync_entry(&self, e: &mut trace::Entry, s: &Schedule, waiting_on: Option<usize>) {
         e.waiting_on = waiting_on;
         if let Some((t, _)) = self.idle_since {
             e.progress_us = trace::now_us().saturating_sub(t.elapsed().as_micros() as u64);
@@ -503,9 +508,15 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     }
     state.end_idle();
     let waiting = r.as_ref().err().and(state.first_waited_peer(sched));
-    state.sync_trace(comm, sched, waiting);
-    comm.recorder().end(r.as_ref().err().map(|e| e.to_string()));
-    if r.is_ok() {
+    {
+        let mut rec = comm.recorder();
+        if let Some(e) = rec.current() {
+            state.sync_entry(e, sched, waiting);
+        }
+        rec.end(r.as_ref().err().map(|e| e.to_string()));
+    }
+    // An operation with no peer's header (one in host memory) says nothing of lateness.
+    if r.is_ok() && !sched.peers.is_empty() {
         comm.note_lateness(
             sched
                 .peers
@@ -1303,10 +1314,8 @@ impl Run<'_, '_> {
                 continue;
             }
             // Its next operation there is this rank's next one too.
-            let theirs = Header::from_host_desc(
-                h.desc(i, self.st.host_ops),
-                crate::algo::Algo::Shm.id(),
-            );
+            let theirs =
+                Header::from_host_desc(h.desc(i, self.st.host_ops), crate::algo::Algo::Shm.id());
             if self.receive_header(pi)? {
                 return Ok(true);
             }

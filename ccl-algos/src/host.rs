@@ -202,9 +202,7 @@ pub fn swap_halves(s: &Schedule) -> Schedule {
                 src: sw(src),
                 src_first,
             },
-            Action::FinishAvg { region } => Action::FinishAvg {
-                region: sw(region),
-            },
+            Action::FinishAvg { region } => Action::FinishAvg { region: sw(region) },
             a @ (Action::Post | Action::WaitPosts { .. }) => a,
         };
     }

@@ -279,9 +279,8 @@ fn different_collectives_in_a_row_share_the_slots_safely() {
                 })
                 .collect();
             for seed in 0..8 {
-                simulate(&scheds, &st, seed * 7 + 3).unwrap_or_else(|e| {
-                    panic!("n={n} second_half={second_half} seed={seed}: {e}")
-                });
+                simulate(&scheds, &st, seed * 7 + 3)
+                    .unwrap_or_else(|e| panic!("n={n} second_half={second_half} seed={seed}: {e}"));
             }
         }
     }
