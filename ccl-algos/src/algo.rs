@@ -233,7 +233,7 @@ pub enum AlgoError {
     )]
     NoHostMemory { coll: Collective },
     #[error(
-        "{coll}: the hiershm algorithm needs the ranks of every host connected by shared memory (not disabled by CCL_SHM_DISABLE or CCL_TRANSPORT), each host's ranks among themselves only"
+        "{coll}: the hiershm algorithm needs ranks on more than one host (on one host use shm) and the ranks of every host connected by shared memory (not disabled by CCL_SHM_DISABLE or CCL_TRANSPORT), each host's ranks among themselves only"
     )]
     NoHostMemoryPerHost { coll: Collective },
     /// Any of the above, in the `CCL_ALGO` setting `spec`.
@@ -556,10 +556,6 @@ pub fn cost(
     if !available(algo, t, topo) {
         return None;
     }
-    // On one host the host-memory algorithm proper does the same with fewer steps.
-    if algo == Algo::HierShm && topo.num_hosts() <= 1 {
-        return None;
-    }
     if n <= 1 {
         return Some(0.0);
     }
@@ -568,12 +564,16 @@ pub fn cost(
 
 /// Whether a communicator whose transports are `t` (as [`crate::cost::properties_of`] gives them:
 /// `host_memory` when the ranks of every host share a segment) and whose ranks are placed as
-/// `topo` says can run `algo`: `shm` needs every rank on one host, `hiershm` host memory on
-/// every host; the others need nothing.
+/// `topo` says can run `algo`: `shm` needs every rank on one host, `hiershm` ranks on several
+/// hosts and host memory on every one; the others need nothing.
 pub fn available(algo: Algo, t: &TransportProperties, topo: &Topology) -> bool {
     match algo {
         Algo::Shm => t.host_memory && topo.num_hosts() <= 1,
-        Algo::HierShm => t.host_memory,
+        // Never on one host: there `shm` runs too, and the two hand host memory from one
+        // operation to the next differently (`shm` takes turns on the slot halves with no
+        // barrier at its ends, `hiershm` waits for the previous operation's readers and posts
+        // its own), so mixing them could overwrite a slot a peer still reads.
+        Algo::HierShm => t.host_memory && topo.num_hosts() > 1,
         _ => true,
     }
 }
@@ -710,6 +710,11 @@ mod tests {
         assert!(c(Algo::HierShm, &tcp(), &two_by_four, 1 << 20).is_none());
         let one_host = Topology::from_hosts(&vec!["box".to_string(); 4]);
         assert!(c(Algo::HierShm, &host, &one_host, 1 << 20).is_none());
+        // Nor run there, even when forced: `shm` and `hiershm` hand host memory from one
+        // operation to the next differently, so one host runs `shm` alone.
+        assert!(!available(Algo::HierShm, &host, &one_host));
+        assert!(available(Algo::HierShm, &host, &two_by_four));
+        assert!(available(Algo::Shm, &host, &one_host));
         assert!(c(Algo::Shm, &host, &two_by_four, 1 << 20).is_none());
         assert_eq!(
             choose(Collective::AllReduce, 8, 256 << 20, &host, &two_by_four),

@@ -362,6 +362,12 @@ pub struct ExecState {
     /// Whether this host runs more of the communicator's ranks than it has CPUs (known after
     /// the first wait).
     shares_cpus: Option<bool>,
+    /// Operations run in host memory so far: which of its two places an operation announces
+    /// itself in (a rank can be one operation ahead of the others there).
+    host_ops: u64,
+    /// Whether the next operation in host memory starts on the second half of the slots (the
+    /// last one's last chunk was on the first; see `crate::host`).
+    host_second_half: bool,
 }
 
 impl ExecState {
@@ -423,8 +429,13 @@ impl ExecState {
 
     /// Brings the recorder's entry for this operation up to date.
     fn sync_trace(&self, comm: &Peers, s: &Schedule, waiting_on: Option<usize>) {
-        let mut r = comm.recorder();
-        let Some(e) = r.current() else { return };
+        if let Some(e) = comm.recorder().current() {
+            self.sync_entry(e, s, waiting_on);
+        }
+    }
+
+    /// Brings recorder entry `e` of this operation up to date.
+    fn sync_entry(&self, e: &mut trace::Entry, s: &Schedule, waiting_on: Option<usize>) {
         e.waiting_on = waiting_on;
         if let Some((t, _)) = self.idle_since {
             e.progress_us = trace::now_us().saturating_sub(t.elapsed().as_micros() as u64);
@@ -474,6 +485,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
         links,
         host: host.as_deref_mut(),
         host_base: 0,
+        host_swap: state.host_second_half.then_some(sched.host_slot),
         announced: false,
         entry_us,
         st: state,
@@ -490,11 +502,23 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     let r = run.drive();
     drop(run);
     links.host = host;
+    // Every rank of the host runs the same operations in host memory (a mismatch fails the
+    // communicator), so all count them and turn the halves alike.
+    if sched.uses_host() && sched.host_chunks > 0 {
+        state.host_ops += 1;
+        state.host_second_half ^= sched.host_chunks % 2 == 1;
+    }
     state.end_idle();
     let waiting = r.as_ref().err().and(state.first_waited_peer(sched));
-    state.sync_trace(comm, sched, waiting);
-    comm.recorder().end(r.as_ref().err().map(|e| e.to_string()));
-    if r.is_ok() {
+    {
+        let mut rec = comm.recorder();
+        if let Some(e) = rec.current() {
+            state.sync_entry(e, sched, waiting);
+        }
+        rec.end(r.as_ref().err().map(|e| e.to_string()));
+    }
+    // An operation with no peer's header (one in host memory) says nothing of lateness.
+    if r.is_ok() && !sched.peers.is_empty() {
         comm.note_lateness(
             sched
                 .peers
@@ -514,6 +538,9 @@ struct Run<'r, 'b> {
     host: Option<&'r mut (dyn HostMemory + 'static)>,
     /// This rank's post count when the operation began: a schedule's waits count from it.
     host_base: u64,
+    /// The slot size (elements) when the operation runs on the other halves of the slots from
+    /// the ones its schedule names (`crate::host::swap_half`).
+    host_swap: Option<usize>,
     /// Whether this rank has told the host which operation it is in.
     announced: bool,
     /// When this rank entered the operation (microseconds since the epoch).
@@ -533,6 +560,15 @@ struct Run<'r, 'b> {
 }
 
 impl Run<'_, '_> {
+    /// Where region `r` of the schedule lies in this operation: host regions may be in the other
+    /// half of their slot.
+    fn at(&self, r: &Region) -> Region {
+        match self.host_swap {
+            Some(slot) => crate::host::swap_half(*r, slot),
+            None => *r,
+        }
+    }
+
     /// The bytes of region `r`, in the caller's buffers, the scratch space or host memory.
     fn region<'x>(
         bufs: &'x Buffers<'_>,
@@ -804,6 +840,8 @@ impl Run<'_, '_> {
                     && len <= COALESCE
                     && let Action::Send { src, .. } = first.action
                 {
+                    let src = self.at(&src);
+                    let out = &mut self.st.peers[pi].header_out;
                     out.extend_from_slice(Self::region(
                         &self.bufs,
                         self.host.as_deref(),
@@ -843,6 +881,7 @@ impl Run<'_, '_> {
         let (dtype, op, elem) = (self.dtype, self.op, self.elem);
         match self.sched.ops[id].action {
             Action::Copy { src, dst } => {
+                let (src, dst) = (self.at(&src), self.at(&dst));
                 let (d, s) = Self::operands(
                     &mut self.bufs,
                     self.host.as_deref_mut(),
@@ -859,6 +898,7 @@ impl Run<'_, '_> {
                 src,
                 src_first,
             } => {
+                let (src, dst) = (self.at(&src), self.at(&dst));
                 let (d, s) = Self::operands(
                     &mut self.bufs,
                     self.host.as_deref_mut(),
@@ -871,6 +911,7 @@ impl Run<'_, '_> {
             }
             Action::FinishAvg { region } => {
                 if op == ReduceOp::Avg {
+                    let region = self.at(&region);
                     let world = self.comm.size();
                     let d =
                         Self::region_mut(&mut self.bufs, self.host.as_deref_mut(), &region, elem)?;
@@ -883,7 +924,7 @@ impl Run<'_, '_> {
                 // Before the first post, so that a rank that sees it sees this operation (and
                 // no rank can be in the next one before this rank's last post).
                 if !self.announced {
-                    h.announce(desc);
+                    h.announce(self.st.host_ops, desc);
                     self.announced = true;
                 }
                 h.post();
@@ -928,7 +969,7 @@ impl Run<'_, '_> {
         let h = self.host.as_deref().ok_or_else(no_host)?;
         let desc = mine.host_desc();
         for i in (0..h.ranks().len()).filter(|&i| i != h.me()) {
-            let theirs = h.desc(i);
+            let theirs = h.desc(i, self.st.host_ops);
             if theirs != desc {
                 let peer = h.ranks()[i];
                 let theirs = Header::from_host_desc(theirs, mine.algo);
@@ -1031,6 +1072,7 @@ impl Run<'_, '_> {
                     unreachable!("send queue holds sends")
                 };
                 let done = self.st.done[id];
+                let src = self.at(&src);
                 let data =
                     &Self::region(&self.bufs, self.host.as_deref(), &src, self.elem)?[done..end];
                 let reg = self
@@ -1104,6 +1146,19 @@ impl Run<'_, '_> {
     fn receive_into(&mut self, id: OpId, peer: usize, end: usize) -> Result<usize> {
         let Action::Recv { dst, combine, .. } = self.sched.ops[id].action else {
             unreachable!("receive queue holds receives")
+        };
+        let dst = self.at(&dst);
+        let combine = match combine {
+            Combine::Reduce {
+                with: Some(w),
+                incoming_first,
+                finish_avg,
+            } => Combine::Reduce {
+                with: Some(self.at(&w)),
+                incoming_first,
+                finish_avg,
+            },
+            c => c,
         };
         let (dtype, op, elem, world) = (self.dtype, self.op, self.elem, self.comm.size());
         let done = self.st.done[id];
@@ -1295,7 +1350,9 @@ impl Run<'_, '_> {
             if h.posted(i) <= h.posted(me) {
                 continue;
             }
-            let theirs = Header::from_host_desc(h.desc(i), crate::algo::Algo::Shm.id());
+            // Its next operation there is this rank's next one too.
+            let theirs =
+                Header::from_host_desc(h.desc(i, self.st.host_ops), crate::algo::Algo::Shm.id());
             if self.receive_header(pi)? {
                 return Ok(true);
             }

@@ -7,16 +7,20 @@
 //! shared-memory allreduces).
 //!
 //! Counting: each rank posts as often as every other in one operation, so a wait for "every rank
-//! has posted `k` times in this operation" is a barrier. Every schedule starts by waiting for
-//! every rank's last post of the previous operation (`WaitPosts { count: 0 }`: nobody still reads
-//! a slot this operation is about to write) and ends with a post that says "done reading".
+//! has posted `k` times in this operation" is a barrier.
 //!
-//! Slots are used in two halves, alternately by successive chunks, so a rank may copy in its next
-//! chunk while the others still copy the previous one out; the post after a copy-in also says
-//! that everything this rank read of the half before is done.
+//! Slots are used in two halves, in turn by successive chunks, and the turns go on from one
+//! operation to the next (the executor swaps the halves of an operation that starts on the second
+//! one, [`swap_halves`]). Every chunk has a barrier after its writes and before its reads, so a
+//! rank's first post in a chunk also says that it has read everything of the chunk before; by
+//! the time a rank writes a half again, it has waited for that post from every rank in the
+//! chunk between, which used the other half. So no operation waits for the previous one's
+//! readers at its start or posts "done reading" at its end: a small allreduce is one post and
+//! one wait.
 //!
 //! Local ops run in the order they are listed, which is what orders them around the posts and
-//! waits; the symbolic checker verifies every read of a slot against the posts that published it.
+//! waits; the symbolic checker verifies every read of a slot against the posts that published it
+//! and every write against the posts that said its readers were done, across operations too.
 
 use crate::schedule::{Action, Buf, Region, Schedule, Shape};
 
@@ -32,20 +36,21 @@ struct Steps<'a> {
     posts: u32,
     /// Half of a slot, in elements: the largest chunk.
     half: usize,
+    /// Chunks so far, each on the other half from the one before.
+    chunks: usize,
 }
 
 impl<'a> Steps<'a> {
     fn new(shape: &'a Shape) -> Steps<'a> {
         let mut s = Schedule::new("shm");
         s.host_slot = shape.host_slot;
-        let mut st = Steps {
+        Steps {
             s,
             shape,
             posts: 0,
-            half: (shape.host_slot / 2).max(1),
-        };
-        st.push(Action::WaitPosts { count: 0 });
-        st
+            half: half_of(shape.host_slot),
+            chunks: 0,
+        }
     }
 
     fn push(&mut self, a: Action) {
@@ -74,7 +79,7 @@ impl<'a> Steps<'a> {
     }
 
     fn finish(mut self) -> Schedule {
-        self.push(Action::Post);
+        self.s.host_chunks = self.chunks;
         self.s.finish()
     }
 
@@ -95,10 +100,113 @@ impl<'a> Steps<'a> {
             .map(move |(k, off)| (k, off, max.min(len - off)))
     }
 
-    /// The start of the slot half chunk `k` uses.
-    fn half_at(&self, k: usize) -> usize {
+    /// Starts chunk `k` (counted from 0 in this operation); returns the start of the slot half
+    /// it uses. Every chunk must have a barrier between its writes and its reads.
+    fn half_at(&mut self, k: usize) -> usize {
+        debug_assert_eq!(k, self.chunks, "chunks are started in order");
+        self.chunks += 1;
         (k % 2) * self.half
     }
+}
+
+/// Half of a slot of `slot` elements: where the second half starts.
+fn half_of(slot: usize) -> usize {
+    (slot / 2).max(1)
+}
+
+/// Region `r` of a schedule of `chunks` chunks in slots of `slot` elements, in the other half
+/// of its slot: where it lies when the operation starts on the second half, because the
+/// operation before ended on the first (an odd number of chunks since the segment was made).
+/// Every host region of a schedule lies within one half. Other buffers are left alone.
+pub fn swap_half(r: Region, slot: usize) -> Region {
+    let Buf::Host(_) = r.buf else { return r };
+    let half = half_of(slot);
+    let off = if r.off >= half {
+        r.off - half
+    } else {
+        r.off + half
+    };
+    Region { off, ..r }
+}
+
+/// Consecutive operations of one rank as one schedule, as the executor runs them: each one's
+/// waits count on from the posts before it, and each one on the halves its predecessors leave
+/// it (`second_half`: the first starts on the second half). For the symbolic checker, which
+/// then sees every hazard between operations.
+pub fn in_sequence(ops: &[Schedule], mut second_half: bool) -> Schedule {
+    let mut t = Schedule::new(ops.first().map_or("shm", |s| s.algo));
+    t.host_slot = ops.iter().map(|s| s.host_slot).max().unwrap_or(0);
+    let mut posts = 0u32;
+    for s in ops {
+        let s = if second_half && s.uses_host() {
+            swap_halves(s)
+        } else {
+            s.clone()
+        };
+        let base = t.ops.len();
+        for o in &s.ops {
+            let action = match o.action {
+                Action::WaitPosts { count } => Action::WaitPosts {
+                    count: count + posts,
+                },
+                a => a,
+            };
+            let deps: Vec<usize> = o.deps.iter().map(|d| d + base).collect();
+            t.push(action, &deps, o.stream_from.map(|f| f + base), o.step);
+        }
+        posts += s
+            .ops
+            .iter()
+            .filter(|o| matches!(o.action, Action::Post))
+            .count() as u32;
+        second_half ^= s.uses_host() && s.host_chunks % 2 == 1;
+        t.host_chunks += s.host_chunks;
+    }
+    t.finish()
+}
+
+/// `s` with every host region in the other half of its slot ([`swap_half`]): the schedule the
+/// executor runs when the operation starts on the second half.
+pub fn swap_halves(s: &Schedule) -> Schedule {
+    let sw = |r: Region| swap_half(r, s.host_slot);
+    let mut t = s.clone();
+    for o in &mut t.ops {
+        o.action = match o.action {
+            Action::Send { peer, src } => Action::Send { peer, src: sw(src) },
+            Action::Recv { peer, dst, combine } => Action::Recv {
+                peer,
+                dst: sw(dst),
+                combine: match combine {
+                    crate::schedule::Combine::Reduce {
+                        with,
+                        incoming_first,
+                        finish_avg,
+                    } => crate::schedule::Combine::Reduce {
+                        with: with.map(sw),
+                        incoming_first,
+                        finish_avg,
+                    },
+                    c => c,
+                },
+            },
+            Action::Copy { src, dst } => Action::Copy {
+                src: sw(src),
+                dst: sw(dst),
+            },
+            Action::Reduce {
+                dst,
+                src,
+                src_first,
+            } => Action::Reduce {
+                dst: sw(dst),
+                src: sw(src),
+                src_first,
+            },
+            Action::FinishAvg { region } => Action::FinishAvg { region: sw(region) },
+            a @ (Action::Post | Action::WaitPosts { .. }) => a,
+        };
+    }
+    t
 }
 
 fn slot(rank: usize, off: usize, len: usize) -> Region {
@@ -133,8 +241,24 @@ pub fn allreduce_with(shape: &Shape, one_shot_max: usize) -> Schedule {
             st.copy(Region::new(input, off, len), slot(me, h, len));
             st.barrier();
             let out = Region::new(Buf::Recv, off, len);
-            st.copy(slot(0, h, len), out);
-            for j in 1..n {
+            // Rank order (slot 0, then 1, ...), but rank 0 starts by copying slot 1 and
+            // reducing its own into it with the operands in that order: copying another
+            // rank's slot, which lies in the other CPU's cache, keeps more of its lines in
+            // flight than a reduction reading it does.
+            if me == 0 && n > 1 {
+                st.copy(slot(1, h, len), out);
+                st.push(Action::Reduce {
+                    dst: out,
+                    src: slot(0, h, len),
+                    src_first: true,
+                });
+            } else {
+                st.copy(slot(0, h, len), out);
+                if n > 1 {
+                    st.reduce(out, slot(1, h, len));
+                }
+            }
+            for j in 2..n {
                 st.reduce(out, slot(j, h, len));
             }
             st.push(Action::FinishAvg { region: out });

@@ -217,6 +217,9 @@ pub struct Schedule {
     pub locals: Vec<OpId>,
     /// Elements of each host slot the schedule may use (`Buf::Host`; 0 when it uses none).
     pub host_slot: usize,
+    /// Chunks it works on in host memory, each in the other half of the slots from the one
+    /// before; the next operation goes on with the half after its last (see `crate::host`).
+    pub host_chunks: usize,
     /// Exchange operation headers with every peer this schedule has a send or receive op for,
     /// even an empty one. Without it only peers that move data do, which is enough when every
     /// rank's count is the same; the collectives with a count per rank set it, so a pair whose
@@ -234,6 +237,7 @@ impl Schedule {
             peers: Vec::new(),
             locals: Vec::new(),
             host_slot: 0,
+            host_chunks: 0,
             handshake: false,
         }
     }

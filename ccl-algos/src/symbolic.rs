@@ -275,27 +275,7 @@ pub fn simulate(scheds: &[Schedule], setup: &Setup, seed: u64) -> Result<Vec<Vec
 /// Schedule `s` run twice in a row, as two operations (the second's waits in host memory count
 /// on from the first's posts): to check the hand-over between operations.
 pub fn twice(s: &Schedule) -> Schedule {
-    let posts = s
-        .ops
-        .iter()
-        .filter(|o| matches!(o.action, Action::Post))
-        .count() as u32;
-    let mut t = Schedule::new(s.algo);
-    t.host_slot = s.host_slot;
-    for round in 0..2u32 {
-        let base = t.ops.len();
-        for o in &s.ops {
-            let action = match o.action {
-                Action::WaitPosts { count } => Action::WaitPosts {
-                    count: count + round * posts,
-                },
-                a => a,
-            };
-            let deps: Vec<usize> = o.deps.iter().map(|d| d + base).collect();
-            t.push(action, &deps, o.stream_from.map(|f| f + base), o.step);
-        }
-    }
-    t.finish()
+    crate::host::in_sequence(&[s.clone(), s.clone()], false)
 }
 
 /// [`simulate`] with the ranks on several hosts: each of `hosts` (ranks, ascending) shares its

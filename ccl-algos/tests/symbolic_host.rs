@@ -6,7 +6,7 @@
 use ccl_algos::algo::{Algo, Collective, build};
 use ccl_algos::host;
 use ccl_algos::schedule::{Action, Buf, Schedule, Shape};
-use ccl_algos::symbolic::{Expect, Setup, Value, all_ranks, inputs, simulate, twice};
+use ccl_algos::symbolic::{Expect, Setup, Value, all_ranks, inputs, simulate};
 use ccl_core::ReduceOp;
 use ccl_core::topology::Topology;
 
@@ -19,6 +19,12 @@ fn shape(rank: usize, n: usize, count: usize, in_place: bool, op: ReduceOp, slot
 
 fn allreduce_setup(n: usize, c: usize, in_place: bool, op: ReduceOp) -> Setup {
     Setup::allreduce(n, c, in_place, op, false)
+}
+
+/// The schedule run twice in a row, as two operations, starting on either half: the second's
+/// waits count on from the first's posts, and it runs on the halves the first leaves it.
+fn twice(s: &Schedule, second_half: bool) -> Schedule {
+    host::in_sequence(&[s.clone(), s.clone()], second_half)
 }
 
 #[test]
@@ -47,8 +53,9 @@ fn allreduce_one_and_two_shot_with_small_slots() {
                                 });
                             }
                             if !in_place {
-                                let two: Vec<Schedule> = scheds.iter().map(twice).collect();
                                 for seed in 0..6 {
+                                    let two: Vec<Schedule> =
+                                        scheds.iter().map(|s| twice(s, seed % 2 == 1)).collect();
                                     simulate(&two, &st, seed * 17 + 5).unwrap_or_else(|e| {
                                         panic!("twice: n={n} slot={slot} c={c} one_shot_max={one_shot_max} {op} seed={seed}: {e}")
                                     });
@@ -94,10 +101,13 @@ fn allgather_reduce_scatter_broadcast_with_small_slots() {
                             });
                         }
                         if !in_place {
-                            let two: Vec<Schedule> = scheds.iter().map(twice).collect();
-                            simulate(&two, &st, 99).unwrap_or_else(|e| {
-                                panic!("twice: {coll} n={n} slot={slot} c={c} root={root}: {e}")
-                            });
+                            for second_half in [false, true] {
+                                let two: Vec<Schedule> =
+                                    scheds.iter().map(|s| twice(s, second_half)).collect();
+                                simulate(&two, &st, 99).unwrap_or_else(|e| {
+                                    panic!("twice: {coll} n={n} slot={slot} c={c} root={root}: {e}")
+                                });
+                            }
                         }
                     }
                 }
@@ -201,28 +211,27 @@ fn without_host_memory_the_algorithm_is_refused() {
 
 #[test]
 fn the_checker_catches_a_slot_overwritten_while_others_read_it() {
-    // Two one-shot allreduces back to back, the second without its entry wait: a rank may copy
-    // its next input over a slot the others still reduce from.
+    // Two one-shot allreduces of one chunk back to back, the second on the same halves as the
+    // first (as if the executor did not turn them): a rank may copy its next input over a slot
+    // the others still reduce from, as nothing waits for them between the operations.
     let n = 3;
     let st = allreduce_setup(n, 4, false, ReduceOp::Sum);
     let scheds: Vec<Schedule> = (0..n)
         .map(|r| {
-            let s = twice(&host::allreduce_with(
-                &shape(r, n, 4, false, ReduceOp::Sum, 16),
-                usize::MAX,
-            ));
+            let s = host::allreduce_with(&shape(r, n, 4, false, ReduceOp::Sum, 16), usize::MAX);
+            assert_eq!(s.host_chunks, 1);
             let mut t = Schedule::new("broken");
             t.host_slot = s.host_slot;
-            let mut waits = 0;
-            for o in &s.ops {
-                if let Action::WaitPosts { .. } = o.action {
-                    waits += 1;
-                    // The first op's waits are 0 and 1; the second's entry wait is the third.
-                    if waits == 3 {
-                        continue;
-                    }
+            for round in 0..2u32 {
+                for o in &s.ops {
+                    let a = match o.action {
+                        Action::WaitPosts { count } => Action::WaitPosts {
+                            count: count + round,
+                        },
+                        a => a,
+                    };
+                    t.push(a, &[], None, o.step);
                 }
-                t.push(o.action, &[], None, o.step);
             }
             t.finish()
         })
@@ -234,4 +243,45 @@ fn the_checker_catches_a_slot_overwritten_while_others_read_it() {
         errors.iter().any(|e| e.contains("overwrites element")),
         "{errors:?}"
     );
+    // Turned as the executor turns them, the same two pass.
+    let turned: Vec<Schedule> = (0..n)
+        .map(|r| {
+            let s = host::allreduce_with(&shape(r, n, 4, false, ReduceOp::Sum, 16), usize::MAX);
+            twice(&s, false)
+        })
+        .collect();
+    for seed in 0..40 {
+        simulate(&turned, &st, seed).unwrap();
+    }
+}
+
+#[test]
+fn different_collectives_in_a_row_share_the_slots_safely() {
+    // An allreduce of one chunk (leaving the next on the second half), a broadcast of three, a
+    // two-shot allreduce of two: each starts where the one before left the halves, none waits
+    // for the one before to finish reading; the last result must be the allreduce's.
+    for n in 1..=5usize {
+        let slot = 4 * n + 2;
+        let c = 3 * (slot / 2) - 1;
+        let st = allreduce_setup(n, c, false, ReduceOp::Sum);
+        for second_half in [false, true] {
+            let scheds: Vec<Schedule> = (0..n)
+                .map(|r| {
+                    let sh = shape(r, n, c, false, ReduceOp::Sum, slot);
+                    let small = Shape { count: 1, ..sh };
+                    let ops = [
+                        host::allreduce_with(&small, usize::MAX),
+                        host::broadcast(&Shape { root: n - 1, ..sh }),
+                        host::allreduce_with(&Shape { count: slot, ..sh }, 0),
+                        host::allreduce_with(&sh, usize::MAX),
+                    ];
+                    host::in_sequence(&ops, second_half)
+                })
+                .collect();
+            for seed in 0..8 {
+                simulate(&scheds, &st, seed * 7 + 3)
+                    .unwrap_or_else(|e| panic!("n={n} second_half={second_half} seed={seed}: {e}"));
+            }
+        }
+    }
 }

@@ -7,16 +7,22 @@
 //! the ranks of a host reads every input where it lies.
 //!
 //! Counters only grow. A rank waiting for the others first spins (the caller does, polling
-//! [`HostSegment::reached`]), then raises its sleep flag, fences, and looks once more before it
-//! sleeps on its eventfd; a rank that posts fences and then wakes every rank whose flag is up.
-//! The same pattern as the rings ([`crate::ring`]): with both fences, no wake-up is lost.
+//! [`HostSegment::reached`]), then raises its sleep flag and looks once more before it sleeps
+//! on its eventfd; a rank that posts then wakes every rank whose flag is up. The same pattern as
+//! the rings ([`crate::ring`]), with sequentially consistent accesses on both sides instead of
+//! fences: the post's read-modify-write is a full barrier already (x86: a locked add, no
+//! further fence), and no wake-up is lost.
+//!
+//! What moves between CPUs per operation: each rank's counter (one cache line, written by its
+//! owner only), the data, and nothing else while nobody sleeps: the sleep flags are only read,
+//! and an operation announced as before leaves its line alone.
 //!
 //! Which rank may write which bytes when is the schedule's business: the symbolic checker of
 //! `ccl-algos` verifies that no schedule reads a slot before its owner posted the write, or
 //! writes a slot before every reader posted that it is done.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use ccl_core::{Error, Result};
 use crossbeam_utils::CachePadded;
@@ -31,8 +37,9 @@ const MAGIC: [u8; 8] = *b"CCLHOST1";
 struct RankFlags {
     /// How many times the rank has posted.
     posted: CachePadded<AtomicU64>,
-    /// The operation the rank is in (a fingerprint; 0 = none yet), for mismatch checks.
-    desc: CachePadded<AtomicU64>,
+    /// The operation the rank is in (a fingerprint; 0 = none yet), for mismatch checks: one
+    /// place for even and one for odd operations, as a rank can be one operation ahead.
+    desc: CachePadded<[AtomicU64; 2]>,
     /// Raised while the rank sleeps waiting for others' posts.
     sleeping: CachePadded<AtomicU32>,
 }
@@ -202,25 +209,30 @@ impl HostSegment {
         self.flags(r).posted.load(Ordering::Acquire)
     }
 
-    /// The operation fingerprint rank `r` announced last.
-    pub fn desc(&self, r: usize) -> u64 {
-        self.flags(r).desc.load(Ordering::Acquire)
+    /// The operation fingerprint rank `r` announced last for operation number `op` (or
+    /// `op - 2`, ...).
+    pub fn desc(&self, r: usize, op: u64) -> u64 {
+        self.flags(r).desc[(op % 2) as usize].load(Ordering::Acquire)
     }
 
-    /// Announces the operation this rank is entering (before its first post in it).
-    pub fn announce(&self, desc: u64) {
-        self.flags(self.me).desc.store(desc, Ordering::Release);
+    /// Announces operation number `op` that this rank is entering (before its first post in
+    /// it). The same operation as two before leaves the line as it is, so the others' copies of
+    /// it stay valid.
+    pub fn announce(&self, op: u64, desc: u64) {
+        let d = &self.flags(self.me).desc[(op % 2) as usize];
+        if d.load(Ordering::Relaxed) != desc {
+            d.store(desc, Ordering::Release);
+        }
     }
 
     /// Publishes that everything this rank wrote before is ready (its counter grows by one),
     /// and wakes the ranks that sleep.
     pub fn post(&self) {
         let f = self.flags(self.me);
-        f.posted.fetch_add(1, Ordering::AcqRel);
-        fence(Ordering::SeqCst);
+        f.posted.fetch_add(1, Ordering::SeqCst);
         for r in 0..self.layout.ranks {
             let s = &self.flags(r).sleeping;
-            if r != self.me && s.load(Ordering::Relaxed) != 0 && s.swap(0, Ordering::AcqRel) != 0 {
+            if r != self.me && s.load(Ordering::SeqCst) != 0 && s.swap(0, Ordering::SeqCst) != 0 {
                 signal(&self.events[r]);
             }
         }
@@ -228,7 +240,9 @@ impl HostSegment {
 
     /// Whether every rank in `ranks` has posted at least `count` times.
     pub fn reached(&self, ranks: impl IntoIterator<Item = usize>, count: u64) -> bool {
-        ranks.into_iter().all(|r| self.posted(r) >= count)
+        ranks
+            .into_iter()
+            .all(|r| self.flags(r).posted.load(Ordering::SeqCst) >= count)
     }
 
     /// Raises this rank's sleep flag unless `ranks` have reached `count` by now; returns whether
@@ -236,10 +250,9 @@ impl HostSegment {
     pub fn arm(&self, ranks: impl IntoIterator<Item = usize> + Clone, count: u64) -> bool {
         drain(&self.events[self.me]);
         let s = &self.flags(self.me).sleeping;
-        s.store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        s.store(1, Ordering::SeqCst);
         if self.reached(ranks, count) {
-            s.store(0, Ordering::Relaxed);
+            s.store(0, Ordering::SeqCst);
             return false;
         }
         true
@@ -342,8 +355,9 @@ mod tests {
         );
         assert!(c.reached([0, 1], 1));
         assert!(!c.arm([0, 1], 1), "nothing to wait for");
-        a.announce(77);
-        assert_eq!(c.desc(0), 77);
+        a.announce(0, 77);
+        a.announce(1, 78);
+        assert_eq!((c.desc(0, 0), c.desc(0, 1), c.desc(0, 2)), (77, 78, 77));
     }
 
     #[test]

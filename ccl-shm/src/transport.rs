@@ -88,11 +88,11 @@ impl HostMemory for HostGroup {
     fn post(&self) {
         self.segment.post()
     }
-    fn announce(&self, desc: u64) {
-        self.segment.announce(desc)
+    fn announce(&self, op: u64, desc: u64) {
+        self.segment.announce(op, desc)
     }
-    fn desc(&self, i: usize) -> u64 {
-        self.segment.desc(i)
+    fn desc(&self, i: usize, op: u64) -> u64 {
+        self.segment.desc(i, op)
     }
     fn arm(&self, count: u64) -> bool {
         self.segment.arm(0..self.ranks.len(), count)

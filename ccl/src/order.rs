@@ -4,12 +4,13 @@
 //! complete in the order they were issued, whichever thread issued them and whether they block
 //! or not. Blocking calls run on the caller's thread (no hand-off, which would cost a wake-up per
 //! call); non-blocking calls queue to one progress thread per communicator, started on first use.
-//! Ticket and queue position are taken under one lock, so the progress thread never waits for a
-//! ticket that sits behind it in its own queue.
+//! A non-blocking call takes its ticket and its queue position under one lock, so the progress
+//! thread never waits for a ticket that sits behind it in its own queue.
 //!
 //! This module knows nothing of collectives: it orders closures. The communicator passes in what
 //! each operation runs.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -19,54 +20,61 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::{Error, Result};
 
-#[derive(Debug, Default)]
-struct TurnState {
-    /// The next ticket to hand out.
-    next: u64,
-    /// The ticket whose operation may run now.
-    serving: u64,
-    /// Threads waiting for their turn: a finished turn wakes them only when there are some
-    /// (a wake-up is a system call, a large part of a small operation's time).
-    waiting: usize,
-}
-
-/// Tickets and turns.
+/// Tickets and turns. The counters are atomics, so that a blocking call whose turn it is takes
+/// its ticket and starts with one atomic add, and ends with one store (locks cost a small
+/// operation measurably); the lock and condition variable are only for threads that wait.
 #[derive(Debug, Default)]
 struct Turns {
-    state: Mutex<TurnState>,
+    /// The next ticket to hand out.
+    next: AtomicU64,
+    /// The ticket whose operation may run now.
+    serving: AtomicU64,
+    /// Threads waiting for their turn: a finished turn wakes them only when there are some
+    /// (a wake-up is a system call, a large part of a small operation's time). Changed under
+    /// `lock`.
+    waiting: AtomicUsize,
+    lock: Mutex<()>,
     cv: Condvar,
 }
 
 impl Turns {
     fn ticket(&self) -> u64 {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let t = s.next;
-        s.next += 1;
-        t
+        self.next.fetch_add(1, Ordering::SeqCst)
     }
 
     /// Waits until ticket `t` may run. Returns early with the communicator's error once it has
     /// failed: nothing will run anyway, so order no longer matters.
     fn wait(&self, t: u64, comm: &Peers) -> Result<Turn<'_>> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if self.serving.load(Ordering::Acquire) == t {
+            return Ok(Turn { turns: self, t });
+        }
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if s.serving == t {
+            // Counted before the look at `serving`, which a finishing turn sets before it looks
+            // at `waiting` (both sequentially consistent): either this thread sees the new turn,
+            // or that one sees a waiter and notifies under the lock, after this thread sleeps.
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            if self.serving.load(Ordering::SeqCst) == t {
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
                 return Ok(Turn { turns: self, t });
             }
-            comm.check()?;
+            if let Err(e) = comm.check() {
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                return Err(e);
+            }
             // Woken by every finished turn and by abort; the timeout only re-checks the error.
-            s.waiting += 1;
-            s = self
+            g = self
                 .cv
-                .wait_timeout(s, Duration::from_millis(100))
+                .wait_timeout(g, Duration::from_millis(100))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
-            s.waiting -= 1;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// Wakes every waiter (after an abort).
     fn wake_all(&self) {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.cv.notify_all();
     }
 }
@@ -79,12 +87,11 @@ struct Turn<'a> {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut s = self.turns.state.lock().unwrap_or_else(|p| p.into_inner());
-        s.serving = self.t + 1;
-        let waiting = s.waiting > 0;
-        drop(s);
-        if waiting {
-            self.turns.cv.notify_all();
+        let turns = self.turns;
+        turns.serving.store(self.t + 1, Ordering::SeqCst);
+        if turns.waiting.load(Ordering::SeqCst) > 0 {
+            let _g = turns.lock.lock().unwrap_or_else(|p| p.into_inner());
+            turns.cv.notify_all();
         }
     }
 }
@@ -213,11 +220,10 @@ impl Order {
 
     /// Runs `f` on the caller's thread when its turn comes.
     pub fn blocking<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let t = {
-            // Tickets are taken under the progress lock too (see the module docs).
-            let _q = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-            self.turns.ticket()
-        };
+        // Without the progress lock: this ticket goes into no queue, so a ticket of `submit`
+        // taken before it and queued just after it is still run first, by the progress thread,
+        // which never waits for this one.
+        let t = self.turns.ticket();
         let _turn = self.turns.wait(t, &self.comm)?;
         f()
     }

@@ -18,6 +18,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ccl_core::transport::{MemRegion, Transport};
@@ -56,6 +57,9 @@ pub(crate) struct Registry {
     /// `CCL_REG_MAX_BYTES` (0 = no limit).
     limit: usize,
     state: Mutex<State>,
+    /// Entries in `state`, readable without its lock: every operation looks its buffers up,
+    /// and most communicators have no registrations at all.
+    live: AtomicUsize,
 }
 
 impl fmt::Debug for Registry {
@@ -74,6 +78,7 @@ impl Registry {
             transports,
             limit,
             state: Mutex::default(),
+            live: AtomicUsize::new(0),
         }
     }
 
@@ -128,6 +133,7 @@ impl Registry {
         });
         st.entries.push(e.clone());
         st.bytes += len;
+        self.live.store(st.entries.len(), Ordering::Release);
         Ok(e)
     }
 
@@ -136,11 +142,15 @@ impl Registry {
         if let Some(i) = st.entries.iter().position(|e| e.id == id) {
             let e = st.entries.swap_remove(i);
             st.bytes -= e.len;
+            self.live.store(st.entries.len(), Ordering::Release);
         }
     }
 
     /// The live registration `bytes` lies in, when it has regions with some transport.
     pub fn lookup(&self, bytes: &[u8]) -> Option<Arc<Entry>> {
+        if self.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         self.state()
             .entries
             .iter()

@@ -215,10 +215,12 @@ pub trait HostMemory: Send + fmt::Debug {
     fn posted(&self, i: usize) -> u64;
     /// Publishes everything this rank wrote before, and wakes sleeping host ranks.
     fn post(&self);
-    /// Announces the operation this rank is in (a fingerprint), before its first post in it.
-    fn announce(&self, desc: u64);
-    /// The fingerprint host rank `i` announced last.
-    fn desc(&self, i: usize) -> u64;
+    /// Announces the operation this rank is in (a fingerprint), before its first post in it;
+    /// `op` counts the operations in host memory. A rank may be one operation ahead of another,
+    /// so consecutive operations announce in different places.
+    fn announce(&self, op: u64, desc: u64);
+    /// The fingerprint host rank `i` announced last for operation `op` (or `op - 2`, ...).
+    fn desc(&self, i: usize, op: u64) -> u64;
     /// Raises this rank's sleep flag unless every host rank has posted `count` times by now;
     /// returns whether the caller may sleep on [`wait_fd`](HostMemory::wait_fd).
     fn arm(&self, count: u64) -> bool;
