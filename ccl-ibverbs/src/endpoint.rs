@@ -570,6 +570,9 @@ impl IbEndpoint {
     /// `src` lies in), points at `src` directly, as many pieces of `src` as credits and free
     /// slots allow, and posts them with one chained call per QP: into the peer's ring, or
     /// where its grant covers the stream, into the granted range. Returns the bytes posted.
+    // Long: choosing each piece's destination (ring slot or grant), its source (staged copy or
+    // the caller's registration) and posting them per QP share the piece bookkeeping; split
+    // apart, each part would carry the slot, sequence and traffic state the others update.
     fn post(&mut self, src: &[u8], zero_copy: Option<u32>) -> Result<usize> {
         let (s, b, nqp) = (self.layout.slots, self.layout.slot_size, self.layout.nqp);
         let piece = piece_size(src.len(), nqp, b, self.split);
