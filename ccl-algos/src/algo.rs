@@ -736,6 +736,37 @@ mod tests {
         );
     }
 
+    /// One host over shared memory, as its transport describes itself, priced as measured
+    /// (docs/algorithms.md): host memory for small buffers, the connections beyond; with 4 ranks on 2 CPUs, halving-doubling rather than recursive
+    /// doubling from 64 KiB, where every step's hand-off is a yield and recursive doubling's
+    /// whole-buffer steps cost more than the extra steps.
+    #[test]
+    fn one_host_over_shared_memory_is_priced_as_measured() {
+        let shm = TransportProperties {
+            latency: Duration::from_nanos(500),
+            bandwidth: 10.0e9,
+            spin: Duration::from_millis(1),
+            host_memory: true,
+        };
+        let pick = |n: usize, cpus, b| {
+            let topo = Topology::from_hosts(&vec!["box".to_string(); n]);
+            let t = crate::cost::on_shared_cpus(shm, n, cpus);
+            choose(Collective::AllReduce, n, b, &t, &topo)
+        };
+        for b in [8, 512] {
+            assert_eq!(pick(2, 2, b), Algo::Shm, "2 ranks, {b} B");
+        }
+        for b in [4 << 10, 64 << 10] {
+            assert_ne!(pick(2, 2, b), Algo::Shm, "2 ranks, {b} B");
+        }
+        for b in [8, 2 << 10, 16 << 10] {
+            assert_eq!(pick(4, 2, b), Algo::Shm, "4 ranks, {b} B");
+        }
+        for b in [128 << 10, 256 << 10, 1 << 20] {
+            assert_eq!(pick(4, 2, b), Algo::HalvingDoubling, "4 ranks, {b} B");
+        }
+    }
+
     /// A slow rack uplink: algorithms that cross it less win.
     #[test]
     fn rack_uplink_is_charged() {

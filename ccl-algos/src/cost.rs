@@ -24,6 +24,15 @@ pub const REDUCE_RATE: f64 = 10.0e9;
 /// 27-37 us per step, against 4-5 us with a CPU each: there the peer is often already running.)
 const HAND_OFF: Duration = Duration::from_micros(50);
 
+/// The same hand-off where the transport's waits keep polling (`spin` > 0: shared memory) and
+/// an oversubscribed rank yields between polls, so the rank it waits for runs at once instead
+/// of after a wake-up: fitted to 4 ranks on 2 CPUs over shared memory (ring, recursive
+/// doubling, trees and halving-doubling, 16 KiB-1 MiB, `TRANSPORT=shm scripts/crossover.sh`
+/// on an idle machine): 4.9-5.8 us per step. With the TCP figure instead, the model took
+/// recursive doubling (fewest steps) at 128-256 KiB, 1.35-1.5x slower than the trees or
+/// halving-doubling there.
+const YIELD_HAND_OFF: Duration = Duration::from_micros(5);
+
 /// The transport's properties as the cost model should see them when `ranks_here` ranks share
 /// `cpus` CPUs (0: unknown): oversubscribed, every step also pays a scheduler hand-off, and the
 /// ranks split the CPUs that copy and reduce, so each gets that share of the bandwidth.
@@ -35,8 +44,13 @@ pub fn on_shared_cpus(
     if cpus == 0 || ranks_here <= cpus {
         return p;
     }
+    let hand_off = if p.spin.is_zero() {
+        HAND_OFF
+    } else {
+        YIELD_HAND_OFF
+    };
     TransportProperties {
-        latency: p.latency + HAND_OFF,
+        latency: p.latency + hand_off,
         bandwidth: p.bandwidth * cpus as f64 / ranks_here as f64,
         ..p
     }
@@ -330,13 +344,16 @@ pub fn pairwise(n: usize, topo: &Topology, reduces: bool) -> Load {
     }
 }
 
-/// How much more a byte costs in host memory than over a connection, as measured: 2 ranks on
-/// this development machine (2 cores, one rank each) run an 8 B-2 KiB allreduce faster in host
-/// memory (0.9-1.3 us against 1.1-1.6 us for the best algorithm over the shared-memory
-/// connections), from 8 KiB on slower (32 KiB: 14 us against 5 us), and erratically so over
-/// thousands of calls, which is not understood yet (docs/performance.md). Until it is, the
-/// model charges host memory's bytes this much more, so that it runs the small messages only.
-const HOST_BYTE_PENALTY: f64 = 8.0;
+/// How much more a byte costs in host memory than over a connection, as measured on this
+/// development machine (2 cores; idle; allreduce in host memory against the best algorithm
+/// over the shared-memory connections). 2 ranks: the two are even at 1 KiB (0.59 against
+/// 0.61 us), and host memory grows by 0.2-0.4 ns a byte from 2 KiB, 0.1 for recursive
+/// doubling. 4 ranks on 2 CPUs: host memory is fastest up to 32 KiB (16 KiB: 16.8 against
+/// 22 us) and slower from 64 KiB (54 against 42 us), growing by 0.7-0.8 ns a byte. Both fit
+/// about 3.4 times a connection's cost per byte. Host memory slows down past a few KiB because
+/// every rank copies the whole buffer in and out of its slot, chunk by chunk, behind a flag
+/// barrier per chunk, where the connections pipeline.
+const HOST_BYTE_PENALTY: f64 = 3.4;
 
 /// A flag barrier in host memory against a step over a connection (an operation header and the
 /// data through a ring): about half, by the same measurements (8 B: 1.1 against 1.4 us).
@@ -435,6 +452,14 @@ mod tests {
         }
         let q = on_shared_cpus(p, 4, 2);
         assert_eq!(q.latency, Duration::from_micros(55));
+        assert_eq!(q.bandwidth, 1.5e9);
+        // A transport whose waits poll and yield hands over in a yield, not a wake-up.
+        let polling = TransportProperties {
+            spin: Duration::from_millis(1),
+            ..p
+        };
+        let q = on_shared_cpus(polling, 4, 2);
+        assert_eq!(q.latency, Duration::from_micros(10));
         assert_eq!(q.bandwidth, 1.5e9);
     }
 
