@@ -365,9 +365,9 @@ pub struct ExecState {
     /// Operations run in host memory so far: which of its two places an operation announces
     /// itself in (a rank can be one operation ahead of the others there).
     host_ops: u64,
-    /// Whether the next operation in host memory starts on the second half of the slots (the
-    /// last one's last chunk was on the first; see `crate::host`).
-    host_second_half: bool,
+    /// Chunks run in host memory so far: where the next operation's regions lie
+    /// (`crate::host::Placement`).
+    host_turn: u64,
 }
 
 impl ExecState {
@@ -388,6 +388,19 @@ impl ExecState {
             self.headers_to = vec![0; world];
             self.headers_from = vec![0; world];
         }
+        self.entry_us = entry_us;
+        self.idle_since = None;
+    }
+
+    /// [`reset`](ExecState::reset) for a schedule without peers: only what running its local
+    /// ops in order uses.
+    fn reset_local(&mut self, s: &Schedule, elem: usize, entry_us: u64) {
+        self.elem = elem;
+        self.done.clear();
+        self.done.resize(s.ops.len(), 0);
+        self.next_local = 0;
+        self.ops_left = 0;
+        self.headers_left = 0;
         self.entry_us = entry_us;
         self.idle_since = None;
     }
@@ -485,7 +498,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
         links,
         host: host.as_deref_mut(),
         host_base: 0,
-        host_swap: state.host_second_half.then_some(sched.host_slot),
+        host_place: crate::host::Placement::of(sched, state.host_turn),
         announced: false,
         entry_us,
         st: state,
@@ -506,7 +519,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     // communicator), so all count them and turn the halves alike.
     if sched.uses_host() && sched.host_chunks > 0 {
         state.host_ops += 1;
-        state.host_second_half ^= sched.host_chunks % 2 == 1;
+        state.host_turn += sched.host_chunks as u64;
     }
     state.end_idle();
     let waiting = r.as_ref().err().and(state.first_waited_peer(sched));
@@ -530,6 +543,43 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     r
 }
 
+/// How long a run has moved nothing. The clock is read only once idle: a small operation that
+/// never waits reads it not at all, and a waiting one every [`Idle::CLOCK_EVERY`] idle passes,
+/// so it notices the peer's data sooner.
+#[derive(Default)]
+struct Idle {
+    from: Option<Instant>,
+    passes: u32,
+    idle: Duration,
+}
+
+impl Idle {
+    const CLOCK_EVERY: u32 = 8;
+
+    /// Something moved: no longer idle.
+    fn moved(&mut self) {
+        self.from = None;
+    }
+
+    /// One more pass that moved nothing: since when, and for how long as of the last look at
+    /// the clock.
+    fn tick(&mut self) -> (Instant, Duration) {
+        match self.from {
+            None => {
+                self.from = Some(Instant::now());
+                (self.passes, self.idle) = (0, Duration::ZERO);
+            }
+            Some(t) => {
+                self.passes += 1;
+                if self.passes % Self::CLOCK_EVERY == 0 {
+                    self.idle = t.elapsed();
+                }
+            }
+        }
+        (self.from.expect("set above"), self.idle)
+    }
+}
+
 /// One run of a schedule: everything a pass needs.
 struct Run<'r, 'b> {
     comm: &'r Peers,
@@ -538,9 +588,9 @@ struct Run<'r, 'b> {
     host: Option<&'r mut (dyn HostMemory + 'static)>,
     /// This rank's post count when the operation began: a schedule's waits count from it.
     host_base: u64,
-    /// The slot size (elements) when the operation runs on the other halves of the slots from
-    /// the ones its schedule names (`crate::host::swap_half`).
-    host_swap: Option<usize>,
+    /// Where the operation's host regions lie, when it has any: the half its schedule names or
+    /// the other, and where in it.
+    host_place: Option<crate::host::Placement>,
     /// Whether this rank has told the host which operation it is in.
     announced: bool,
     /// When this rank entered the operation (microseconds since the epoch).
@@ -561,10 +611,10 @@ struct Run<'r, 'b> {
 
 impl Run<'_, '_> {
     /// Where region `r` of the schedule lies in this operation: host regions may be in the other
-    /// half of their slot.
+    /// half of their slot, and a small operation's further into it.
     fn at(&self, r: &Region) -> Region {
-        match self.host_swap {
-            Some(slot) => crate::host::swap_half(*r, slot),
+        match &self.host_place {
+            Some(p) => p.at(*r),
             None => *r,
         }
     }
@@ -742,6 +792,9 @@ impl Run<'_, '_> {
 
     /// Runs the schedule to completion (or error).
     fn drive(&mut self) -> Result<()> {
+        if self.sched.peers.is_empty() && self.comm.config().fault_stall != Some(self.seq) {
+            return self.drive_local();
+        }
         // Zero-length ops count as complete from the start (0 of 0 bytes done).
         self.st
             .reset(self.sched, self.elem, self.comm.size(), self.entry_us);
@@ -750,12 +803,7 @@ impl Run<'_, '_> {
             self.host_base = h.posted(h.me());
         }
         self.queue_headers().map_err(|e| self.fail(e))?;
-        // Read the clock only once idle: a small operation that never waits reads it not at
-        // all, and a waiting one every `CLOCK_EVERY` idle passes, so it notices the peer's
-        // data sooner.
-        const CLOCK_EVERY: u32 = 8;
-        let mut idle_from: Option<Instant> = None;
-        let (mut idle_passes, mut idle) = (0u32, Duration::ZERO);
+        let mut idle = Idle::default();
         let stall = self.comm.config().fault_stall == Some(self.seq);
         while !self.st.finished() {
             self.comm.check_aborted()?;
@@ -763,25 +811,42 @@ impl Run<'_, '_> {
                 return self.stall().map_err(|e| self.fail(e));
             }
             if self.pass().map_err(|e| self.fail(e))? {
-                idle_from = None;
+                idle.moved();
                 self.st.end_idle();
             } else {
-                match idle_from {
-                    None => {
-                        idle_from = Some(Instant::now());
-                        (idle_passes, idle) = (0, Duration::ZERO);
-                    }
-                    Some(t) => {
-                        idle_passes += 1;
-                        if idle_passes % CLOCK_EVERY == 0 {
-                            idle = t.elapsed();
-                        }
-                    }
-                }
-                let since = idle_from.expect("set above");
+                let (since, idle) = idle.tick();
                 self.idle(since, idle).map_err(|e| self.fail(e))?;
             }
         }
+        Ok(())
+    }
+
+    /// [`drive`](Run::drive) for a schedule without peers (one in host memory, or a local
+    /// copy): its local ops one after the other, waiting only where a wait in host memory has
+    /// not come true. The same ops and the same waiting as a pass would do, without the per-peer
+    /// queues, headers and per-op bookkeeping a pass goes through, which cost a small
+    /// operation in host memory more than its data.
+    fn drive_local(&mut self) -> Result<()> {
+        self.st.reset_local(self.sched, self.elem, self.entry_us);
+        if self.sched.uses_host() {
+            let h = self.host.as_deref().ok_or_else(no_host)?;
+            self.host_base = h.posted(h.me());
+        }
+        let sched = self.sched;
+        for (k, &id) in sched.locals.iter().enumerate() {
+            self.st.next_local = k;
+            // Ops run in order, so an op's dependencies (earlier local ops) are done.
+            if self
+                .host_wait_pending(id)
+                .map_err(|e| self.fail(e))?
+                .is_some()
+            {
+                self.wait_host(id)?;
+            }
+            self.run_local(id).map_err(|e| self.fail(e))?;
+            self.st.done[id] = self.len(id);
+        }
+        self.st.next_local = sched.locals.len();
         Ok(())
     }
 
@@ -981,6 +1046,25 @@ impl Run<'_, '_> {
                 .peer(peer));
             }
         }
+        Ok(())
+    }
+
+    /// Waits until local op `id`, a wait in host memory, may run: spinning, then sleeping, as a
+    /// pass that moves nothing would. Out of line: a small operation whose peers are there
+    /// already never comes here.
+    #[inline(never)]
+    fn wait_host(&mut self, id: OpId) -> Result<()> {
+        let mut idle = Idle::default();
+        while self
+            .host_wait_pending(id)
+            .map_err(|e| self.fail(e))?
+            .is_some()
+        {
+            self.comm.check_aborted()?;
+            let (since, idle) = idle.tick();
+            self.idle(since, idle).map_err(|e| self.fail(e))?;
+        }
+        self.st.end_idle();
         Ok(())
     }
 

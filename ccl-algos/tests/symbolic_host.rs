@@ -285,3 +285,93 @@ fn different_collectives_in_a_row_share_the_slots_safely() {
         }
     }
 }
+
+#[test]
+fn small_operations_move_through_their_half_safely() {
+    // Slots of 4 x SPREAD x n elements: an allreduce of up to n elements is small (it fits a
+    // SPREAD-th of a half) and moves on within its half each time the half comes round; larger
+    // ones in between (two-shot, several chunks; a broadcast) stay where their schedule says,
+    // and the turns go on from them. The last result must be the allreduce's.
+    for n in 1..=4usize {
+        let slot = 4 * host::SPREAD * n;
+        let c = 2 * slot + 1;
+        let st = allreduce_setup(n, c, false, ReduceOp::Sum);
+        for turn in [0u64, 1, 2, 5] {
+            let scheds: Vec<Schedule> = (0..n)
+                .map(|r| {
+                    let sh = shape(r, n, c, false, ReduceOp::Sum, slot);
+                    let small = |count| host::allreduce_with(&Shape { count, ..sh }, usize::MAX);
+                    let s = small(n);
+                    assert_ne!(
+                        host::Placement::of(&s, turn + 2).unwrap().shift,
+                        host::Placement::of(&s, turn).unwrap().shift,
+                        "a small operation moves"
+                    );
+                    let mut ops: Vec<Schedule> = (0..2 * host::SPREAD + 1)
+                        .map(|k| small(1 + k % n))
+                        .collect();
+                    ops.push(host::allreduce_with(&Shape { count: slot, ..sh }, 0));
+                    ops.extend((0..3).map(|_| small(n)));
+                    ops.push(host::broadcast(&Shape { root: n - 1, ..sh }));
+                    ops.extend((0..2).map(|_| small(1)));
+                    ops.push(host::allreduce_with(&sh, usize::MAX));
+                    host::in_sequence_from(&ops, turn)
+                })
+                .collect();
+            for seed in 0..6 {
+                simulate(&scheds, &st, seed * 5 + 1)
+                    .unwrap_or_else(|e| panic!("n={n} turn={turn} seed={seed}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn placements_stay_within_their_half() {
+    // Every host region of every operation, small or not, lies in the half its turn gives it:
+    // what the argument for reusing the halves without waiting needs.
+    for n in 1..=4usize {
+        for slot in [2 * n, 4 * n + 2, 4 * host::SPREAD * n, 64 * n] {
+            let half = slot / 2;
+            for count in [1, n, 2 * n, 5 * n, slot, 3 * slot] {
+                for r in 0..n {
+                    let sh = shape(r, n, count, false, ReduceOp::Sum, slot);
+                    let scheds = [
+                        host::allreduce_with(&sh, usize::MAX),
+                        host::allreduce_with(&sh, 0),
+                        host::broadcast(&sh),
+                        host::allgather(&sh),
+                        host::reduce_scatter(&sh),
+                    ];
+                    for s in &scheds {
+                        for turn in 0..3 * host::SPREAD as u64 {
+                            let Some(p) = host::Placement::of(s, turn) else {
+                                continue;
+                            };
+                            if s.host_chunks != 1 {
+                                assert_eq!(p.shift, 0, "only one-chunk operations move");
+                            }
+                            for o in &host::placed(s, &p).ops {
+                                let (rd, wr) = ccl_algos::schedule::access(&o.action);
+                                for g in rd.iter().chain(&wr) {
+                                    if !matches!(g.buf, Buf::Host(_)) || g.len == 0 {
+                                        continue;
+                                    }
+                                    // Chunk k of the operation is on half (turn + k) % 2.
+                                    let lo = if g.off >= half { half } else { 0 };
+                                    assert!(
+                                        g.end() <= lo + half.max(1),
+                                        "n={n} slot={slot} count={count} turn={turn}: {g:?}"
+                                    );
+                                    if s.host_chunks == 1 {
+                                        assert_eq!(lo == half, turn % 2 == 1, "{g:?}");
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
