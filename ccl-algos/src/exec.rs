@@ -365,9 +365,9 @@ pub struct ExecState {
     /// Operations run in host memory so far: which of its two places an operation announces
     /// itself in (a rank can be one operation ahead of the others there).
     host_ops: u64,
-    /// Chunks run in host memory so far: where the next operation's regions lie
-    /// (`crate::host::Placement`).
-    host_turn: u64,
+    /// Whether the next operation in host memory starts on the second half of the slots (the
+    /// last one's last chunk was on the first; see `crate::host`).
+    host_second_half: bool,
 }
 
 impl ExecState {
@@ -498,7 +498,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
         links,
         host: host.as_deref_mut(),
         host_base: 0,
-        host_place: crate::host::Placement::of(sched, state.host_turn),
+        host_swap: state.host_second_half.then_some(sched.host_slot),
         announced: false,
         entry_us,
         st: state,
@@ -519,7 +519,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     // communicator), so all count them and turn the halves alike.
     if sched.uses_host() && sched.host_chunks > 0 {
         state.host_ops += 1;
-        state.host_turn += sched.host_chunks as u64;
+        state.host_second_half ^= sched.host_chunks % 2 == 1;
     }
     state.end_idle();
     let waiting = r.as_ref().err().and(state.first_waited_peer(sched));
@@ -588,9 +588,9 @@ struct Run<'r, 'b> {
     host: Option<&'r mut (dyn HostMemory + 'static)>,
     /// This rank's post count when the operation began: a schedule's waits count from it.
     host_base: u64,
-    /// Where the operation's host regions lie, when it has any: the half its schedule names or
-    /// the other, and where in it.
-    host_place: Option<crate::host::Placement>,
+    /// The slot size (elements) when the operation runs on the other halves of the slots from
+    /// the ones its schedule names (`crate::host::swap_half`).
+    host_swap: Option<usize>,
     /// Whether this rank has told the host which operation it is in.
     announced: bool,
     /// When this rank entered the operation (microseconds since the epoch).
@@ -611,10 +611,10 @@ struct Run<'r, 'b> {
 
 impl Run<'_, '_> {
     /// Where region `r` of the schedule lies in this operation: host regions may be in the other
-    /// half of their slot, and a small operation's further into it.
+    /// half of their slot.
     fn at(&self, r: &Region) -> Region {
-        match &self.host_place {
-            Some(p) => p.at(*r),
+        match self.host_swap {
+            Some(slot) => crate::host::swap_half(*r, slot),
             None => *r,
         }
     }
@@ -833,7 +833,8 @@ impl Run<'_, '_> {
             self.host_base = h.posted(h.me());
         }
         let sched = self.sched;
-        for (k, &id) in sched.locals.iter().enumerate() {
+        let mut k = 0;
+        while let Some(&id) = sched.locals.get(k) {
             self.st.next_local = k;
             // Ops run in order, so an op's dependencies (earlier local ops) are done.
             if self
@@ -843,11 +844,59 @@ impl Run<'_, '_> {
             {
                 self.wait_host(id)?;
             }
+            if let Some(next) = self.run_fused(k).map_err(|e| self.fail(e))? {
+                self.st.done[id] = self.len(id);
+                self.st.done[next] = self.len(next);
+                k += 2;
+                continue;
+            }
             self.run_local(id).map_err(|e| self.fail(e))?;
             self.st.done[id] = self.len(id);
+            k += 1;
         }
         self.st.next_local = sched.locals.len();
         Ok(())
+    }
+
+    /// Local ops `k` and `k + 1` as one pass when they are a copy out of host memory and a
+    /// reduction of another host region into that copy (how a one-shot allreduce reads the
+    /// slots): `dst = a (op) b` reads each input once, in one vectorized loop, where the copy
+    /// and then the reduction read the output twice. Measured on this 2-core machine with the
+    /// same protocol in C, 2 KiB of f32 from the other CPU's cache: 0.58-0.61 us per operation as
+    /// a copy then a reduction, 0.50 as one pass. Returns op `k + 1` when it ran both; the bytes
+    /// are those of the two ops (`a` first unless the reduction puts its source first).
+    fn run_fused(&mut self, k: usize) -> Result<Option<OpId>> {
+        let sched = self.sched;
+        let (Some(&first), Some(&next)) = (sched.locals.get(k), sched.locals.get(k + 1)) else {
+            return Ok(None);
+        };
+        let (
+            Action::Copy { src: a, dst },
+            Action::Reduce {
+                dst: into,
+                src: b,
+                src_first,
+            },
+        ) = (sched.ops[first].action, sched.ops[next].action)
+        else {
+            return Ok(None);
+        };
+        let (Buf::Host(ia), Buf::Host(ib)) = (a.buf, b.buf) else {
+            return Ok(None);
+        };
+        if into != dst || matches!(dst.buf, Buf::Host(_) | Buf::Send) || dst.len == 0 {
+            return Ok(None);
+        }
+        let (a, b, dst, elem) = (self.at(&a), self.at(&b), self.at(&dst), self.elem);
+        let host = self.host.as_deref().ok_or_else(no_host)?;
+        let (a, b) = (
+            host_slot(host, ia, &a, elem)?,
+            host_slot(host, ib, &b, elem)?,
+        );
+        let d = self.bufs.get_mut(&dst, elem)?;
+        let (x, y) = if src_first { (b, a) } else { (a, b) };
+        reduce::reduce_into(self.dtype, self.op, d, x, y);
+        Ok(Some(next))
     }
 
     /// `CCL_FAULT_STALL`: once every header went out and came in (the peers see this rank

@@ -18,24 +18,16 @@
 //! readers at its start or posts "done reading" at its end: a small allreduce is one post and
 //! one wait.
 //!
-//! Within its half, a small operation (one chunk in a [`SPREAD`]-th of a half) moves on by that
-//! much each time its half comes round ([`Placement`]): the same argument covers any place in the
-//! half, and a small allreduce no longer rewrites the very lines the other CPU read two
-//! operations ago, which measured faster (see `docs/performance.md`).
-//!
 //! Local ops run in the order they are listed, which is what orders them around the posts and
 //! waits; the symbolic checker verifies every read of a slot against the posts that published it
 //! and every write against the posts that said its readers were done, across operations too.
 
-use crate::schedule::{Action, Buf, Region, Schedule, Shape, access};
+use crate::schedule::{Action, Buf, Region, Schedule, Shape};
 
 /// Allreduces of up to this many elements are reduced whole by every rank (one barrier, every
 /// rank reads every input); larger ones are reduced 1/n by each rank and copied out by all (two
 /// barriers per chunk, each rank reads twice its buffer rather than n times).
 pub const ONE_SHOT_MAX: usize = 16 * 1024;
-
-/// Places in each half of a slot that a small operation moves through in turn.
-pub const SPREAD: usize = 4;
 
 /// A schedule being built: local ops in order, and the posts so far.
 struct Steps<'a> {
@@ -88,21 +80,6 @@ impl<'a> Steps<'a> {
 
     fn finish(mut self) -> Schedule {
         self.s.host_chunks = self.chunks;
-        // One chunk lies in the first half: how far into it its regions reach.
-        if self.chunks == 1 {
-            self.s.host_span = self
-                .s
-                .ops
-                .iter()
-                .flat_map(|o| {
-                    let (r, w) = access(&o.action);
-                    r.into_iter().chain(w)
-                })
-                .filter(|r| matches!(r.buf, Buf::Host(_)))
-                .map(|r| r.end())
-                .max()
-                .unwrap_or(0);
-        }
         self.s.finish()
     }
 
@@ -152,73 +129,19 @@ pub fn swap_half(r: Region, slot: usize) -> Region {
     Region { off, ..r }
 }
 
-/// Where an operation's host regions lie: in the half its first chunk takes (the schedule names
-/// the first half), moved on within it by `shift` elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
-    /// Elements of each slot.
-    pub slot: usize,
-    /// The operation starts on the second half.
-    pub swap: bool,
-    /// Elements by which a small operation moves on within its half.
-    pub shift: usize,
-}
-
-impl Placement {
-    /// Where schedule `s` runs when its first chunk is the `turn`-th chunk in host memory since
-    /// the segment was made (every rank of the host counts alike): the half by the parity of
-    /// `turn`, and for a one-chunk schedule that fits a [`SPREAD`]-th of a half, the next of
-    /// those places each time its half comes round. `None` for a schedule without host memory.
-    pub fn of(s: &Schedule, turn: u64) -> Option<Placement> {
-        if !s.uses_host() {
-            return None;
-        }
-        let part = half_of(s.host_slot) / SPREAD;
-        let small = s.host_chunks == 1 && s.host_span > 0 && s.host_span <= part;
-        Some(Placement {
-            slot: s.host_slot,
-            swap: turn % 2 == 1,
-            shift: if small {
-                (turn / 2 % SPREAD as u64) as usize * part
-            } else {
-                0
-            },
-        })
-    }
-
-    /// Where host region `r` lies; other buffers are left alone.
-    pub fn at(&self, r: Region) -> Region {
-        let Buf::Host(_) = r.buf else { return r };
-        let r = if self.swap {
-            swap_half(r, self.slot)
-        } else {
-            r
-        };
-        Region {
-            off: r.off + self.shift,
-            ..r
-        }
-    }
-}
-
 /// Consecutive operations of one rank as one schedule, as the executor runs them: each one's
 /// waits count on from the posts before it, and each one on the halves its predecessors leave
 /// it (`second_half`: the first starts on the second half). For the symbolic checker, which
 /// then sees every hazard between operations.
-pub fn in_sequence(ops: &[Schedule], second_half: bool) -> Schedule {
-    in_sequence_from(ops, u64::from(second_half))
-}
-
-/// [`in_sequence`] with the first operation's first chunk the `turn`-th in host memory (which
-/// decides its half and, for a small one, where in the half it lies: [`Placement`]).
-pub fn in_sequence_from(ops: &[Schedule], mut turn: u64) -> Schedule {
+pub fn in_sequence(ops: &[Schedule], mut second_half: bool) -> Schedule {
     let mut t = Schedule::new(ops.first().map_or("shm", |s| s.algo));
     t.host_slot = ops.iter().map(|s| s.host_slot).max().unwrap_or(0);
     let mut posts = 0u32;
     for s in ops {
-        let s = match Placement::of(s, turn) {
-            Some(p) => placed(s, &p),
-            None => s.clone(),
+        let s = if second_half && s.uses_host() {
+            swap_halves(s)
+        } else {
+            s.clone()
         };
         let base = t.ops.len();
         for o in &s.ops {
@@ -236,17 +159,16 @@ pub fn in_sequence_from(ops: &[Schedule], mut turn: u64) -> Schedule {
             .iter()
             .filter(|o| matches!(o.action, Action::Post))
             .count() as u32;
-        if s.uses_host() {
-            turn += s.host_chunks as u64;
-        }
+        second_half ^= s.uses_host() && s.host_chunks % 2 == 1;
         t.host_chunks += s.host_chunks;
     }
     t.finish()
 }
 
-/// `s` with every host region where placement `p` puts it: the schedule the executor runs.
-pub fn placed(s: &Schedule, p: &Placement) -> Schedule {
-    let sw = |r: Region| p.at(r);
+/// `s` with every host region in the other half of its slot ([`swap_half`]): the schedule the
+/// executor runs when the operation starts on the second half.
+pub fn swap_halves(s: &Schedule) -> Schedule {
+    let sw = |r: Region| swap_half(r, s.host_slot);
     let mut t = s.clone();
     for o in &mut t.ops {
         o.action = match o.action {

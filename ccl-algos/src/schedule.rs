@@ -220,10 +220,6 @@ pub struct Schedule {
     /// Chunks it works on in host memory, each in the other half of the slots from the one
     /// before; the next operation goes on with the half after its last (see `crate::host`).
     pub host_chunks: usize,
-    /// For a schedule of one chunk in host memory: elements from the start of the half it uses
-    /// that its host regions reach (0: not known, the whole half). A small one moves within its
-    /// half from one operation to the next (`crate::host::Placement`).
-    pub host_span: usize,
     /// Exchange operation headers with every peer this schedule has a send or receive op for,
     /// even an empty one. Without it only peers that move data do, which is enough when every
     /// rank's count is the same; the collectives with a count per rank set it, so a pair whose
@@ -242,7 +238,6 @@ impl Schedule {
             locals: Vec::new(),
             host_slot: 0,
             host_chunks: 0,
-            host_span: 0,
             handshake: false,
         }
     }
