@@ -862,9 +862,10 @@ impl Run<'_, '_> {
     /// reduction of another host region into that copy (how a one-shot allreduce reads the
     /// slots): `dst = a (op) b` reads each input once, in one vectorized loop, where the copy
     /// and then the reduction read the output twice. Measured on this 2-core machine with the
-    /// same protocol in C, 2 KiB of f32 from the other CPU's cache: 0.58-0.61 us per operation as
-    /// a copy then a reduction, 0.50 as one pass. Returns op `k + 1` when it ran both; the bytes
-    /// are those of the two ops (`a` first unless the reduction puts its source first).
+    /// same protocol in C (`scripts/peers/host_floor.c`), 2 KiB of f32 from the other CPU's
+    /// cache: 0.64-0.70 us per operation as a copy then a reduction, 0.57-0.67 as one pass.
+    /// Returns op `k + 1` when it ran both; the bytes are those of the two ops (`a` first
+    /// unless the reduction puts its source first).
     fn run_fused(&mut self, k: usize) -> Result<Option<OpId>> {
         let sched = self.sched;
         let (Some(&first), Some(&next)) = (sched.locals.get(k), sched.locals.get(k + 1)) else {
