@@ -241,10 +241,10 @@ pub fn allreduce_with(shape: &Shape, one_shot_max: usize) -> Schedule {
             st.copy(Region::new(input, off, len), slot(me, h, len));
             st.barrier();
             let out = Region::new(Buf::Recv, off, len);
-            // Rank order (slot 0, then 1, ...), but rank 0 starts by copying slot 1 and
-            // reducing its own into it with the operands in that order: copying another
-            // rank's slot, which lies in the other CPU's cache, keeps more of its lines in
-            // flight than a reduction reading it does.
+            // Rank order (slot 0, then 1, ...); rank 0 starts from slot 1 with the operands
+            // in that order. The executor runs each copy and the reduction after it as one
+            // pass (`out = slot 0 (op) slot 1`, `exec::Run::run_fused`), which reads the other
+            // CPU's lines faster than a copy and then a reduction.
             if me == 0 && n > 1 {
                 st.copy(slot(1, h, len), out);
                 st.push(Action::Reduce {

@@ -115,8 +115,11 @@ pub struct Begin {
 pub struct Recorder {
     cap: usize,
     slots: Vec<Entry>,
-    /// Operations begun so far; the newest is at `(begun - 1) % cap`.
+    /// Operations begun so far.
     begun: u64,
+    /// Where the newest is: `(begun - 1) % cap`, kept so that the calls of every operation
+    /// divide nothing.
+    newest: usize,
     /// Recent durations per (operation, bytes), for what is usual ([`Recorder::usual_us`]).
     durations: HashMap<(&'static str, u64), Durations, BuildHasherDefault<Quick>>,
 }
@@ -178,6 +181,7 @@ impl Recorder {
             cap,
             slots: Vec::new(),
             begun: 0,
+            newest: 0,
             durations: HashMap::default(),
         }
     }
@@ -191,7 +195,11 @@ impl Recorder {
         if self.cap == 0 {
             return;
         }
-        let i = (self.begun % self.cap as u64) as usize;
+        let i = if self.begun == 0 || self.newest + 1 == self.cap {
+            0
+        } else {
+            self.newest + 1
+        };
         if self.slots.len() <= i {
             self.slots.push(Entry::blank());
         }
@@ -219,6 +227,7 @@ impl Recorder {
                 ..PeerStat::default()
             }));
         self.begun += 1;
+        self.newest = i;
     }
 
     /// The operation begun last, to bring up to date.
@@ -226,8 +235,7 @@ impl Recorder {
         if self.cap == 0 || self.begun == 0 {
             return None;
         }
-        let i = ((self.begun - 1) % self.cap as u64) as usize;
-        self.slots.get_mut(i)
+        self.slots.get_mut(self.newest)
     }
 
     /// Ends the current operation.

@@ -13,8 +13,16 @@ use common::*;
 const COUNTS: [usize; 5] = [0, 1, 7, 1023, (1 << 20) + 3];
 
 fn sweep(transport: TransportKind, sizes: std::ops::RangeInclusive<usize>) {
+    sweep_algos(transport, sizes, &[None, Some("ring"), Some("rd")]);
+}
+
+fn sweep_algos(
+    transport: TransportKind,
+    sizes: std::ops::RangeInclusive<usize>,
+    algos: &[Option<&'static str>],
+) {
     for n in sizes {
-        for algo in [None, Some("ring"), Some("rd")] {
+        for &algo in algos {
             let mut cfg = config(transport, Duration::from_secs(120));
             cfg.algo = algo.map(String::from);
             let results = run_ranks(n, cfg, move |comm| {
@@ -63,4 +71,12 @@ fn tcp_transport_world_sizes_1_to_8() {
 #[test]
 fn shm_transport_world_sizes_1_to_8() {
     sweep(TransportKind::Shm, 1..=8);
+}
+
+/// The host-memory algorithm forced at every small count, so that its one-pass reduction of the
+/// slots (the executor fuses a copy out of one slot with the reduction of the next) meets every
+/// dtype and op, beyond the few counts the cost model gives it.
+#[test]
+fn shm_algorithm_forced_world_sizes_2_to_4() {
+    sweep_algos(TransportKind::Shm, 2..=4, &[Some("shm")]);
 }
