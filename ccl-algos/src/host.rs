@@ -136,6 +136,7 @@ pub fn swap_half(r: Region, slot: usize) -> Region {
 pub fn in_sequence(ops: &[Schedule], mut second_half: bool) -> Schedule {
     let mut t = Schedule::new(ops.first().map_or("shm", |s| s.algo));
     t.host_slot = ops.iter().map(|s| s.host_slot).max().unwrap_or(0);
+    t.direct = ops.iter().any(|s| s.direct);
     let mut posts = 0u32;
     for s in ops {
         let s = if second_half && s.uses_host() {

@@ -26,6 +26,13 @@ pub enum Buf {
     /// (`ccl_core::transport::HostMemory`): every rank reads every slot, only its owner writes
     /// it, and [`Action::Post`] / [`Action::WaitPosts`] order the two.
     Host(u16),
+    /// Host rank `i`'s input (its send buffer, or its receive buffer in place) where it lies,
+    /// in memory the ranks of the host share (`HostMemory::peer_input`): read only, after the
+    /// post that follows its announcement. Only in [`Schedule::direct`] schedules.
+    PeerIn(u16),
+    /// Host rank `i`'s output, written in place (`HostMemory::peer_output`). Only in
+    /// [`Schedule::direct`] schedules.
+    PeerOut(u16),
 }
 
 /// A range of a buffer, in elements.
@@ -226,6 +233,10 @@ pub struct Schedule {
     /// counts disagree (0 on one side) finds out instead of one side waiting for data that never
     /// comes.
     pub handshake: bool,
+    /// Reads and writes the host's ranks' buffers in place ([`Buf::PeerIn`], [`Buf::PeerOut`]):
+    /// every rank's input and output lie in memory the host's ranks share, and each rank
+    /// announces where before its first post.
+    pub direct: bool,
 }
 
 impl Schedule {
@@ -239,6 +250,7 @@ impl Schedule {
             host_slot: 0,
             host_chunks: 0,
             handshake: false,
+            direct: false,
         }
     }
 
@@ -362,6 +374,8 @@ impl Schedule {
                 // Group buffers are sized by the caller; the executor bounds-checks them.
                 Buf::Extra(_) => usize::MAX,
                 Buf::Host(_) => self.host_slot,
+                // Another rank's buffer, of the same count; the executor bounds-checks it.
+                Buf::PeerIn(_) | Buf::PeerOut(_) => usize::MAX,
             };
             if r.end() > cap {
                 return Err(ScheduleError::Outside { region: *r, cap });

@@ -37,6 +37,7 @@
 //! - **A dead peer is noticed.** Each pair keeps its set-up socket open; the kernel closes it
 //!   when the process ends, however it ends, which wakes a rank waiting on that peer.
 
+pub mod arena;
 pub mod fdpass;
 pub mod host;
 pub mod mem;
