@@ -359,13 +359,15 @@ pub fn host_allreduce(n: usize, _topo: &Topology) -> Load {
 
 /// Allreduce in place on buffers the host's ranks share (`crate::direct`): each rank reads
 /// its part of every input where it lies and writes the result into every output, one read and
-/// one write of the buffer (half the traffic of [`host_allreduce`]'s copy in and out), behind
-/// two flag barriers (one after the buffers are announced, one before they are handed back).
+/// one write of the buffer (half the memory traffic of a transfer over a connection, which
+/// copies in and out), behind two flag barriers (one after the buffers are announced, one
+/// before they are handed back). Its bytes carry no [`HOST_BYTE_PENALTY`]: that prices the
+/// staged path's slot copies, which this path does not make.
 pub fn host_direct_allreduce(n: usize) -> Load {
     let nf = n as f64;
     Load {
         steps: 2.0 * HOST_STEP,
-        link: 0.5 * HOST_BYTE_PENALTY,
+        link: 0.5,
         reduce: (nf - 1.0) / nf,
         ..Load::default()
     }

@@ -21,8 +21,8 @@
 //! with an error naming it at the first barrier (the operation fingerprints differ), before it
 //! reads anything.
 
-use ccl_core::transport::TransportProperties;
 use ccl_core::topology::Topology;
+use ccl_core::transport::TransportProperties;
 
 use crate::algo::{self, Algo, Collective};
 use crate::cost::{self, LinkCosts};
@@ -34,23 +34,26 @@ fn part(len: usize, parts: usize, j: usize) -> (usize, usize) {
     (j * q + j.min(r), q + usize::from(j < r))
 }
 
-/// Whether the direct schedule of `coll` exists and costs less than the staged one at `bytes`
-/// (the cost model's [`cost::host_direct_allreduce`] against `Algo::Shm`'s).
+/// Whether the direct schedule of `coll` exists and costs less at `bytes` than `chosen`, the
+/// algorithm the cost model picks for plain buffers (the model's
+/// [`cost::host_direct_allreduce`] against that algorithm's cost).
 pub fn pays(
     coll: Collective,
+    chosen: Algo,
     n: usize,
     bytes: usize,
     t: &TransportProperties,
     topo: &Topology,
 ) -> bool {
-    if coll != Collective::AllReduce || n < 2 || bytes == 0 {
+    if coll != Collective::AllReduce || n < 2 || bytes == 0 || !algo::available(Algo::Shm, t, topo)
+    {
         return false;
     }
-    let Some(staged) = algo::cost(coll, Algo::Shm, n, bytes, t, topo) else {
+    let Some(other) = algo::cost(coll, chosen, n, bytes, t, topo) else {
         return false;
     };
     let direct = LinkCosts::new(t, topo).time(&cost::host_direct_allreduce(n), bytes as f64);
-    direct < staged
+    direct < other
 }
 
 /// Allreduce in place on shared buffers: rank `j` reduces part `j` of every rank's input into
@@ -113,4 +116,29 @@ pub fn allreduce(shape: &Shape) -> Schedule {
     push(&mut s, Action::Post, step);
     push(&mut s, Action::WaitPosts { count: 2 }, step);
     s.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_direct_path_pays_for_large_buffers_only() {
+        let t = TransportProperties {
+            latency: std::time::Duration::from_nanos(500),
+            bandwidth: 10.0e9,
+            spin: std::time::Duration::ZERO,
+            host_memory: true,
+        };
+        let topo = Topology::from_hosts(&["h".to_string(), "h".to_string()]);
+        let c = Collective::AllReduce;
+        let pays_at = |b: usize| pays(c, algo::choose(c, 2, b, &t, &topo), 2, b, &t, &topo);
+        assert!(pays_at(1 << 20) && pays_at(128 << 20));
+        assert!(!pays_at(8));
+        let ag = Collective::AllGather;
+        assert!(!pays(ag, Algo::Shm, 2, 1 << 20, &t, &topo));
+        // Not across hosts.
+        let two = Topology::from_hosts(&["a".to_string(), "b".to_string()]);
+        assert!(!pays(c, Algo::Ring, 2, 1 << 20, &t, &two));
+    }
 }

@@ -1004,7 +1004,11 @@ impl Run<'_, '_> {
     /// This operation's fingerprint in host memory.
     fn host_desc(&self) -> u64 {
         let d = self.header(0, 0).host_desc();
-        if self.sched.direct { d | DIRECT_DESC } else { d }
+        if self.sched.direct {
+            d | DIRECT_DESC
+        } else {
+            d
+        }
     }
 
     /// Every other rank of the host must be in the same call as this one.

@@ -437,7 +437,14 @@ impl HostModel {
 
     /// Host rank `r` reads elements of host rank `o`'s buffer `b`: each write of them by another
     /// rank must be published by a post `r` waited for.
-    fn read_buf(&mut self, r: usize, o: usize, b: Buf, off: usize, len: usize) -> Result<(), String> {
+    fn read_buf(
+        &mut self,
+        r: usize,
+        o: usize,
+        b: Buf,
+        off: usize,
+        len: usize,
+    ) -> Result<(), String> {
         let (seen, posted) = (self.seen[r].clone(), self.posted[r]);
         for (k, t) in self.touches(o, b, off, len).iter_mut().enumerate() {
             let (w, p) = t.writer;

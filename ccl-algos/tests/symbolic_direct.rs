@@ -68,9 +68,8 @@ fn allreduce_direct_is_exact_and_race_free() {
                     let scheds = schedules(n, c, op, in_place);
                     let st = setup(n, c, op, in_place);
                     for seed in 0..8 {
-                        simulate(&scheds, &st, seed * 29 + 3).unwrap_or_else(|e| {
-                            panic!("n={n} c={c} {what} {op} seed={seed}: {e}")
-                        });
+                        simulate(&scheds, &st, seed * 29 + 3)
+                            .unwrap_or_else(|e| panic!("n={n} c={c} {what} {op} seed={seed}: {e}"));
                     }
                 }
             }
@@ -117,16 +116,19 @@ fn the_checker_catches_missing_barriers() {
     let first_wait = |_: usize, a: &Action| matches!(a, Action::WaitPosts { count: 1 });
     let last_wait = |_: usize, a: &Action| matches!(a, Action::WaitPosts { count: 2 });
     for (what, drop, expect) in [
-        ("no first barrier", &first_wait as &dyn Fn(usize, &Action) -> bool, "before rank"),
+        (
+            "no first barrier",
+            &first_wait as &dyn Fn(usize, &Action) -> bool,
+            "before rank",
+        ),
         ("no last barrier", &last_wait, "ends the operation"),
     ] {
         let scheds: Vec<Schedule> = schedules(n, c, ReduceOp::Sum, |_| false)
             .iter()
             .map(|s| without(s, drop))
             .collect();
-        let caught = (0..40).any(|seed| {
-            simulate(&scheds, &st, seed * 7 + 1).is_err_and(|e| e.contains(expect))
-        });
+        let caught = (0..40)
+            .any(|seed| simulate(&scheds, &st, seed * 7 + 1).is_err_and(|e| e.contains(expect)));
         assert!(caught, "{what}: not caught");
     }
     // A direct rank among staged ones: the peer announces no buffers.

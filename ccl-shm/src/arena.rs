@@ -467,7 +467,10 @@ mod tests {
         let (ptr, len) = peer.announced(4, false).unwrap();
         assert_eq!(len, 10_000);
         // SAFETY: the peer's mapping of the announced block; nothing writes it meanwhile.
-        assert_eq!(unsafe { std::slice::from_raw_parts(ptr.as_ptr(), 3) }, b"abc");
+        assert_eq!(
+            unsafe { std::slice::from_raw_parts(ptr.as_ptr(), 3) },
+            b"abc"
+        );
         assert!(peer.announced(6, false).unwrap_err().contains("no buffers"));
         let used = a.used();
         drop(b);
@@ -475,7 +478,10 @@ mod tests {
         // The table no longer vouches for it.
         assert!(peer.announced(4, false).unwrap_err().contains("not inside"));
         let b = a.alloc(PAGE).unwrap();
-        assert!(b.as_slice().iter().all(|&x| x == 0), "reused pages are zeroed");
+        assert!(
+            b.as_slice().iter().all(|&x| x == 0),
+            "reused pages are zeroed"
+        );
     }
 
     #[test]

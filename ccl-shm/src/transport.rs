@@ -78,8 +78,9 @@ pub struct HostGroup {
     /// every one of them has one; else empty.
     arenas: Vec<Option<PeerArena>>,
     mine: Option<Arc<Arena>>,
-    /// The operation announced last (`HostMemory::announce_buffers`).
-    op: u64,
+    /// The operation announced last (`HostMemory::announce_buffers`), whose buffers
+    /// `peer_input` and `peer_output` look up.
+    op: AtomicU64,
 }
 
 impl HostGroup {
@@ -93,7 +94,8 @@ impl HostGroup {
     /// Host rank `i`'s announced input or output, checked.
     fn announced(&self, i: usize, output: bool) -> Result<(std::ptr::NonNull<u8>, usize)> {
         let peer = self.ranks.get(i).copied().unwrap_or(i);
-        self.peer_arena(i)?.announced(self.op, output).map_err(|m| {
+        let op = self.op.load(Ordering::Relaxed);
+        self.peer_arena(i)?.announced(op, output).map_err(|m| {
             Error::remote(format!(
                 "peer {peer} {m} (mismatched or corrupted registered buffers?)"
             ))
@@ -158,6 +160,7 @@ impl HostMemory for HostGroup {
             })
         };
         a.announce(op, place(input, "input")?, place(output, "output")?);
+        self.op.store(op, Ordering::Relaxed);
         Ok(())
     }
     fn peer_input(&self, i: usize) -> Result<&[u8]> {
@@ -211,7 +214,7 @@ impl ShmTransport {
             ranks,
             arenas,
             mine: st.arena.clone(),
-            op: 0,
+            op: AtomicU64::new(0),
         })
     }
 
@@ -287,7 +290,8 @@ impl Transport for ShmTransport {
             st.segment = Some(HostSegment::create(group.len(), ctx.config.shm_slot_size)?);
         }
         if group.len() > 1 && ctx.config.shm_arena_bytes > 0 && st.arena.is_none() {
-            st.arena = Some(Arena::create(ctx.config.shm_arena_bytes).map_err(|e| e.rank(ctx.rank))?);
+            st.arena =
+                Some(Arena::create(ctx.config.shm_arena_bytes).map_err(|e| e.rank(ctx.rank))?);
         }
         st.group = group;
         // A peer's step here takes as long as its copies, often longer than `CCL_SPIN_US`, and
