@@ -53,7 +53,10 @@ fn schedules(n: usize, c: usize, op: ReduceOp, in_place: fn(usize) -> bool) -> V
         .collect()
 }
 
-const PLACEMENTS: [(&str, fn(usize) -> bool); 3] = [
+/// Whether rank `r` runs in place.
+type Placement = fn(usize) -> bool;
+
+const PLACEMENTS: [(&str, Placement); 3] = [
     ("out of place", |_| false),
     ("in place", |_| true),
     ("mixed", |r| r % 2 == 1),

@@ -467,10 +467,8 @@ mod tests {
         let (ptr, len) = peer.announced(4, false).unwrap();
         assert_eq!(len, 10_000);
         // SAFETY: the peer's mapping of the announced block; nothing writes it meanwhile.
-        assert_eq!(
-            unsafe { std::slice::from_raw_parts(ptr.as_ptr(), 3) },
-            b"abc"
-        );
+        let seen = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), 3) };
+        assert_eq!(seen, b"abc");
         assert!(peer.announced(6, false).unwrap_err().contains("no buffers"));
         let used = a.used();
         drop(b);

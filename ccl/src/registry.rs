@@ -14,6 +14,10 @@
 //! the memory can be released. Each entry holds one region per transport of the communicator
 //! that wants registered memory (verbs); the others (TCP, shared memory, in-process) read and
 //! write caller memory directly and register nothing, so registered buffers work everywhere.
+//!
+//! On a host whose ranks share memory, [`Buffer`]s come from this rank's shared arena
+//! (`ccl_shm::arena`), which the host's other ranks map: an allreduce whose buffers lie there
+//! on every rank of the host reads and writes them in place (`ccl_algos::direct`).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -308,7 +312,9 @@ impl<T> fmt::Debug for Registration<'_, T> {
 }
 
 /// Memory allocated and registered by a communicator ([`Communicator::alloc`](
-/// crate::Communicator::alloc)): page aligned, on huge pages when the system has them, zeroed,
+/// crate::Communicator::alloc)): page aligned, zeroed, from the rank's shared arena when its
+/// host's ranks share memory ([`is_shared`](Buffer::is_shared)), else private pages (on huge
+/// pages when the system has them),
 /// registered with every transport of the communicator that needs it, freed and deregistered
 /// when dropped. Derefs to `[T]`; being owned and `Send`, it can also be handed to the
 /// non-blocking calls, which give it back when the operation ends, so it cannot be freed while
