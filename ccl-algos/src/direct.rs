@@ -80,17 +80,21 @@ pub fn allreduce(shape: &Shape) -> Schedule {
     let (a, l) = part(c, n, me);
     if l > 0 {
         let out = Region::new(Buf::Recv, a, l);
+        // Out of place, the first reduction reads this rank's input and writes the output in
+        // one pass (no copy of the own part first).
+        let first = (me + 1) % n;
         if !shape.in_place {
             push(
                 &mut s,
-                Action::Copy {
-                    src: Region::new(Buf::Send, a, l),
+                Action::ReduceInto {
                     dst: out,
+                    a: Region::new(Buf::Send, a, l),
+                    b: Region::new(Buf::PeerIn(first as u16), a, l),
                 },
                 step,
             );
         }
-        for j in (0..n).filter(|&j| j != me) {
+        for j in (0..n).filter(|&j| j != me && (shape.in_place || j != first)) {
             push(
                 &mut s,
                 Action::Reduce {

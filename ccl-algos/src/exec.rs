@@ -943,6 +943,24 @@ impl Run<'_, '_> {
                 let s = s.ok_or_else(|| Error::internal("local reduce of a region with itself"))?;
                 reduce::reduce_inplace(dtype, op, d, s, order(src_first));
             }
+            Action::ReduceInto { dst, a, b } => {
+                let (dst, a, b) = (self.at(&dst), self.at(&a), self.at(&b));
+                // The first operand and the destination are this rank's; the second may lie in
+                // host memory or another rank's buffer.
+                let (d, x) = self.bufs.pair(&dst, &a, elem)?;
+                let x = x.ok_or_else(|| Error::internal("reduce into an operand"))?;
+                let h = self.host.as_deref().ok_or_else(no_host);
+                let y = match b.buf {
+                    Buf::Host(i) => host_slot(h?, i, &b, elem)?,
+                    Buf::PeerIn(i) => peer_in(h?, i, &b, elem)?,
+                    _ => {
+                        return Err(Error::internal(
+                            "the second operand of a reduce-into lies outside host memory",
+                        ));
+                    }
+                };
+                reduce::reduce_into(dtype, op, d, x, y);
+            }
             Action::FinishAvg { region } => {
                 if op == ReduceOp::Avg {
                     let region = self.at(&region);

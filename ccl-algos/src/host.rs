@@ -203,6 +203,11 @@ pub fn swap_halves(s: &Schedule) -> Schedule {
                 src: sw(src),
                 src_first,
             },
+            Action::ReduceInto { dst, a, b } => Action::ReduceInto {
+                dst: sw(dst),
+                a: sw(a),
+                b: sw(b),
+            },
             Action::FinishAvg { region } => Action::FinishAvg { region: sw(region) },
             a @ (Action::Post | Action::WaitPosts { .. }) => a,
         };

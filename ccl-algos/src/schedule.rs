@@ -96,6 +96,12 @@ pub enum Action {
         src: Region,
         src_first: bool,
     },
+    /// Local: `dst = a (op) b`, `a` the first operand (`dst` overlaps neither).
+    ReduceInto {
+        dst: Region,
+        a: Region,
+        b: Region,
+    },
     /// Local: divide by the world size (end of an `Avg`).
     FinishAvg {
         region: Region,
@@ -116,7 +122,9 @@ impl Action {
         match self {
             Action::Send { src, .. } => src.len,
             Action::Recv { dst, .. } => dst.len,
-            Action::Copy { dst, .. } | Action::Reduce { dst, .. } => dst.len,
+            Action::Copy { dst, .. }
+            | Action::Reduce { dst, .. }
+            | Action::ReduceInto { dst, .. } => dst.len,
             Action::FinishAvg { region } => region.len,
             // One unit of work, so that they count as pending until they run (ops of length
             // zero are complete from the start).
@@ -150,6 +158,7 @@ pub fn access(a: &Action) -> (Vec<Region>, Vec<Region>) {
         },
         Action::Copy { src, dst } => (vec![src], vec![dst]),
         Action::Reduce { dst, src, .. } => (vec![src, dst], vec![dst]),
+        Action::ReduceInto { dst, a, b } => (vec![a, b], vec![dst]),
         Action::FinishAvg { region } => (vec![region], vec![region]),
         Action::Post | Action::WaitPosts { .. } => (vec![], vec![]),
     }
@@ -409,6 +418,18 @@ impl Schedule {
                     inside(&dst)?;
                     if src.len != dst.len || src.overlaps(&dst) || dst.buf == Buf::Send {
                         return Err(ScheduleError::LocalOperands { op: id, src, dst });
+                    }
+                }
+                Action::ReduceInto { dst, a, b } => {
+                    for src in [a, b] {
+                        inside(&src)?;
+                        if src.len != dst.len || src.overlaps(&dst) {
+                            return Err(ScheduleError::LocalOperands { op: id, src, dst });
+                        }
+                    }
+                    inside(&dst)?;
+                    if dst.buf == Buf::Send {
+                        return Err(ScheduleError::WritesSend(id));
                     }
                 }
                 Action::FinishAvg { region } => inside(&region)?,

@@ -820,6 +820,11 @@ impl<'a> Sim<'a> {
                 let out = reduce_values(&a, &b, src_first)?;
                 self.write(r, &dst, &out)?;
             }
+            Action::ReduceInto { dst, a, b } => {
+                let (x, y) = (self.read(r, &a)?, self.read(r, &b)?);
+                let out = reduce_values(&x, &y, true)?;
+                self.write(r, &dst, &out)?;
+            }
             Action::FinishAvg { region } => {
                 if op == ReduceOp::Avg {
                     let mut v = self.read(r, &region)?;
