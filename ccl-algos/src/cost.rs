@@ -373,6 +373,27 @@ pub fn host_direct_allreduce(n: usize) -> Load {
     }
 }
 
+/// Allgather, broadcast or reduce-scatter in place on shared buffers (`crate::direct`): two flag
+/// barriers; a rank copies its block into every other output (allgather: `(n-1)/n` of the
+/// size), copies the root's buffer into its own (broadcast: all of it), or reduces its block
+/// from every input into its output (reduce-scatter: `(n-1)/n` of the size reduced, its block
+/// written).
+pub fn host_direct(coll: crate::algo::Collective, n: usize) -> Load {
+    use crate::algo::Collective::*;
+    let nf = n as f64;
+    let (copied, reduced) = match coll {
+        AllGather => ((nf - 1.0) / nf, 0.0),
+        ReduceScatter => (1.0 / nf, (nf - 1.0) / nf),
+        _ => (1.0, 0.0),
+    };
+    Load {
+        steps: 2.0 * HOST_STEP,
+        link: 0.5 * copied,
+        reduce: reduced,
+        ..Load::default()
+    }
+}
+
 /// A collective in host memory that copies the buffer `copies` times one after the other
 /// (broadcast: the root's copy in, then the others' copy out), behind one flag barrier; bytes
 /// at [`HOST_BYTE_PENALTY`].

@@ -34,9 +34,9 @@ fn part(len: usize, parts: usize, j: usize) -> (usize, usize) {
     (j * q + j.min(r), q + usize::from(j < r))
 }
 
-/// Whether the direct schedule of `coll` exists and costs less at `bytes` than `chosen`, the
-/// algorithm the cost model picks for plain buffers (the model's
-/// [`cost::host_direct_allreduce`] against that algorithm's cost).
+/// Whether `coll` has a direct schedule and the cost model prices it at `bytes` below `chosen`,
+/// the algorithm it picks for plain buffers ([`cost::host_direct_allreduce`],
+/// [`cost::host_direct`] against that algorithm's cost).
 pub fn pays(
     coll: Collective,
     chosen: Algo,
@@ -45,15 +45,90 @@ pub fn pays(
     t: &TransportProperties,
     topo: &Topology,
 ) -> bool {
-    if coll != Collective::AllReduce || n < 2 || bytes == 0 || !algo::available(Algo::Shm, t, topo)
-    {
+    use Collective::*;
+    let load = match coll {
+        AllReduce => cost::host_direct_allreduce(n),
+        AllGather | Broadcast | ReduceScatter => cost::host_direct(coll, n),
+        _ => return false,
+    };
+    if n < 2 || bytes == 0 || !algo::available(Algo::Shm, t, topo) {
         return false;
     }
     let Some(other) = algo::cost(coll, chosen, n, bytes, t, topo) else {
         return false;
     };
-    let direct = LinkCosts::new(t, topo).time(&cost::host_direct_allreduce(n), bytes as f64);
-    direct < other
+    LinkCosts::new(t, topo).time(&load, bytes as f64) < other
+}
+
+/// The direct schedule of `coll`, if it has one.
+pub fn build(coll: Collective, shape: &Shape) -> Option<Schedule> {
+    Some(match coll {
+        Collective::AllReduce => allreduce(shape),
+        Collective::AllGather => allgather(shape),
+        Collective::Broadcast => broadcast(shape),
+        Collective::ReduceScatter => reduce_scatter(shape),
+        _ => return None,
+    })
+}
+
+/// A direct schedule being built: its first barrier is in, [`Direct::finish`] adds the second.
+struct Direct {
+    s: Schedule,
+}
+
+impl Direct {
+    fn new(shape: &Shape) -> Direct {
+        let mut s = Schedule::new("shm-direct");
+        // Posts and waits need host memory; no slot is used.
+        s.host_slot = shape.host_slot.max(1);
+        // Counted as host operations are (each is announced in the place of its turn), and
+        // even, so that the slot halves of the staged schedules go on as they were.
+        s.host_chunks = 2;
+        s.direct = true;
+        let mut d = Direct { s };
+        d.push(Action::Post);
+        d.push(Action::WaitPosts { count: 1 });
+        d
+    }
+
+    fn push(&mut self, a: Action) {
+        let step = u32::from(self.s.ops.len() > 2);
+        self.s.push(a, &[], None, step);
+    }
+
+    fn copy(&mut self, src: Region, dst: Region) {
+        self.push(Action::Copy { src, dst });
+    }
+
+    /// `out` = `input` (op) the region at `at` of every other rank's input, then the average's
+    /// division; out of place the first reduction reads this rank's input and one peer's into
+    /// the output in one pass.
+    fn reduce_all(&mut self, shape: &Shape, out: Region, input: Region, at: usize) {
+        let (n, me, l) = (shape.size, shape.rank, out.len);
+        let peer = |j: usize| Region::new(Buf::PeerIn(j as u16), at, l);
+        let first = (me + 1) % n;
+        if !shape.in_place {
+            self.push(Action::ReduceInto {
+                dst: out,
+                a: input,
+                b: peer(first),
+            });
+        }
+        for j in (0..n).filter(|&j| j != me && (shape.in_place || j != first)) {
+            self.push(Action::Reduce {
+                dst: out,
+                src: peer(j),
+                src_first: false,
+            });
+        }
+        self.push(Action::FinishAvg { region: out });
+    }
+
+    fn finish(mut self) -> Schedule {
+        self.push(Action::Post);
+        self.push(Action::WaitPosts { count: 2 });
+        self.s.finish()
+    }
 }
 
 /// Allreduce in place on shared buffers: rank `j` reduces part `j` of every rank's input into
@@ -63,63 +138,74 @@ pub fn allreduce(shape: &Shape) -> Schedule {
     if c == 0 {
         return Schedule::new("shm").finish();
     }
-    let mut s = Schedule::new("shm-direct");
-    // Posts and waits need host memory; no slot is used.
-    s.host_slot = shape.host_slot.max(1);
-    // Counted as host operations are (each is announced in the place of its turn), and even,
-    // so that the slot halves of the staged schedules go on as they were.
-    s.host_chunks = 2;
-    s.direct = true;
-    let mut step = 0;
-    let push = |s: &mut Schedule, a: Action, step: u32| {
-        s.push(a, &[], None, step);
-    };
-    push(&mut s, Action::Post, step);
-    push(&mut s, Action::WaitPosts { count: 1 }, step);
-    step += 1;
+    let mut d = Direct::new(shape);
     let (a, l) = part(c, n, me);
     if l > 0 {
         let out = Region::new(Buf::Recv, a, l);
-        // Out of place, the first reduction reads this rank's input and writes the output in
-        // one pass (no copy of the own part first).
-        let first = (me + 1) % n;
-        if !shape.in_place {
-            push(
-                &mut s,
-                Action::ReduceInto {
-                    dst: out,
-                    a: Region::new(Buf::Send, a, l),
-                    b: Region::new(Buf::PeerIn(first as u16), a, l),
-                },
-                step,
-            );
-        }
-        for j in (0..n).filter(|&j| j != me && (shape.in_place || j != first)) {
-            push(
-                &mut s,
-                Action::Reduce {
-                    dst: out,
-                    src: Region::new(Buf::PeerIn(j as u16), a, l),
-                    src_first: false,
-                },
-                step,
-            );
-        }
-        push(&mut s, Action::FinishAvg { region: out }, step);
+        d.reduce_all(shape, out, Region::new(Buf::Send, a, l), a);
         for j in (0..n).filter(|&j| j != me) {
-            push(
-                &mut s,
-                Action::Copy {
-                    src: out,
-                    dst: Region::new(Buf::PeerOut(j as u16), a, l),
-                },
-                step,
-            );
+            d.copy(out, Region::new(Buf::PeerOut(j as u16), a, l));
         }
     }
-    push(&mut s, Action::Post, step);
-    push(&mut s, Action::WaitPosts { count: 2 }, step);
-    s.finish()
+    d.finish()
+}
+
+/// Allgather: every rank writes its block into block `rank` of every other rank's output (the
+/// offset is the same whatever each rank's placement; in place a rank's input is its own block,
+/// which no other rank writes).
+pub fn allgather(shape: &Shape) -> Schedule {
+    let (n, me, c) = (shape.size, shape.rank, shape.count);
+    if c == 0 {
+        return Schedule::new("shm").finish();
+    }
+    let mut d = Direct::new(shape);
+    let mine = Region::new(Buf::Recv, me * c, c);
+    let input = if shape.in_place {
+        mine
+    } else {
+        Region::new(Buf::Send, 0, c)
+    };
+    if !shape.in_place {
+        d.copy(input, mine);
+    }
+    for j in (0..n).filter(|&j| j != me) {
+        d.copy(input, Region::new(Buf::PeerOut(j as u16), me * c, c));
+    }
+    d.finish()
+}
+
+/// Broadcast: every other rank copies the root's input into its output.
+pub fn broadcast(shape: &Shape) -> Schedule {
+    let (me, root, c) = (shape.rank, shape.root, shape.count);
+    if c == 0 {
+        return Schedule::new("shm").finish();
+    }
+    let mut d = Direct::new(shape);
+    let out = Region::new(Buf::Recv, 0, c);
+    if me != root {
+        d.copy(Region::new(Buf::PeerIn(root as u16), 0, c), out);
+    } else if !shape.in_place {
+        d.copy(Region::new(Buf::Send, 0, c), out);
+    }
+    d.finish()
+}
+
+/// Reduce-scatter: every rank reduces its block of every rank's input into its output (block
+/// `rank` of every input lies at the same offset whatever each rank's placement).
+pub fn reduce_scatter(shape: &Shape) -> Schedule {
+    let (me, c) = (shape.rank, shape.count);
+    if c == 0 {
+        return Schedule::new("shm").finish();
+    }
+    let mut d = Direct::new(shape);
+    let at = me * c;
+    let out = if shape.in_place {
+        Region::new(Buf::Recv, at, c)
+    } else {
+        Region::new(Buf::Recv, 0, c)
+    };
+    d.reduce_all(shape, out, Region::new(Buf::Send, at, c), at);
+    d.finish()
 }
 
 #[cfg(test)]
@@ -135,14 +221,28 @@ mod tests {
             host_memory: true,
         };
         let topo = Topology::from_hosts(&["h".to_string(), "h".to_string()]);
-        let c = Collective::AllReduce;
-        let pays_at = |b: usize| pays(c, algo::choose(c, 2, b, &t, &topo), 2, b, &t, &topo);
-        assert!(pays_at(1 << 20) && pays_at(128 << 20));
-        assert!(!pays_at(8));
-        let ag = Collective::AllGather;
-        assert!(!pays(ag, Algo::Shm, 2, 1 << 20, &t, &topo));
+        for c in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast,
+        ] {
+            let pays_at = |b: usize| pays(c, algo::choose(c, 2, b, &t, &topo), 2, b, &t, &topo);
+            assert!(pays_at(1 << 20) && pays_at(128 << 20), "{c}");
+            assert!(!pays_at(8), "{c}");
+            assert!(build(c, &Shape::new(0, 2, 5, false, ccl_core::ReduceOp::Sum)).is_some());
+        }
+        assert!(!pays(
+            Collective::AllToAll,
+            Algo::Pairwise,
+            2,
+            1 << 20,
+            &t,
+            &topo
+        ));
         // Not across hosts.
         let two = Topology::from_hosts(&["a".to_string(), "b".to_string()]);
+        let c = Collective::AllReduce;
         assert!(!pays(c, Algo::Ring, 2, 1 << 20, &t, &two));
     }
 }

@@ -394,7 +394,7 @@ impl Engine {
         let chosen = self.choose(coll, forced, size_bytes);
         let ok = self.can_run(Algo::Shm)
             && ccl_algos::direct::pays(coll, chosen, self.size(), size_bytes, &self.model, topo);
-        ok.then(|| ccl_algos::direct::allreduce(shape))
+        ok.then(|| ccl_algos::direct::build(coll, shape)).flatten()
     }
 
     /// Logs, once, which algorithm the cost model picks for each collective at which size.

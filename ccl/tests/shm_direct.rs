@@ -201,3 +201,64 @@ fn registered_case_private(comm: &Communicator) -> usize {
     comm.all_reduce_in_place(&mut b, op).unwrap();
     count_wrong(&b, op, comm.size())
 }
+
+/// Allgather, broadcast and reduce-scatter on buffers from `alloc` give what they give on plain
+/// buffers, in and out of place, at sizes where the direct schedules run.
+#[test]
+fn registered_allgather_broadcast_reduce_scatter_over_shm() {
+    use ccl::Collective;
+    for n in [2, 3, 4] {
+        let wrong: Vec<String> = run_ranks(n, cfg(), |comm| {
+            let (r, n) = (comm.rank(), comm.size());
+            let mut w = Vec::new();
+            for coll in [
+                Collective::AllGather,
+                Collective::Broadcast,
+                Collective::ReduceScatter,
+            ] {
+                for c in [1, 1001, 300_007] {
+                    for in_place in [false, true] {
+                        let lens = coll.buffer_lens(c, n).unwrap();
+                        let input: Vec<f32> = (0..lens.send)
+                            .map(|i| f32::from_i64(input(ReduceOp::Sum, r, i)))
+                            .collect();
+                        let len = if in_place { lens.in_place() } else { lens.recv };
+                        let mut plain = vec![-1f32; len];
+                        let mut shared = comm.alloc::<f32>(len).unwrap();
+                        shared.fill(-1.0);
+                        let mut send = comm.alloc::<f32>(lens.send).unwrap();
+                        send.copy_from_slice(&input);
+                        let root = n - 1;
+                        if in_place {
+                            let at = if coll == Collective::AllGather {
+                                r * c
+                            } else {
+                                0
+                            };
+                            plain[at..at + lens.send].copy_from_slice(&input);
+                            shared[at..at + lens.send].copy_from_slice(&input);
+                            comm.collective(coll, None, &mut plain, ReduceOp::Sum, root)
+                                .unwrap();
+                            comm.collective(coll, None, &mut shared, ReduceOp::Sum, root)
+                                .unwrap();
+                        } else {
+                            comm.collective(coll, Some(&input), &mut plain, ReduceOp::Sum, root)
+                                .unwrap();
+                            comm.collective(coll, Some(&send), &mut shared, ReduceOp::Sum, root)
+                                .unwrap();
+                        }
+                        if plain[..] != shared[..] {
+                            w.push(format!("rank {r} {coll} count {c} in_place={in_place}"));
+                        }
+                    }
+                }
+            }
+            assert!(comm.trace_json().contains("shm-direct"));
+            w
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+        assert!(wrong.is_empty(), "{n} ranks:\n{}", wrong.join("\n"));
+    }
+}
