@@ -435,57 +435,46 @@ impl HostModel {
         &mut v[off..off + len]
     }
 
-    /// Host rank `r` reads elements of host rank `o`'s buffer `b`: each write of them by another
-    /// rank must be published by a post `r` waited for.
-    fn read_buf(
+    /// Host rank `r` reads (`write` false) or writes elements of host rank `o`'s buffer `b`. A
+    /// read must come after the post that publishes every other rank's write of them; a write
+    /// after every other rank that read or wrote them posted, and `r` waited for that post.
+    fn access_buf(
         &mut self,
         r: usize,
-        o: usize,
-        b: Buf,
+        (o, b): (usize, Buf),
         off: usize,
         len: usize,
+        write: bool,
     ) -> Result<(), String> {
         let (seen, posted) = (self.seen[r].clone(), self.posted[r]);
         for (k, t) in self.touches(o, b, off, len).iter_mut().enumerate() {
-            let (w, p) = t.writer;
-            if w != r && seen[w] <= p {
-                return Err(format!(
-                    "reads element {} of rank {o}'s {b:?} before rank {w}'s post that publishes \
-                     its write (written after its post {p}, waited for {})",
-                    off + k,
-                    seen[w]
-                ));
-            }
-            t.readers.push((r, posted));
-        }
-        Ok(())
-    }
-
-    /// Host rank `r` writes elements of host rank `o`'s buffer `b`: every other rank that read
-    /// or wrote them before must have posted since, and `r` waited for that post.
-    fn write_buf(
-        &mut self,
-        r: usize,
-        o: usize,
-        b: Buf,
-        off: usize,
-        len: usize,
-    ) -> Result<(), String> {
-        let (seen, posted) = (self.seen[r].clone(), self.posted[r]);
-        for (k, t) in self.touches(o, b, off, len).iter_mut().enumerate() {
+            let readers: &[(usize, u64)] = if write { &t.readers } else { &[] };
             if let Some(&(q, p)) = std::iter::once(&t.writer)
-                .chain(&t.readers)
+                .chain(readers)
                 .find(|&&(q, p)| q != r && seen[q] <= p)
             {
+                let what = if write {
+                    format!(
+                        "writes element {} of rank {o}'s {b:?} before rank {q} posted that it is done with it",
+                        off + k
+                    )
+                } else {
+                    format!(
+                        "reads element {} of rank {o}'s {b:?} before rank {q}'s post that publishes its write",
+                        off + k
+                    )
+                };
                 return Err(format!(
-                    "writes element {} of rank {o}'s {b:?} before rank {q} posted that it is \
-                     done with it (accessed after its post {p}, waited for {})",
-                    off + k,
+                    "{what} (accessed after its post {p}, waited for {})",
                     seen[q]
                 ));
             }
-            t.writer = (r, posted);
-            t.readers.clear();
+            if write {
+                t.writer = (r, posted);
+                t.readers.clear();
+            } else {
+                t.readers.push((r, posted));
+            }
         }
         Ok(())
     }
@@ -742,12 +731,12 @@ impl<'a> Sim<'a> {
             Buf::Host(i) => self.hosts[g].read(me, i as usize, reg.off, reg.len),
             Buf::PeerIn(i) => {
                 let (owner, b) = self.peer_buf(g, i, false)?;
-                self.hosts[g].read_buf(me, i as usize, b, reg.off, reg.len)?;
+                self.hosts[g].access_buf(me, (i as usize, b), reg.off, reg.len, false)?;
                 self.states[owner].read(&Region { buf: b, ..*reg })
             }
             Buf::PeerOut(i) => Err(format!("reads host rank {i}'s output")),
             Buf::Send | Buf::Recv if self.direct => {
-                self.hosts[g].read_buf(me, me, reg.buf, reg.off, reg.len)?;
+                self.hosts[g].access_buf(me, (me, reg.buf), reg.off, reg.len, false)?;
                 self.states[r].read(reg)
             }
             _ => self.states[r].read(reg),
@@ -760,12 +749,12 @@ impl<'a> Sim<'a> {
             Buf::Host(i) => self.hosts[g].write(me, i as usize, reg.off, v),
             Buf::PeerOut(i) => {
                 let (owner, b) = self.peer_buf(g, i, true)?;
-                self.hosts[g].write_buf(me, i as usize, b, reg.off, reg.len)?;
+                self.hosts[g].access_buf(me, (i as usize, b), reg.off, reg.len, true)?;
                 self.states[owner].write(&Region { buf: b, ..*reg }, v)
             }
             Buf::PeerIn(i) => Err(format!("writes host rank {i}'s input")),
             Buf::Send | Buf::Recv if self.direct => {
-                self.hosts[g].write_buf(me, me, reg.buf, reg.off, reg.len)?;
+                self.hosts[g].access_buf(me, (me, reg.buf), reg.off, reg.len, true)?;
                 self.states[r].write(reg, v)
             }
             _ => self.states[r].write(reg, v),

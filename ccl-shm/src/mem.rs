@@ -46,37 +46,12 @@ impl MemFile {
     /// Creates a file of `len` bytes (a multiple of the page size). `setting` names what sizes it,
     /// for the error a lack of memory gives.
     pub fn create(name: &str, len: usize, setting: &str) -> Result<MemFile> {
-        let cname = CString::new(name).map_err(|_| Error::internal("memfd name with a NUL"))?;
-        let fd = memfd_create(
-            &cname,
-            MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+        MemFile::create_sparse(
+            name,
+            len,
+            len,
+            &format!("{setting} lowers it, CCL_SHM_DISABLE=1 turns shared memory off"),
         )
-        .map_err(|e| sys("memfd_create", e))?;
-        let off = i64::try_from(len).map_err(|_| Error::internal("memory file too large"))?;
-        nix::unistd::ftruncate(&fd, off).map_err(|e| sys("ftruncate of a memory file", e))?;
-        match fallocate(fd.as_raw_fd(), FallocateFlags::empty(), 0, off) {
-            Ok(()) => {}
-            Err(e @ (Errno::ENOSPC | Errno::ENOMEM)) => {
-                return Err(Error::io(
-                    ErrorKind::System,
-                    format!(
-                        "shared memory: cannot allocate {} (the host or this container is short of \
-                         memory; {setting} lowers it, CCL_SHM_DISABLE=1 turns shared memory off)",
-                        human(len)
-                    ),
-                    e.into(),
-                ));
-            }
-            Err(e) => return Err(sys("fallocate of a memory file", e)),
-        }
-        fcntl(
-            fd.as_raw_fd(),
-            FcntlArg::F_ADD_SEALS(
-                SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-            ),
-        )
-        .map_err(|e| sys("sealing a memory file", e))?;
-        Ok(MemFile { fd, len })
     }
 
     /// Creates a sparse file of `len` bytes (a multiple of the page size) of which only the
