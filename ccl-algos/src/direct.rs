@@ -140,11 +140,15 @@ pub fn allreduce(shape: &Shape) -> Schedule {
     }
     let mut d = Direct::new(shape);
     let (a, l) = part(c, n, me);
-    if l > 0 {
-        let out = Region::new(Buf::Recv, a, l);
-        d.reduce_all(shape, out, Region::new(Buf::Send, a, l), a);
+    // In pieces that stay in the cache between their reduction and their copies out, so the
+    // copies read the result there rather than from memory.
+    let piece = (shape.host_slot / 8).max(1);
+    for off in (a..a + l).step_by(piece) {
+        let len = piece.min(a + l - off);
+        let out = Region::new(Buf::Recv, off, len);
+        d.reduce_all(shape, out, Region::new(Buf::Send, off, len), off);
         for j in (0..n).filter(|&j| j != me) {
-            d.copy(out, Region::new(Buf::PeerOut(j as u16), a, l));
+            d.copy(out, Region::new(Buf::PeerOut(j as u16), off, len));
         }
     }
     d.finish()
