@@ -374,18 +374,11 @@ pub fn host_direct_allreduce(n: usize) -> Load {
 }
 
 /// Allgather, broadcast or reduce-scatter in place on shared buffers (`crate::direct`): two flag
-/// barriers; a rank copies its block into every other output (allgather: `(n-1)/n` of the
-/// size), copies the root's buffer into its own (broadcast: all of it), or reduces its block
-/// from every input into its output (reduce-scatter: `(n-1)/n` of the size reduced, its block
-/// written).
-pub fn host_direct(coll: crate::algo::Collective, n: usize) -> Load {
-    use crate::algo::Collective::*;
-    let nf = n as f64;
-    let (copied, reduced) = match coll {
-        AllGather => ((nf - 1.0) / nf, 0.0),
-        ReduceScatter => (1.0 / nf, (nf - 1.0) / nf),
-        _ => (1.0, 0.0),
-    };
+/// barriers, `copied` of the size copied by the busiest rank (allgather: its block into every
+/// other output, `(n-1)/n`; broadcast: the root's buffer into its own, all of it;
+/// reduce-scatter: its block written, `1/n`) and `reduced` of it reduced (reduce-scatter:
+/// `(n-1)/n`).
+pub fn host_direct(copied: f64, reduced: f64) -> Load {
     Load {
         steps: 2.0 * HOST_STEP,
         link: 0.5 * copied,

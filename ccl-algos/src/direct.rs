@@ -46,9 +46,12 @@ pub fn pays(
     topo: &Topology,
 ) -> bool {
     use Collective::*;
+    let nf = n as f64;
     let load = match coll {
         AllReduce => cost::host_direct_allreduce(n),
-        AllGather | Broadcast | ReduceScatter => cost::host_direct(coll, n),
+        AllGather => cost::host_direct((nf - 1.0) / nf, 0.0),
+        Broadcast => cost::host_direct(1.0, 0.0),
+        ReduceScatter => cost::host_direct(1.0 / nf, (nf - 1.0) / nf),
         _ => return false,
     };
     if n < 2 || bytes == 0 || !algo::available(Algo::Shm, t, topo) {
