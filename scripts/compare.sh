@@ -5,7 +5,10 @@
 #   shm: ccl over shared memory, Open MPI ob1 + vader (its shared-memory BTL); the table also
 #        gives, per size, the busbw the memory allows ccl's algorithm (see docs/performance.md)
 # Ranks are bound to cores as Open MPI does by default (not when they outnumber the CPUs).
-# Usage: scripts/compare.sh tcp|shm [NP] ; env ROUNDS (3), ITERS (20), MIN (8), MAX (256M bytes)
+# REGISTERED=1 also runs ccl on buffers from Communicator::alloc (`ccl-bench --registered`: over
+# shm, the allreduce that reads and writes the ranks' buffers in place) in the same rounds.
+# Usage: scripts/compare.sh tcp|shm [NP] ; env ROUNDS (3), ITERS (20), MIN (8), MAX (256M bytes),
+#        REGISTERED (0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIND=${1:?usage: scripts/compare.sh tcp|shm [NP]}
@@ -56,6 +59,11 @@ for r in $(seq 1 "$ROUNDS"); do
   quiet
   ./target/release/ccl-bench allreduce --np "$NP" --transport "$KIND" -b "$MIN" -e "$MAX" -f 4 \
     -n "$ITERS" -w 5 -c 1 --json "$out/ccl.$r.json" >/dev/null
+  if [ "${REGISTERED:-0}" = 1 ]; then
+    quiet
+    ./target/release/ccl-bench allreduce --np "$NP" --transport "$KIND" -b "$MIN" -e "$MAX" -f 4 \
+      -n "$ITERS" -w 5 -c 1 --registered --json "$out/reg.$r.json" >/dev/null
+  fi
   quiet
   mpirun.openmpi -np "$NP" "${bind[@]}" --mca pml ob1 --mca btl "$btl" \
     "$out/mpi_allreduce" "$MIN" "$MAX" 4 "$ITERS" 5 > "$out/mpi.$r.txt"
@@ -64,12 +72,16 @@ python3 - "$out" "$ROUNDS" "$NP" "$(nproc)" $rates <<'PY'
 import json, sys, statistics as st
 out, rounds, np_ = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cpus, copy, red = int(sys.argv[4]), float(sys.argv[5]) * 1e9, float(sys.argv[6]) * 1e9
-ccl, mpi = {}, {}
+import os
+ccl, mpi, reg = {}, {}, {}
 for r in range(1, rounds + 1):
-    for row in json.load(open(f"{out}/ccl.{r}.json"))["results"]:
-        if row["placement"] == "out-of-place":
-            assert row["wrong"] == 0, row
-            ccl.setdefault(row["size"], []).append((row["time_us"], row["busbw_gbs"]))
+    for name, rows in (("ccl", ccl), ("reg", reg)):
+        if not os.path.exists(f"{out}/{name}.{r}.json"):
+            continue
+        for row in json.load(open(f"{out}/{name}.{r}.json"))["results"]:
+            if row["placement"] == "out-of-place":
+                assert row["wrong"] == 0, row
+                rows.setdefault(row["size"], []).append((row["time_us"], row["busbw_gbs"]))
     for line in open(f"{out}/mpi.{r}.txt"):
         b, t, bw, ok = line.split()
         assert ok == "ok", line
@@ -87,13 +99,37 @@ def limit(b):
     t = ((n - 1) / n * b * 2 + b / n) / copy + (n - 1) * (b / n) / red
     t *= max(1.0, n / cpus)
     return 2 * (n - 1) / n * b / t / 1e9
+def limit_direct(b):
+    # The same for the allreduce on registered buffers read in place: each rank copies its own
+    # part (b/n) of its input to its output, reduces n-1 parts of b/n from the others' inputs,
+    # and copies its part into the n-1 others' outputs.
+    t = (b / n + (n - 1) * b / n) / copy + (n - 1) * (b / n) / red
+    t *= max(1.0, n / cpus)
+    return 2 * (n - 1) / n * b / t / 1e9
 shm = copy > 0
-print(f"| size ({np_} ranks) | ccl time (us) | ccl busbw (GB/s) | Open MPI time (us) | Open MPI busbw (GB/s) | ccl / Open MPI |" + (" memory limit busbw (GB/s) |" if shm else ""))
-print("|---:|---:|---:|---:|---:|---:|" + ("---:|" if shm else ""))
+regd = bool(reg)
+print(f"| size ({np_} ranks) | ccl time (us) | ccl busbw (GB/s) |"
+      + (" ccl registered time (us) | ccl registered busbw (GB/s) |" if regd else "")
+      + " Open MPI time (us) | Open MPI busbw (GB/s) | ccl / Open MPI |"
+      + (" registered / Open MPI |" if regd else "")
+      + (" memory limit busbw (GB/s) |" if shm else "")
+      + (" registered limit (GB/s) |" if shm and regd else ""))
+cols = 6 + (3 if regd else 0) + (1 if shm else 0) + (1 if shm and regd else 0)
+print("|" + "---:|" * cols)
 for b in sorted(ccl):
     ct = st.median(t for t, _ in ccl[b]); cb = st.median(x for _, x in ccl[b])
     if b in mpi:
         mt = st.median(t for t, _ in mpi[b]); mb = st.median(x for _, x in mpi[b])
-        lim = f" {limit(b):.2f} |" if shm else ""
-        print(f"| {fmt(b)} | {ct:.2f} | {cb:.3f} | {mt:.2f} | {mb:.3f} | {mt / ct:.2f}x |{lim}")
+        row = f"| {fmt(b)} | {ct:.2f} | {cb:.3f} |"
+        if regd:
+            rt = st.median(t for t, _ in reg[b]); rb = st.median(x for _, x in reg[b])
+            row += f" {rt:.2f} | {rb:.3f} |"
+        row += f" {mt:.2f} | {mb:.3f} | {mt / ct:.2f}x |"
+        if regd:
+            row += f" {mt / rt:.2f}x |"
+        if shm:
+            row += f" {limit(b):.2f} |"
+            if regd:
+                row += f" {limit_direct(b):.2f} |"
+        print(row)
 PY

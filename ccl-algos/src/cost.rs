@@ -374,6 +374,36 @@ pub fn host_allreduce(n: usize, _topo: &Topology) -> Load {
     }
 }
 
+/// Allreduce in place on buffers the host's ranks share (`crate::direct`): each rank reads
+/// its part of every input where it lies and writes the result into every output, one read and
+/// one write of the buffer (half the memory traffic of a transfer over a connection, which
+/// copies in and out), behind two flag barriers (one after the buffers are announced, one
+/// before they are handed back). Its bytes carry no [`HOST_BYTE_PENALTY`]: that prices the
+/// staged path's slot copies, which this path does not make.
+pub fn host_direct_allreduce(n: usize) -> Load {
+    let nf = n as f64;
+    Load {
+        steps: 2.0 * HOST_STEP,
+        link: 0.5,
+        reduce: (nf - 1.0) / nf,
+        ..Load::default()
+    }
+}
+
+/// Allgather, broadcast or reduce-scatter in place on shared buffers (`crate::direct`): two flag
+/// barriers, `copied` of the size copied by the busiest rank (allgather: its block into every
+/// other output, `(n-1)/n`; broadcast: the root's buffer into its own, all of it;
+/// reduce-scatter: its block written, `1/n`) and `reduced` of it reduced (reduce-scatter:
+/// `(n-1)/n`).
+pub fn host_direct(copied: f64, reduced: f64) -> Load {
+    Load {
+        steps: 2.0 * HOST_STEP,
+        link: 0.5 * copied,
+        reduce: reduced,
+        ..Load::default()
+    }
+}
+
 /// A collective in host memory that copies the buffer `copies` times one after the other
 /// (broadcast: the root's copy in, then the others' copy out), behind one flag barrier; bytes
 /// at [`HOST_BYTE_PENALTY`].

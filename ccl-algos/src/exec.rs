@@ -108,6 +108,30 @@ fn host_slot_mut<'x>(
         .ok_or_else(|| outside(r))
 }
 
+/// Region `r` of host rank `i`'s input, read in place.
+fn peer_in<'x>(h: &'x dyn HostMemory, i: u16, r: &Region, elem: usize) -> Result<&'x [u8]> {
+    h.peer_input(i as usize)?
+        .get(Buffers::range(r, elem))
+        .ok_or_else(|| outside(r))
+}
+
+/// Region `r` of host rank `i`'s output, written in place.
+fn peer_out<'x>(
+    h: &'x mut dyn HostMemory,
+    i: u16,
+    r: &Region,
+    elem: usize,
+) -> Result<&'x mut [u8]> {
+    h.peer_output(i as usize)?
+        .get_mut(Buffers::range(r, elem))
+        .ok_or_else(|| outside(r))
+}
+
+/// Set in the operation fingerprint of a direct schedule ([`Schedule::direct`]): a bit of the
+/// reduce op's byte that no op uses, so that a rank running it and one running the staged
+/// schedule see different fingerprints.
+const DIRECT_DESC: u64 = 1 << 47;
+
 fn outside(r: &Region) -> Error {
     Error::internal(format!("schedule region {r:?} is outside its buffer"))
 }
@@ -130,7 +154,7 @@ impl Buffers<'_> {
                 None => return Err(Error::internal(format!("no group buffer {i}"))),
             },
             // Host memory is the run's, not the caller's (`Run::region`).
-            Buf::Host(_) => return Err(no_host()),
+            Buf::Host(_) | Buf::PeerIn(_) | Buf::PeerOut(_) => return Err(no_host()),
         };
         b.get(Self::range(r, elem)).ok_or_else(|| outside(r))
     }
@@ -149,7 +173,7 @@ impl Buffers<'_> {
                 }
                 None => return Err(Error::internal(format!("no group buffer {i}"))),
             },
-            Buf::Host(_) => return Err(no_host()),
+            Buf::Host(_) | Buf::PeerIn(_) | Buf::PeerOut(_) => return Err(no_host()),
         };
         b.get_mut(Self::range(r, elem)).ok_or_else(|| outside(r))
     }
@@ -628,6 +652,7 @@ impl Run<'_, '_> {
     ) -> Result<&'x [u8]> {
         match r.buf {
             Buf::Host(i) => host_slot(host.ok_or_else(no_host)?, i, r, elem),
+            Buf::PeerIn(i) => peer_in(host.ok_or_else(no_host)?, i, r, elem),
             _ => bufs.get(r, elem),
         }
     }
@@ -641,6 +666,7 @@ impl Run<'_, '_> {
     ) -> Result<&'x mut [u8]> {
         match r.buf {
             Buf::Host(i) => host_slot_mut(host.ok_or_else(no_host)?, i, r, elem),
+            Buf::PeerOut(i) => peer_out(host.ok_or_else(no_host)?, i, r, elem),
             _ => bufs.get_mut(r, elem),
         }
     }
@@ -688,6 +714,14 @@ impl Run<'_, '_> {
             }
             (_, Buf::Host(s)) => {
                 let sl = host_slot(host.ok_or_else(no_host)?, s, src, elem)?;
+                Ok((bufs.get_mut(dst, elem)?, Some(sl)))
+            }
+            (Buf::PeerOut(d), _) => {
+                let s = bufs.get(src, elem)?;
+                Ok((peer_out(host.ok_or_else(no_host)?, d, dst, elem)?, Some(s)))
+            }
+            (_, Buf::PeerIn(s)) => {
+                let sl = peer_in(host.ok_or_else(no_host)?, s, src, elem)?;
                 Ok((bufs.get_mut(dst, elem)?, Some(sl)))
             }
             _ => bufs.pair(dst, src, elem),
@@ -1024,6 +1058,24 @@ impl Run<'_, '_> {
                 let s = s.ok_or_else(|| Error::internal("local reduce of a region with itself"))?;
                 reduce::reduce_inplace(dtype, op, d, s, order(src_first));
             }
+            Action::ReduceInto { dst, a, b } => {
+                let (dst, a, b) = (self.at(&dst), self.at(&a), self.at(&b));
+                // The first operand and the destination are this rank's; the second may lie in
+                // host memory or another rank's buffer.
+                let (d, x) = self.bufs.pair(&dst, &a, elem)?;
+                let x = x.ok_or_else(|| Error::internal("reduce into an operand"))?;
+                let h = self.host.as_deref().ok_or_else(no_host);
+                let y = match b.buf {
+                    Buf::Host(i) => host_slot(h?, i, &b, elem)?,
+                    Buf::PeerIn(i) => peer_in(h?, i, &b, elem)?,
+                    _ => {
+                        return Err(Error::internal(
+                            "the second operand of a reduce-into lies outside host memory",
+                        ));
+                    }
+                };
+                reduce::reduce_into(dtype, op, d, x, y);
+            }
             Action::FinishAvg { region } => {
                 if op == ReduceOp::Avg {
                     let region = self.at(&region);
@@ -1034,11 +1086,15 @@ impl Run<'_, '_> {
                 }
             }
             Action::Post => {
-                let desc = self.header(0, 0).host_desc();
+                let desc = self.host_desc();
                 let h = self.host.as_deref().ok_or_else(no_host)?;
                 // Before the first post, so that a rank that sees it sees this operation (and
                 // no rank can be in the next one before this rank's last post).
                 if !self.announced {
+                    if self.sched.direct {
+                        let out: &[u8] = self.bufs.recv;
+                        h.announce_buffers(self.st.host_ops, self.bufs.send.unwrap_or(out), out)?;
+                    }
                     h.announce(self.st.host_ops, desc);
                     self.announced = true;
                 }
@@ -1078,15 +1134,40 @@ impl Run<'_, '_> {
             .map(|i| h.ranks()[i])
     }
 
+    /// This operation's fingerprint in host memory.
+    fn host_desc(&self) -> u64 {
+        let d = self.header(0, 0).host_desc();
+        if self.sched.direct {
+            d | DIRECT_DESC
+        } else {
+            d
+        }
+    }
+
     /// Every other rank of the host must be in the same call as this one.
     fn check_host_calls(&self) -> Result<()> {
         let mine = self.header(0, 0);
         let h = self.host.as_deref().ok_or_else(no_host)?;
-        let desc = mine.host_desc();
+        let desc = self.host_desc();
         for i in (0..h.ranks().len()).filter(|&i| i != h.me()) {
             let theirs = h.desc(i, self.st.host_ops);
             if theirs != desc {
                 let peer = h.ranks()[i];
+                if theirs ^ desc == DIRECT_DESC {
+                    let (a, b) = if self.sched.direct {
+                        ("", " not")
+                    } else {
+                        (" not", "")
+                    };
+                    return Err(Error::invalid_usage(format!(
+                        "with peer {peer}: {}: this rank's buffers are{a} all from \
+                         Communicator::alloc (shared memory) and the peer's are{b}; on one host \
+                         either every rank passes such buffers to a collective or none does",
+                        mine.describe()
+                    ))
+                    .peer(peer));
+                }
+                let theirs = theirs & !DIRECT_DESC;
                 let theirs = Header::from_host_desc(theirs, mine.algo);
                 return Err(Error::invalid_usage(format!(
                     "with peer {peer}: mismatched calls: this rank called {}, the peer called {}",

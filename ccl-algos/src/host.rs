@@ -136,6 +136,7 @@ pub fn swap_half(r: Region, slot: usize) -> Region {
 pub fn in_sequence(ops: &[Schedule], mut second_half: bool) -> Schedule {
     let mut t = Schedule::new(ops.first().map_or("shm", |s| s.algo));
     t.host_slot = ops.iter().map(|s| s.host_slot).max().unwrap_or(0);
+    t.direct = ops.iter().any(|s| s.direct);
     let mut posts = 0u32;
     for s in ops {
         let s = if second_half && s.uses_host() {
@@ -201,6 +202,11 @@ pub fn swap_halves(s: &Schedule) -> Schedule {
                 dst: sw(dst),
                 src: sw(src),
                 src_first,
+            },
+            Action::ReduceInto { dst, a, b } => Action::ReduceInto {
+                dst: sw(dst),
+                a: sw(a),
+                b: sw(b),
             },
             Action::FinishAvg { region } => Action::FinishAvg { region: sw(region) },
             a @ (Action::Post | Action::WaitPosts { .. }) => a,

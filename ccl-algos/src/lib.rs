@@ -14,6 +14,7 @@ pub mod barrier;
 pub mod binary_tree;
 pub mod broadcast;
 pub mod cost;
+pub mod direct;
 pub mod exec;
 pub mod header;
 pub mod host;

@@ -26,6 +26,13 @@ pub enum Buf {
     /// (`ccl_core::transport::HostMemory`): every rank reads every slot, only its owner writes
     /// it, and [`Action::Post`] / [`Action::WaitPosts`] order the two.
     Host(u16),
+    /// Host rank `i`'s input (its send buffer, or its receive buffer in place) where it lies,
+    /// in memory the ranks of the host share (`HostMemory::peer_input`): read only, after the
+    /// post that follows its announcement. Only in [`Schedule::direct`] schedules.
+    PeerIn(u16),
+    /// Host rank `i`'s output, written in place (`HostMemory::peer_output`). Only in
+    /// [`Schedule::direct`] schedules.
+    PeerOut(u16),
 }
 
 /// A range of a buffer, in elements.
@@ -89,6 +96,12 @@ pub enum Action {
         src: Region,
         src_first: bool,
     },
+    /// Local: `dst = a (op) b`, `a` the first operand (`dst` overlaps neither).
+    ReduceInto {
+        dst: Region,
+        a: Region,
+        b: Region,
+    },
     /// Local: divide by the world size (end of an `Avg`).
     FinishAvg {
         region: Region,
@@ -109,7 +122,9 @@ impl Action {
         match self {
             Action::Send { src, .. } => src.len,
             Action::Recv { dst, .. } => dst.len,
-            Action::Copy { dst, .. } | Action::Reduce { dst, .. } => dst.len,
+            Action::Copy { dst, .. }
+            | Action::Reduce { dst, .. }
+            | Action::ReduceInto { dst, .. } => dst.len,
             Action::FinishAvg { region } => region.len,
             // One unit of work, so that they count as pending until they run (ops of length
             // zero are complete from the start).
@@ -143,6 +158,7 @@ pub fn access(a: &Action) -> (Vec<Region>, Vec<Region>) {
         },
         Action::Copy { src, dst } => (vec![src], vec![dst]),
         Action::Reduce { dst, src, .. } => (vec![src, dst], vec![dst]),
+        Action::ReduceInto { dst, a, b } => (vec![a, b], vec![dst]),
         Action::FinishAvg { region } => (vec![region], vec![region]),
         Action::Post | Action::WaitPosts { .. } => (vec![], vec![]),
     }
@@ -226,6 +242,10 @@ pub struct Schedule {
     /// counts disagree (0 on one side) finds out instead of one side waiting for data that never
     /// comes.
     pub handshake: bool,
+    /// Reads and writes the host's ranks' buffers in place ([`Buf::PeerIn`], [`Buf::PeerOut`]):
+    /// every rank's input and output lie in memory the host's ranks share, and each rank
+    /// announces where before its first post.
+    pub direct: bool,
 }
 
 impl Schedule {
@@ -239,6 +259,7 @@ impl Schedule {
             host_slot: 0,
             host_chunks: 0,
             handshake: false,
+            direct: false,
         }
     }
 
@@ -362,6 +383,8 @@ impl Schedule {
                 // Group buffers are sized by the caller; the executor bounds-checks them.
                 Buf::Extra(_) => usize::MAX,
                 Buf::Host(_) => self.host_slot,
+                // Another rank's buffer, of the same count; the executor bounds-checks it.
+                Buf::PeerIn(_) | Buf::PeerOut(_) => usize::MAX,
             };
             if r.end() > cap {
                 return Err(ScheduleError::Outside { region: *r, cap });
@@ -395,6 +418,18 @@ impl Schedule {
                     inside(&dst)?;
                     if src.len != dst.len || src.overlaps(&dst) || dst.buf == Buf::Send {
                         return Err(ScheduleError::LocalOperands { op: id, src, dst });
+                    }
+                }
+                Action::ReduceInto { dst, a, b } => {
+                    for src in [a, b] {
+                        inside(&src)?;
+                        if src.len != dst.len || src.overlaps(&dst) {
+                            return Err(ScheduleError::LocalOperands { op: id, src, dst });
+                        }
+                    }
+                    inside(&dst)?;
+                    if dst.buf == Buf::Send {
+                        return Err(ScheduleError::WritesSend(id));
                     }
                 }
                 Action::FinishAvg { region } => inside(&region)?,

@@ -308,7 +308,20 @@ struct Sim<'a> {
     hosts: Vec<HostModel>,
     /// Each rank's host and its host rank there.
     place: Vec<(usize, usize)>,
+    /// Each host's ranks, by host rank.
+    members: Vec<Vec<usize>>,
+    /// Some schedule reads or writes other ranks' buffers in place ([`Schedule::direct`]): then
+    /// every access to a send or receive buffer is checked against the posts and waits.
+    direct: bool,
     rng: u64,
+}
+
+/// Who last wrote one element of a rank's buffer and who read it since, with their post counts
+/// then (for buffers other ranks access in place).
+#[derive(Clone, Debug)]
+struct Touch {
+    writer: (usize, u64),
+    readers: Vec<(usize, u64)>,
 }
 
 /// The memory the ranks of one host share, with what orders its reads and writes: posts and the
@@ -328,6 +341,9 @@ struct HostModel {
     /// `reads[i][e]`: who read element `e` of rank `i`'s slot since it was written, and their
     /// post count then (the read is known done once they post again).
     reads: Vec<Vec<Vec<(usize, u64)>>>,
+    /// Accesses to the host ranks' own buffers, by (owner, buffer), when schedules access them
+    /// in place; the owner's input counts as written by it before its first post.
+    touched: BTreeMap<(usize, Buf), Vec<Touch>>,
 }
 
 impl HostModel {
@@ -342,6 +358,7 @@ impl HostModel {
             seen: vec![vec![0; n]; n],
             written: vec![vec![0; slot]; n],
             reads: vec![vec![Vec::new(); slot]; n],
+            touched: BTreeMap::new(),
         }
     }
 
@@ -403,6 +420,86 @@ impl HostModel {
     }
 }
 
+impl HostModel {
+    fn touches(&mut self, owner: usize, b: Buf, off: usize, len: usize) -> &mut [Touch] {
+        let v = self.touched.entry((owner, b)).or_default();
+        if v.len() < off + len {
+            v.resize(
+                off + len,
+                Touch {
+                    writer: (owner, 0),
+                    readers: Vec::new(),
+                },
+            );
+        }
+        &mut v[off..off + len]
+    }
+
+    /// Host rank `r` reads (`write` false) or writes elements of host rank `o`'s buffer `b`. A
+    /// read must come after the post that publishes every other rank's write of them; a write
+    /// after every other rank that read or wrote them posted, and `r` waited for that post.
+    fn access_buf(
+        &mut self,
+        r: usize,
+        (o, b): (usize, Buf),
+        off: usize,
+        len: usize,
+        write: bool,
+    ) -> Result<(), String> {
+        let (seen, posted) = (self.seen[r].clone(), self.posted[r]);
+        for (k, t) in self.touches(o, b, off, len).iter_mut().enumerate() {
+            let readers: &[(usize, u64)] = if write { &t.readers } else { &[] };
+            if let Some(&(q, p)) = std::iter::once(&t.writer)
+                .chain(readers)
+                .find(|&&(q, p)| q != r && seen[q] <= p)
+            {
+                let what = if write {
+                    format!(
+                        "writes element {} of rank {o}'s {b:?} before rank {q} posted that it is done with it",
+                        off + k
+                    )
+                } else {
+                    format!(
+                        "reads element {} of rank {o}'s {b:?} before rank {q}'s post that publishes its write",
+                        off + k
+                    )
+                };
+                return Err(format!(
+                    "{what} (accessed after its post {p}, waited for {})",
+                    seen[q]
+                ));
+            }
+            if write {
+                t.writer = (r, posted);
+                t.readers.clear();
+            } else {
+                t.readers.push((r, posted));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every owner gets its buffers back only once every other rank that accessed them posted
+    /// after the access and the owner waited for that post.
+    fn check_handed_back(&self) -> Result<(), String> {
+        for (&(o, b), v) in &self.touched {
+            for (e, t) in v.iter().enumerate() {
+                if let Some(&(q, p)) = std::iter::once(&t.writer)
+                    .chain(&t.readers)
+                    .find(|&&(q, p)| q != o && self.seen[o][q] <= p)
+                {
+                    return Err(format!(
+                        "rank {o} ends the operation while rank {q} may still access element {e} \
+                         of its {b:?} (accessed after its post {p}, waited for {})",
+                        self.seen[o][q]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl<'a> Sim<'a> {
     fn new(
         scheds: &'a [Schedule],
@@ -460,6 +557,8 @@ impl<'a> Sim<'a> {
             peer_index,
             hosts: models,
             place,
+            members: hosts.to_vec(),
+            direct: scheds.iter().any(|s| s.direct),
             rng: seed | 1,
         })
     }
@@ -578,6 +677,9 @@ impl<'a> Sim<'a> {
     /// rank have heard from every other.
     fn check_finished(&self) -> Result<(), String> {
         let n = self.scheds.len();
+        for h in &self.hosts {
+            h.check_handed_back()?;
+        }
         for (r, st) in self.states.iter().enumerate() {
             if let Some(id) = st.executed.iter().position(|e| !e) {
                 return Err(format!(
@@ -622,11 +724,21 @@ impl<'a> Sim<'a> {
             .collect()
     }
 
-    /// Reads region `reg` for rank `r`: its own buffers, or host memory.
+    /// Reads region `reg` for rank `r`: its own buffers, host memory, or another rank's input.
     fn read(&mut self, r: usize, reg: &Region) -> Result<Vec<Slot>, String> {
         let (g, me) = self.place[r];
         match reg.buf {
             Buf::Host(i) => self.hosts[g].read(me, i as usize, reg.off, reg.len),
+            Buf::PeerIn(i) => {
+                let (owner, b) = self.peer_buf(g, i, false)?;
+                self.hosts[g].access_buf(me, (i as usize, b), reg.off, reg.len, false)?;
+                self.states[owner].read(&Region { buf: b, ..*reg })
+            }
+            Buf::PeerOut(i) => Err(format!("reads host rank {i}'s output")),
+            Buf::Send | Buf::Recv if self.direct => {
+                self.hosts[g].access_buf(me, (me, reg.buf), reg.off, reg.len, false)?;
+                self.states[r].read(reg)
+            }
             _ => self.states[r].read(reg),
         }
     }
@@ -635,8 +747,44 @@ impl<'a> Sim<'a> {
         let (g, me) = self.place[r];
         match reg.buf {
             Buf::Host(i) => self.hosts[g].write(me, i as usize, reg.off, v),
+            Buf::PeerOut(i) => {
+                let (owner, b) = self.peer_buf(g, i, true)?;
+                self.hosts[g].access_buf(me, (i as usize, b), reg.off, reg.len, true)?;
+                self.states[owner].write(&Region { buf: b, ..*reg }, v)
+            }
+            Buf::PeerIn(i) => Err(format!("writes host rank {i}'s input")),
+            Buf::Send | Buf::Recv if self.direct => {
+                self.hosts[g].access_buf(me, (me, reg.buf), reg.off, reg.len, true)?;
+                self.states[r].write(reg, v)
+            }
             _ => self.states[r].write(reg, v),
         }
+    }
+
+    /// Host rank `i` of host `g`: its communicator rank and the buffer its input (`output`
+    /// false: the send buffer, or the receive buffer in place) or output is.
+    fn peer_buf(&self, g: usize, i: u16, output: bool) -> Result<(usize, Buf), String> {
+        let owner = *self.members[g]
+            .get(i as usize)
+            .ok_or_else(|| format!("no host rank {i}"))?;
+        if !self.scheds[owner].direct {
+            return Err(format!(
+                "accesses host rank {i}'s buffers in place, but its schedule is not direct (it \
+                 announces none)"
+            ));
+        }
+        let in_place = self.states[owner]
+            .bufs
+            .get(&Buf::Send)
+            .is_none_or(Vec::is_empty);
+        Ok((
+            owner,
+            if output || in_place {
+                Buf::Recv
+            } else {
+                Buf::Send
+            },
+        ))
     }
 
     /// Runs a local op of rank `r`: copy, reduce, average, or a post or wait in host memory.
@@ -659,6 +807,11 @@ impl<'a> Sim<'a> {
             } => {
                 let (a, b) = (self.read(r, &src)?, self.read(r, &dst)?);
                 let out = reduce_values(&a, &b, src_first)?;
+                self.write(r, &dst, &out)?;
+            }
+            Action::ReduceInto { dst, a, b } => {
+                let (x, y) = (self.read(r, &a)?, self.read(r, &b)?);
+                let out = reduce_values(&x, &y, true)?;
                 self.write(r, &dst, &out)?;
             }
             Action::FinishAvg { region } => {

@@ -47,8 +47,12 @@ fn rank_over(
             c.env_remove(k);
         }
     }
+    // `transport` may carry more flags after the transport's name.
+    let mut words = transport.split(' ');
     c.args(["allreduce", "-b", size, "-e", size, "-n", iters])
-        .args(["-w", "0", "-c", "0", "--transport", transport])
+        .args(["-w", "0", "-c", "0", "--transport"])
+        .args(words.next())
+        .args(words)
         .env("CCL_RANK", r.to_string())
         .env("CCL_WORLD_SIZE", n.to_string())
         .env("CCL_COMM_ID", format!("127.0.0.1:{port}"))
@@ -63,9 +67,15 @@ fn rank_over(
         .unwrap()
 }
 
-/// One rank of the kill test: large allreduces.
-fn rank(transport: &str, r: usize, n: usize, port: u16, timeout_s: u32) -> Child {
-    rank_over(transport, r, n, port, timeout_s, "32M", "1000", &[])
+/// One rank of the kill test: large allreduces (`ccl-bench --registered` when `registered`:
+/// on shared memory, buffers the ranks read and write in place).
+fn rank(transport: &str, r: usize, n: usize, port: u16, timeout_s: u32, registered: bool) -> Child {
+    let t = if registered {
+        format!("{transport} --registered")
+    } else {
+        transport.to_string()
+    };
+    rank_over(&t, r, n, port, timeout_s, "32M", "1000", &[])
 }
 
 fn xorshift(x: &mut u64) -> u64 {
@@ -77,7 +87,7 @@ fn xorshift(x: &mut u64) -> u64 {
 
 #[test]
 fn killing_a_rank_fails_every_survivor_naming_it() {
-    kill_trials("tcp", 20);
+    kill_trials("tcp", 20, false);
 }
 
 /// On shared memory the survivors wait in host memory or on rings, not on sockets: they must
@@ -86,7 +96,7 @@ fn killing_a_rank_fails_every_survivor_naming_it() {
 fn killing_a_rank_on_shared_memory_fails_every_survivor_naming_it() {
     let shm_files = || std::fs::read_dir("/dev/shm").map_or(0, |d| d.count());
     let before = shm_files();
-    kill_trials("shm", 10);
+    kill_trials("shm", 10, false);
     assert!(
         shm_files() <= before,
         "files left in /dev/shm: {} before, {} after",
@@ -95,7 +105,23 @@ fn killing_a_rank_on_shared_memory_fails_every_survivor_naming_it() {
     );
 }
 
-fn kill_trials(transport: &str, trials: usize) {
+/// The same with buffers from `Communicator::alloc`, which the ranks read and write in place
+/// in each other's arenas: a survivor waiting at a flag barrier hears of the death too, and
+/// the arenas (memory files) leave nothing behind.
+#[test]
+fn killing_a_rank_during_registered_allreduces_on_shared_memory_fails_every_survivor() {
+    let shm_files = || std::fs::read_dir("/dev/shm").map_or(0, |d| d.count());
+    let before = shm_files();
+    kill_trials("shm", 6, true);
+    assert!(
+        shm_files() <= before,
+        "files left in /dev/shm: {} before, {} after",
+        before,
+        shm_files()
+    );
+}
+
+fn kill_trials(transport: &str, trials: usize, registered: bool) {
     let n = 4;
     let timeout_s = 30;
     let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ std::process::id() as u64;
@@ -107,7 +133,7 @@ fn kill_trials(transport: &str, trials: usize) {
         let victim = (xorshift(&mut seed) % n as u64) as usize;
         let delay = Duration::from_millis(300 + xorshift(&mut seed) % 1200);
         let mut kids: Vec<Child> = (0..n)
-            .map(|r| rank(transport, r, n, port, timeout_s))
+            .map(|r| rank(transport, r, n, port, timeout_s, registered))
             .collect();
         std::thread::sleep(delay);
         kids[victim].kill().unwrap();

@@ -208,9 +208,17 @@ cclResult_t cclCommUserRank(const cclComm_t comm, int* rank);
  * for registration. size 0 is cclInvalidArgument. */
 cclResult_t cclMemAlloc(void** ptr, size_t size);
 
-/* Frees memory from cclMemAlloc. A pointer cclMemAlloc did not return (or not its start) is
- * cclInvalidArgument; a double free, or memory still registered with a communicator, is
- * cclInvalidUsage. */
+/* Allocates size bytes registered with comm into *ptr (zeroed, page aligned; no
+ * cclCommRegister needed). On a host whose ranks share memory it comes from comm's shared
+ * arena (CCL_SHM_ARENA_BYTES), which the host's other ranks map: an allreduce whose buffers
+ * lie in such memory on every rank of the host reads and writes them in place. size 0 is
+ * cclInvalidArgument; beyond the arena or the host's memory, cclInvalidUsage. Free it with
+ * cclMemFree (also after comm is destroyed), never while an operation uses it. */
+cclResult_t cclCommMemAlloc(const cclComm_t comm, void** ptr, size_t size);
+
+/* Frees memory from cclMemAlloc or cclCommMemAlloc. A pointer neither returned (or not its
+ * start) is cclInvalidArgument; a double free, or memory still registered with a communicator,
+ * is cclInvalidUsage. */
 cclResult_t cclMemFree(void* ptr);
 
 /* Registers size bytes at buff (any caller memory, not only cclMemAlloc's) with comm; *handle

@@ -18,10 +18,26 @@ use crate::cclResult_t;
 use crate::error::{Fail, guard, out};
 use crate::handles::{comm_from, insert_reg, registered_overlap, remove_reg};
 
+/// One allocation: private pages (`cclMemAlloc`) or a communicator's registered memory
+/// (`cclCommMemAlloc`).
+enum Alloc {
+    Pages(Pages),
+    Comm(ccl::Buffer<u8>),
+}
+
+impl Alloc {
+    fn len(&self) -> usize {
+        match self {
+            Alloc::Pages(p) => p.as_slice().len(),
+            Alloc::Comm(b) => b.len(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Allocs {
     /// Live allocations by address.
-    live: BTreeMap<usize, Pages>,
+    live: BTreeMap<usize, Alloc>,
     /// Addresses freed and not handed out again, to tell a double free from a foreign pointer.
     freed: BTreeSet<usize>,
 }
@@ -46,10 +62,37 @@ pub extern "C" fn cclMemAlloc(ptr: *mut *mut c_void, size: usize) -> cclResult_t
         }
         let mut pages = Pages::new(size)?;
         let p = pages.as_mut_slice().as_mut_ptr();
-        let mut g = allocs();
-        let a = g.get_or_insert_with(Allocs::default);
-        a.freed.remove(&(p as usize));
-        a.live.insert(p as usize, pages);
+        keep(p, Alloc::Pages(pages));
+        out(ptr, "ptr", p.cast())
+    })
+}
+
+fn keep(p: *mut u8, a: Alloc) {
+    let mut g = allocs();
+    let all = g.get_or_insert_with(Allocs::default);
+    all.freed.remove(&(p as usize));
+    all.live.insert(p as usize, a);
+}
+
+/// Allocates `size` bytes registered with `comm` (`Communicator::alloc`): on a host whose
+/// ranks share memory, from `comm`'s shared arena, so that collectives on `comm` read and write
+/// it in place from the host's other ranks. Free it with `cclMemFree` (also after `comm` was
+/// destroyed).
+#[unsafe(no_mangle)]
+pub extern "C" fn cclCommMemAlloc(
+    comm: cclComm_t,
+    ptr: *mut *mut c_void,
+    size: usize,
+) -> cclResult_t {
+    guard("cclCommMemAlloc", || {
+        out(ptr, "ptr", std::ptr::null_mut())?;
+        let c = comm_from(comm)?;
+        if size == 0 {
+            return Err(Fail::arg("size is 0"));
+        }
+        let mut b = c.alloc::<u8>(size)?;
+        let p = b.as_mut_ptr();
+        keep(p, Alloc::Comm(b));
         out(ptr, "ptr", p.cast())
     })
 }
@@ -65,14 +108,14 @@ pub extern "C" fn cclMemFree(ptr: *mut c_void) -> cclResult_t {
         let at = ptr as usize;
         let mut g = allocs();
         let a = g.get_or_insert_with(Allocs::default);
-        let Some(len) = a.live.get(&at).map(|p| p.as_slice().len()) else {
+        let Some(len) = a.live.get(&at).map(Alloc::len) else {
             if a.freed.contains(&at) {
                 return Err(Fail::usage(format!(
                     "{at:#x} was already freed by cclMemFree"
                 )));
             }
             if let Some((start, p)) = a.live.range(..at).next_back()
-                && at < start + p.as_slice().len()
+                && at < start + p.len()
             {
                 return Err(Fail::arg(format!(
                     "{at:#x} lies inside the allocation at {start:#x}; pass the pointer \

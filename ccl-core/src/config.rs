@@ -135,6 +135,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "bytes of each rank's slot in its host's shared segment, which collectives among the ranks of a host run on (64K-256M, whole pages)",
     },
     Setting {
+        name: "CCL_SHM_ARENA_BYTES",
+        default: "64G",
+        help: "bytes of address space of each rank's shared arena, which Communicator::alloc takes registered buffers from on a host whose ranks share memory (sparse: only allocated buffers use memory; 0: private memory, no direct reads)",
+    },
+    Setting {
         name: "CCL_SHM_SPIN_US",
         default: "1000",
         help: "microseconds more than CCL_SPIN_US that a rank waiting on shared memory polls before it sleeps: busy-polling when the host's ranks have a CPU each, yielding the CPU between polls when they outnumber the CPUs (0-10000000)",
@@ -372,6 +377,8 @@ pub struct Config {
     pub shm_ring_size: usize,
     /// `CCL_SHM_SLOT_SIZE`
     pub shm_slot_size: usize,
+    /// `CCL_SHM_ARENA_BYTES`
+    pub shm_arena_bytes: usize,
     /// `CCL_SHM_SPIN_US`
     pub shm_spin: Duration,
     /// `CCL_ALGO`
@@ -552,6 +559,7 @@ impl Config {
             shm_disable: parse_bool("CCL_SHM_DISABLE", &req("CCL_SHM_DISABLE"))?,
             shm_ring_size: parse_pages("CCL_SHM_RING_SIZE", &req("CCL_SHM_RING_SIZE"))?,
             shm_slot_size: parse_pages("CCL_SHM_SLOT_SIZE", &req("CCL_SHM_SLOT_SIZE"))?,
+            shm_arena_bytes: parse_size("CCL_SHM_ARENA_BYTES", &req("CCL_SHM_ARENA_BYTES"), 0)?,
             shm_spin: Duration::from_micros(parse_in(
                 "CCL_SHM_SPIN_US",
                 &req("CCL_SHM_SPIN_US"),

@@ -34,9 +34,14 @@
 //!   against resizing, so a host short of memory gives an error at set-up naming the size and the
 //!   setting that lowers it (`CCL_SHM_RING_SIZE`), and a peer cannot shrink the file under a
 //!   mapping.
+//! - **Registered memory is shared without a call per allocation.** Each rank's [`arena`] is a
+//!   sparse memory file every rank of its host maps; `Communicator::alloc` allocates pages in it
+//!   (a host short of memory is an error naming the size, never a `SIGBUS`), and peers check
+//!   the owner's table of live blocks before they read or write a buffer it names.
 //! - **A dead peer is noticed.** Each pair keeps its set-up socket open; the kernel closes it
 //!   when the process ends, however it ends, which wakes a rank waiting on that peer.
 
+pub mod arena;
 pub mod fdpass;
 pub mod host;
 pub mod mem;

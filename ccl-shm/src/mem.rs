@@ -46,6 +46,18 @@ impl MemFile {
     /// Creates a file of `len` bytes (a multiple of the page size). `setting` names what sizes it,
     /// for the error a lack of memory gives.
     pub fn create(name: &str, len: usize, setting: &str) -> Result<MemFile> {
+        MemFile::create_sparse(
+            name,
+            len,
+            len,
+            &format!("{setting} lowers it, CCL_SHM_DISABLE=1 turns shared memory off"),
+        )
+    }
+
+    /// Creates a sparse file of `len` bytes (a multiple of the page size) of which only the
+    /// first `head` bytes are allocated now: the rest is address space that [`MemFile::allocate`]
+    /// fills range by range. Sealed against resizing like [`MemFile::create`].
+    pub fn create_sparse(name: &str, len: usize, head: usize, setting: &str) -> Result<MemFile> {
         let cname = CString::new(name).map_err(|_| Error::internal("memfd name with a NUL"))?;
         let fd = memfd_create(
             &cname,
@@ -53,22 +65,16 @@ impl MemFile {
         )
         .map_err(|e| sys("memfd_create", e))?;
         let off = i64::try_from(len).map_err(|_| Error::internal("memory file too large"))?;
-        nix::unistd::ftruncate(&fd, off).map_err(|e| sys("ftruncate of a memory file", e))?;
-        match fallocate(fd.as_raw_fd(), FallocateFlags::empty(), 0, off) {
-            Ok(()) => {}
-            Err(e @ (Errno::ENOSPC | Errno::ENOMEM)) => {
-                return Err(Error::io(
-                    ErrorKind::System,
-                    format!(
-                        "shared memory: cannot allocate {} (the host or this container is short of \
-                         memory; {setting} lowers it, CCL_SHM_DISABLE=1 turns shared memory off)",
-                        human(len)
-                    ),
-                    e.into(),
-                ));
-            }
-            Err(e) => return Err(sys("fallocate of a memory file", e)),
-        }
+        nix::unistd::ftruncate(&fd, off).map_err(|e| {
+            Error::io(
+                ErrorKind::System,
+                format!(
+                    "shared memory: cannot size a memory file to {} ({setting} sets it)",
+                    human(len)
+                ),
+                e.into(),
+            )
+        })?;
         fcntl(
             fd.as_raw_fd(),
             FcntlArg::F_ADD_SEALS(
@@ -76,7 +82,41 @@ impl MemFile {
             ),
         )
         .map_err(|e| sys("sealing a memory file", e))?;
-        Ok(MemFile { fd, len })
+        let f = MemFile { fd, len };
+        f.allocate(0, head, setting)?;
+        Ok(f)
+    }
+
+    /// Allocates the pages of `offset..offset + len` (inside the file), so that no access to
+    /// them can fault for lack of memory. `setting` names what sized the request.
+    pub fn allocate(&self, offset: usize, len: usize, setting: &str) -> Result<()> {
+        let (o, l) = (
+            i64::try_from(offset).map_err(|_| Error::internal("offset too large"))?,
+            i64::try_from(len).map_err(|_| Error::internal("length too large"))?,
+        );
+        match fallocate(self.fd.as_raw_fd(), FallocateFlags::empty(), o, l) {
+            Ok(()) => Ok(()),
+            Err(e @ (Errno::ENOSPC | Errno::ENOMEM)) => Err(Error::io(
+                ErrorKind::System,
+                format!(
+                    "shared memory: cannot allocate {} (the host or this container is short of \
+                     memory; {setting})",
+                    human(len)
+                ),
+                e.into(),
+            )),
+            Err(e) => Err(sys("fallocate of a memory file", e)),
+        }
+    }
+
+    /// Gives the pages of `offset..offset + len` back to the system; they read as zeros after.
+    pub fn release(&self, offset: usize, len: usize) {
+        let _ = fallocate(
+            self.fd.as_raw_fd(),
+            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            offset as i64,
+            len as i64,
+        );
     }
 
     /// Takes a file a peer created, checking it is what the protocol says: `len` bytes and sealed
@@ -164,6 +204,31 @@ impl Mapping {
         }
         .map_err(|e| sys("mmap of shared memory", e))?;
         Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    /// Maps all of `file` without touching its pages (no `MAP_POPULATE`, no reservation): for
+    /// sparse files, whose unallocated pages must stay unallocated. Accesses must stay within
+    /// ranges that [`MemFile::allocate`] allocated, or they may allocate (or, when memory is
+    /// short, fault).
+    pub fn lazy(file: &MemFile) -> Result<Mapping> {
+        check_range(file, 0, file.len())?;
+        // SAFETY: no address hint, so the kernel picks a free range; the file is sealed against
+        // shrinking, so the mapping never extends past its end.
+        let p = unsafe {
+            mmap(
+                None,
+                nonzero(file.len())?,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED | MapFlags::MAP_NORESERVE,
+                file.fd(),
+                0,
+            )
+        }
+        .map_err(|e| sys("mmap of a shared arena", e))?;
+        Ok(Mapping {
+            ptr: p.cast(),
+            len: file.len(),
+        })
     }
 
     pub fn ptr(&self) -> NonNull<u8> {

@@ -26,6 +26,7 @@ use ccl_core::transport::{
 use ccl_core::{Error, ErrorKind, Result, ccl_trace, net};
 use nix::poll::PollFlags;
 
+use crate::arena::{Arena, PeerArena};
 use crate::fdpass;
 use crate::host::HostSegment;
 use crate::mem::{Mapping, MemFile, Mirror, PAGE, page_size};
@@ -33,7 +34,8 @@ use crate::ring::{Consumer, Producer, RingCtl, RingMem};
 use crate::wake::{drain, new_eventfd, signal};
 
 const HANDLE_MAGIC: [u8; 2] = *b"CS";
-const HANDLE_VERSION: u8 = 1;
+// 2: the set-up messages carry the ranks' arenas.
+const HANDLE_VERSION: u8 = 2;
 const MAGIC: Magic = Magic {
     hello: *b"CCLSHM\x01H",
     ack: *b"CCLSHM\x01A",
@@ -61,6 +63,9 @@ pub struct ShmTransport {
 struct HostState {
     group: Vec<usize>,
     segment: Option<HostSegment>,
+    /// This rank's arena (made in `prepare`) and the peers' it received, by communicator rank.
+    arena: Option<Arc<Arena>>,
+    peer_arenas: Vec<(usize, PeerArena)>,
 }
 
 /// The host segment of a communicator's ranks on one host, and which communicator rank each of
@@ -70,6 +75,34 @@ pub struct HostGroup {
     pub segment: HostSegment,
     /// Communicator rank of each host index, ascending.
     pub ranks: Vec<usize>,
+    /// Every host rank's arena mapped here (this rank's own at its index is `None`), when
+    /// every one of them has one; else empty.
+    arenas: Vec<Option<PeerArena>>,
+    mine: Option<Arc<Arena>>,
+    /// The operation announced last (`HostMemory::announce_buffers`), whose buffers
+    /// `peer_input` and `peer_output` look up.
+    op: AtomicU64,
+}
+
+impl HostGroup {
+    fn peer_arena(&self, i: usize) -> Result<&PeerArena> {
+        self.arenas
+            .get(i)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::internal(format!("no shared arena of host rank {i}")))
+    }
+
+    /// Host rank `i`'s announced input or output, checked.
+    fn announced(&self, i: usize, output: bool) -> Result<(std::ptr::NonNull<u8>, usize)> {
+        let peer = self.ranks.get(i).copied().unwrap_or(i);
+        let op = self.op.load(Ordering::Relaxed);
+        self.peer_arena(i)?.announced(op, output).map_err(|m| {
+            Error::remote(format!(
+                "peer {peer} {m} (mismatched or corrupted registered buffers?)"
+            ))
+            .peer(peer)
+        })
+    }
 }
 
 impl HostMemory for HostGroup {
@@ -109,6 +142,44 @@ impl HostMemory for HostGroup {
     fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]) {
         self.segment.slot_pair(i)
     }
+    fn shared(&self, bytes: &[u8]) -> bool {
+        match &self.mine {
+            Some(a) if !self.arenas.is_empty() && a.contains(bytes.as_ptr() as usize) => {
+                a.place(bytes).is_some()
+            }
+            _ => false,
+        }
+    }
+    fn announce_buffers(&self, op: u64, input: &[u8], output: &[u8]) -> Result<()> {
+        let a = self
+            .mine
+            .as_ref()
+            .ok_or_else(|| Error::internal("no shared arena"))?;
+        let place = |b: &[u8], what: &str| {
+            a.place(b).ok_or_else(|| {
+                Error::internal(format!("the {what} buffer is not in this rank's arena"))
+            })
+        };
+        a.announce(op, place(input, "input")?, place(output, "output")?);
+        self.op.store(op, Ordering::Relaxed);
+        Ok(())
+    }
+    fn peer_input(&self, i: usize) -> Result<&[u8]> {
+        let (p, len) = self.announced(i, false)?;
+        // SAFETY: `p..p + len` lies inside host rank `i`'s arena, mapped while `self` lives, in
+        // a block its table vouches for (so its pages are allocated and no access faults). Its
+        // owner lent it to this operation; the schedule reads it only after the owner's post
+        // and no rank writes the elements read before the next post that the reader waits for
+        // (the symbolic checker verifies both).
+        Ok(unsafe { std::slice::from_raw_parts(p.as_ptr(), len) })
+    }
+    fn peer_output(&mut self, i: usize) -> Result<&mut [u8]> {
+        let (p, len) = self.announced(i, true)?;
+        // SAFETY: as for `peer_input`; `&mut self` makes this the only borrow of the peer's
+        // output in this process, and the schedules give every element of it one writer per
+        // operation, ordered against every other access by posts and waits.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) })
+    }
 }
 
 impl ShmTransport {
@@ -125,16 +196,41 @@ impl ShmTransport {
     pub fn take_host_group(&self) -> Option<HostGroup> {
         let mut st = self.state();
         let segment = st.segment.take()?;
+        let ranks = std::mem::take(&mut st.group);
+        let mut peers = std::mem::take(&mut st.peer_arenas);
+        let mut arenas: Vec<Option<PeerArena>> = ranks
+            .iter()
+            .map(|&r| {
+                let i = peers.iter().position(|(p, _)| *p == r)?;
+                Some(peers.swap_remove(i).1)
+            })
+            .collect();
+        // Direct reads need every other rank's arena.
+        let me = segment.me();
+        if st.arena.is_none() || (0..ranks.len()).any(|i| i != me && arenas[i].is_none()) {
+            arenas.clear();
+        }
         Some(HostGroup {
             segment,
-            ranks: std::mem::take(&mut st.group),
+            ranks,
+            arenas,
+            mine: st.arena.clone(),
+            op: AtomicU64::new(0),
         })
+    }
+
+    /// This rank's shared arena, which `Communicator::alloc` takes memory from (`None` when it
+    /// shares memory with no other rank, or `CCL_SHM_ARENA_BYTES` is 0).
+    pub fn arena(&self) -> Option<Arc<Arena>> {
+        self.state().arena.clone()
     }
 }
 
 /// The set-up message: magic, ring size, then the host segment's rank count (0: none), the
-/// acceptor's index in it, and its slot size.
-const SETUP_LEN: usize = 32;
+/// acceptor's index in it, its slot size, and the connector's arena size (0: none). The reply:
+/// magic and the acceptor's arena size, with its arena's descriptor when it has one.
+const SETUP_LEN: usize = 40;
+const READY_LEN: usize = 16;
 
 /// Descriptors of a pair's segment: the file and four eventfds.
 const PAIR_FDS: usize = 5;
@@ -190,9 +286,13 @@ impl Transport for ShmTransport {
         let mut st = self.state();
         // The lowest rank of the host makes the segment and hands it over as it connects to the
         // others (it connects to every one of them: they are all higher).
-        if group.len() > 1 && group[0] == ctx.rank && PAIR_FDS + 1 + group.len() <= fdpass::MAX_FDS
+        if group.len() > 1 && group[0] == ctx.rank && PAIR_FDS + 2 + group.len() <= fdpass::MAX_FDS
         {
             st.segment = Some(HostSegment::create(group.len(), ctx.config.shm_slot_size)?);
+        }
+        if group.len() > 1 && ctx.config.shm_arena_bytes > 0 && st.arena.is_none() {
+            st.arena =
+                Some(Arena::create(ctx.config.shm_arena_bytes).map_err(|e| e.rank(ctx.rank))?);
         }
         st.group = group;
         // A peer's step here takes as long as its copies, often longer than `CCL_SPIN_US`, and
@@ -284,6 +384,10 @@ impl Transport for ShmTransport {
             .chain(seg.events.iter().map(|e| e.as_fd()))
             .collect();
         let st = self.state();
+        if let Some(a) = &st.arena {
+            setup[32..40].copy_from_slice(&(a.len() as u64).to_le_bytes());
+            fds.push(a.fd());
+        }
         // Only the lowest rank of the host hands the segment on; the others hold one they
         // received.
         let leader = st.group.first() == Some(&ctx.rank);
@@ -302,17 +406,51 @@ impl Transport for ShmTransport {
         }
         fdpass::send(&s, &setup, &fds).map_err(|e| fail(sys(what(), e)))?;
         drop(st);
-        let mut ready = [0u8; 8];
-        net::read_exact_by(&mut s, &mut ready, deadline, &what)
-            .map_err(|e| fail(e.context("the peer could not map the shared memory")))?;
-        if ready != READY_MAGIC {
+        let mut ready = [0u8; READY_LEN];
+        let left = net::remaining(deadline, what).map_err(fail)?;
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .map_err(|e| fail(sys(what(), e)))?;
+        let afd = fdpass::recv(&s, &mut ready).map_err(|e| {
+            fail(Error::io(
+                ErrorKind::Remote,
+                format!("{}: the peer could not map the shared memory", what()),
+                e,
+            ))
+        })?;
+        if ready[..8] != READY_MAGIC {
             return Err(fail(Error::remote(format!(
                 "{}: unexpected set-up reply",
                 what()
             ))));
         }
+        let alen = u64::from_le_bytes(ready[8..].try_into().expect("8")) as usize;
+        take_peer_arena(&self.host, peer, afd, alen).map_err(|e| fail(e.context(what())))?;
         ShmEndpoint::boxed(peer, seg, 0, s).map_err(fail)
     }
+}
+
+/// Maps the arena `peer` passed (`fds`: none or its file; `len`: its size, 0 for none).
+fn take_peer_arena(
+    host: &Mutex<HostState>,
+    peer: usize,
+    fds: Vec<OwnedFd>,
+    len: usize,
+) -> Result<()> {
+    let fd = match (fds.len(), len) {
+        (0, 0) => return Ok(()),
+        (1, l) if l > 0 => fds.into_iter().next().expect("one"),
+        (n, _) => {
+            return Err(Error::remote(format!(
+                "the peer's arena of {len} bytes came with {n} descriptors"
+            )));
+        }
+    };
+    let a = PeerArena::open(fd, len)?;
+    host.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .peer_arenas
+        .push((peer, a));
+    Ok(())
 }
 
 struct ShmListener {
@@ -380,8 +518,19 @@ impl Listener for ShmListener {
             v[..b - a].copy_from_slice(&setup[a..b]);
             u64::from_le_bytes(v) as usize
         };
-        let (cap, host_ranks, index, slot) =
-            (word(8, 16), word(16, 20), word(20, 24), word(24, 32));
+        let (cap, host_ranks, index, slot, alen) = (
+            word(8, 16),
+            word(16, 20),
+            word(20, 24),
+            word(24, 32),
+            word(32, 40),
+        );
+        // The connector's arena comes right after the pair's descriptors.
+        let peer_arena = if alen > 0 && fds.len() > PAIR_FDS {
+            Some(fds.remove(PAIR_FDS))
+        } else {
+            None
+        };
         if host_ranks > 0 {
             if fds.len() != PAIR_FDS + 1 + host_ranks {
                 return Err(fail(Error::remote(format!(
@@ -397,7 +546,21 @@ impl Listener for ShmListener {
             self.host.lock().unwrap_or_else(|p| p.into_inner()).segment = Some(seg);
         }
         let seg = Segment::open(fds, cap).map_err(|e| fail(e.context(what())))?;
-        net::write_all_by(&mut s, &READY_MAGIC, deadline, &what).map_err(fail)?;
+        take_peer_arena(&self.host, peer, peer_arena.into_iter().collect(), alen)
+            .map_err(|e| fail(e.context(what())))?;
+        let arena = self
+            .host
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .arena
+            .clone();
+        let mut ready = [0u8; READY_LEN];
+        ready[..8].copy_from_slice(&READY_MAGIC);
+        let afds: Vec<BorrowedFd<'_>> = arena.iter().map(|a| a.fd()).collect();
+        if let Some(a) = &arena {
+            ready[8..].copy_from_slice(&(a.len() as u64).to_le_bytes());
+        }
+        fdpass::send(&s, &ready, &afds).map_err(|e| fail(sys(what(), e)))?;
         ccl_trace!(Some(rank), "shared-memory transport: accepted peer {peer}");
         Ok((peer, ShmEndpoint::boxed(peer, seg, 1, s).map_err(fail)?))
     }

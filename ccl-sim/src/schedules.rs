@@ -212,7 +212,10 @@ pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
                 Action::Post | Action::WaitPosts { .. } => {
                     unreachable!("host memory schedules are refused above")
                 }
-                Action::Copy { .. } | Action::Reduce { .. } | Action::FinishAvg { .. } => {
+                Action::Copy { .. }
+                | Action::Reduce { .. }
+                | Action::ReduceInto { .. }
+                | Action::FinishAvg { .. } => {
                     p.locals.push(Local {
                         rank: r as u32,
                         bytes,

@@ -246,6 +246,26 @@ impl Engine {
         };
         let forced = self.forced(coll);
         let mut g = self.lock();
+        if let Some(sched) = self.direct_plan(&g, coll, forced, &shape, size_bytes, send, recv) {
+            let algo = Algo::Shm;
+            let info = OpInfo {
+                kind: OpKind::Collective { coll, algo },
+                bytes: size_bytes,
+                root,
+                count,
+            };
+            let (extra, sched) = (Vec::new(), &sched);
+            let e = Execution {
+                sched,
+                send,
+                recv,
+                extra,
+                dtype,
+                op,
+                info,
+            };
+            return self.execute_locked(&mut g, e);
+        }
         let (algo, sched) = match g.recent(coll, forced, dtype.size(), &shape) {
             Some(hit) => hit,
             None => {
@@ -344,6 +364,37 @@ impl Engine {
                 .fail(Error::internal("a previous collective panicked").rank(self.rank()));
             p.into_inner()
         })
+    }
+
+    /// The schedule that reads and writes the host's ranks' buffers in place
+    /// (`ccl_algos::direct`), when this rank's buffers lie in its shared arena, no algorithm
+    /// other than `shm` is forced and the cost model prefers the direct schedule at this size
+    /// to the algorithm it picks for plain buffers. Each rank decides
+    /// from its own buffers; one that decides otherwise than a peer fails at the first barrier
+    /// with an error naming it, before it reads anything.
+    #[allow(clippy::too_many_arguments)]
+    fn direct_plan(
+        &self,
+        g: &Inner,
+        coll: Collective,
+        forced: Option<Algo>,
+        shape: &Shape,
+        size_bytes: usize,
+        send: Option<&[u8]>,
+        recv: &[u8],
+    ) -> Option<Schedule> {
+        if !matches!(forced, None | Some(Algo::Shm)) || shape.count == 0 {
+            return None;
+        }
+        let h = g.links.host.as_deref()?;
+        if !h.shared(recv) || send.is_some_and(|s| !h.shared(s)) {
+            return None;
+        }
+        let topo = self.peers.topology();
+        let chosen = self.choose(coll, forced, size_bytes);
+        let ok = self.can_run(Algo::Shm)
+            && ccl_algos::direct::pays(coll, chosen, self.size(), size_bytes, &self.model, topo);
+        ok.then(|| ccl_algos::direct::build(coll, shape)).flatten()
     }
 
     /// Logs, once, which algorithm the cost model picks for each collective at which size.

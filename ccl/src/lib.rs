@@ -171,7 +171,8 @@ impl Communicator {
         let rank = b.rank();
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
             .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
-        let candidates = transports(&config, rank)?;
+        let shm = ccl_shm::ShmTransport::new();
+        let candidates = transports(&config, rank, &shm)?;
         let reg_max = config.reg_max_bytes;
         let (peers, links) = Peers::connect(b, candidates.clone(), config)?;
         // Memory is registered with the transports some connection uses.
@@ -179,7 +180,14 @@ impl Communicator {
             .into_iter()
             .filter(|t| (0..peers.size()).any(|p| peers.peer_transport(p) == Some(t.name())))
             .collect();
-        let registry = Arc::new(registry::Registry::new(rank, used, reg_max));
+        // Registered memory comes from the shared arena when shared memory connects this rank
+        // to others of its host.
+        let arena = used
+            .iter()
+            .any(|t| t.name() == shm.name())
+            .then(|| shm.arena())
+            .flatten();
+        let registry = Arc::new(registry::Registry::new(rank, used, reg_max, arena));
         let c = Communicator {
             order: Order::new(peers.clone()),
             engine: Arc::new(Engine::new(peers, links, overrides, registry)),
@@ -578,9 +586,13 @@ impl Communicator {
 /// The transports this rank can use for `config.transport`, most preferred first. Each pair of
 /// ranks then takes the first one both have that can connect them: shared memory within a host
 /// (unless `CCL_SHM_DISABLE`), verbs, TCP.
-fn transports(config: &Config, rank: usize) -> Result<Vec<Arc<dyn Transport>>> {
+fn transports(
+    config: &Config,
+    rank: usize,
+    shm: &ccl_shm::ShmTransport,
+) -> Result<Vec<Arc<dyn Transport>>> {
     let tcp: Arc<dyn Transport> = Arc::new(TcpTransport::new());
-    let shm: Arc<dyn Transport> = Arc::new(ccl_shm::ShmTransport::new());
+    let shm: Arc<dyn Transport> = Arc::new(shm.clone());
     Ok(match config.transport {
         TransportKind::Tcp => vec![tcp],
         TransportKind::Local => vec![Arc::new(LocalTransport::new())],

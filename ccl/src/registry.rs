@@ -14,6 +14,10 @@
 //! the memory can be released. Each entry holds one region per transport of the communicator
 //! that wants registered memory (verbs); the others (TCP, shared memory, in-process) read and
 //! write caller memory directly and register nothing, so registered buffers work everywhere.
+//!
+//! On a host whose ranks share memory, [`Buffer`]s come from this rank's shared arena
+//! (`ccl_shm::arena`), which the host's other ranks map: an allreduce whose buffers lie there
+//! on every rank of the host reads and writes them in place (`ccl_algos::direct`).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -22,6 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ccl_core::transport::{MemRegion, Transport};
+use ccl_shm::arena::{Arena, Block};
 use ccl_shm::pages::Pages;
 
 use crate::{Element, Error, Result};
@@ -56,6 +61,9 @@ pub(crate) struct Registry {
     transports: Vec<Arc<dyn Transport>>,
     /// `CCL_REG_MAX_BYTES` (0 = no limit).
     limit: usize,
+    /// This rank's shared arena, when its host's ranks share memory: `alloc` takes memory from
+    /// it, which the host's other ranks read and write in place.
+    arena: Option<Arc<Arena>>,
     state: Mutex<State>,
     /// Entries in `state`, readable without its lock: every operation looks its buffers up,
     /// and most communicators have no registrations at all.
@@ -72,11 +80,17 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    pub fn new(rank: usize, transports: Vec<Arc<dyn Transport>>, limit: usize) -> Registry {
+    pub fn new(
+        rank: usize,
+        transports: Vec<Arc<dyn Transport>>,
+        limit: usize,
+        arena: Option<Arc<Arena>>,
+    ) -> Registry {
         Registry {
             rank,
             transports,
             limit,
+            arena,
             state: Mutex::default(),
             live: AtomicUsize::new(0),
         }
@@ -298,7 +312,9 @@ impl<T> fmt::Debug for Registration<'_, T> {
 }
 
 /// Memory allocated and registered by a communicator ([`Communicator::alloc`](
-/// crate::Communicator::alloc)): page aligned, on huge pages when the system has them, zeroed,
+/// crate::Communicator::alloc)): page aligned, zeroed, from the rank's shared arena when its
+/// host's ranks share memory ([`is_shared`](Buffer::is_shared)), else private pages (on huge
+/// pages when the system has them),
 /// registered with every transport of the communicator that needs it, freed and deregistered
 /// when dropped. Derefs to `[T]`; being owned and `Send`, it can also be handed to the
 /// non-blocking calls, which give it back when the operation ends, so it cannot be freed while
@@ -322,11 +338,36 @@ impl<T> fmt::Debug for Registration<'_, T> {
 /// # Ok(()) }
 /// ```
 pub struct Buffer<T> {
-    // Declared before `pages`: the registration goes before the memory it pins.
+    // Declared before `mem`: the registration goes before the memory it pins.
     ticket: Ticket,
-    pages: Pages,
+    mem: Memory,
     len: usize,
     _t: PhantomData<T>,
+}
+
+/// Where a [`Buffer`]'s bytes live.
+#[derive(Debug)]
+enum Memory {
+    /// Private pages of this process.
+    Private(Pages),
+    /// A block of the rank's shared arena, which the host's other ranks map too.
+    Shared(Block),
+}
+
+impl Memory {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Memory::Private(p) => p.as_slice(),
+            Memory::Shared(b) => b.as_slice(),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Memory::Private(p) => p.as_mut_slice(),
+            Memory::Shared(b) => b.as_mut_slice(),
+        }
+    }
 }
 
 impl<T: Element> Buffer<T> {
@@ -334,22 +375,31 @@ impl<T: Element> Buffer<T> {
         let bytes = n.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
             Error::invalid_argument(format!("alloc of {n} elements overflows")).rank(registry.rank)
         })?;
-        let pages = Pages::new(bytes).map_err(|e| e.rank(registry.rank))?;
-        let entry = registry.add(pages.as_slice())?;
+        let mem = match &registry.arena {
+            Some(a) => Memory::Shared(a.alloc(bytes).map_err(|e| e.rank(registry.rank))?),
+            None => Memory::Private(Pages::new(bytes).map_err(|e| e.rank(registry.rank))?),
+        };
+        let entry = registry.add(mem.bytes())?;
         Ok(Buffer {
             ticket: Ticket {
                 registry: registry.clone(),
                 entry,
             },
-            pages,
+            mem,
             len: n,
             _t: PhantomData,
         })
     }
 
-    /// Whether huge pages back it.
+    /// Whether huge pages back it (never for shared memory: [`is_shared`](Buffer::is_shared)).
     pub fn huge_pages(&self) -> bool {
-        self.pages.huge()
+        matches!(&self.mem, Memory::Private(p) if p.huge())
+    }
+
+    /// Whether it lies in shared memory that the other ranks of this host map too, so
+    /// collectives among them read and write it in place (see `docs/design.md`).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.mem, Memory::Shared(_))
     }
 
     /// Whether some transport of the communicator holds a registration of it (false when every
@@ -362,13 +412,13 @@ impl<T: Element> Buffer<T> {
 impl<T: Element> Deref for Buffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        bytemuck::cast_slice(self.pages.as_slice())
+        bytemuck::cast_slice(self.mem.bytes())
     }
 }
 
 impl<T: Element> DerefMut for Buffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
-        bytemuck::cast_slice_mut(self.pages.as_mut_slice())
+        bytemuck::cast_slice_mut(self.mem.bytes_mut())
     }
 }
 

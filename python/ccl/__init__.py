@@ -331,8 +331,8 @@ def _timeout_ms(timeout):
 
 
 class _Allocation:
-    """Memory from cclMemAlloc and its registration; deregistered and freed with the last view
-    of the array over it."""
+    """Memory from cclCommMemAlloc (or cclMemAlloc and a registration); deregistered and freed
+    with the last view of the array over it."""
 
     def __init__(self, ptr):
         self.ptr, self.comm, self.reg = ptr, None, None
@@ -742,21 +742,20 @@ class Communicator:
     # -- registered memory --
 
     def alloc(self, shape, dtype=np.float32):
-        """A zeroed numpy array of `shape` and `dtype` in memory allocated by the library
-        (``cclMemAlloc``: page aligned, huge pages when the system has them) and registered
-        with this communicator (``cclCommRegister``): collectives on it send without copying
-        where the transport can. The memory is deregistered and freed when the array and every
-        view of it are gone. ``torch.from_numpy(a)`` gives a tensor over the same memory."""
+        """A zeroed numpy array of `shape` and `dtype` in memory allocated by the library and
+        registered with this communicator (``cclCommMemAlloc``: page aligned; on a host whose
+        ranks share memory, from the communicator's shared arena, so that an allreduce on such
+        arrays on every rank of the host reads and writes them in place): collectives on it
+        send without copying where the transport can. The memory is freed when the array and
+        every view of it are gone. ``torch.from_numpy(a)`` gives a tensor over the same
+        memory."""
         dt = np.dtype(dtype)
         _dtype_code(dt.name, "alloc", dt)
         count = int(np.prod(shape, dtype=np.int64))
         nbytes = max(count * dt.itemsize, 1)
         ptr = ctypes.c_void_p()
-        _check(_lib.cclMemAlloc(ctypes.byref(ptr), nbytes))
+        _check(_lib.cclCommMemAlloc(self._handle(), ctypes.byref(ptr), nbytes))
         owner = _Allocation(ptr.value)
-        h = ctypes.c_void_p()
-        _check(_lib.cclCommRegister(self._handle(), ptr, nbytes, ctypes.byref(h)))
-        owner.comm, owner.reg = self._handle(), h
         mem = (ctypes.c_ubyte * nbytes).from_address(ptr.value)
         # The array's base chain holds `mem`, and `mem` holds the owner: the memory lives as
         # long as any view of it.

@@ -123,6 +123,7 @@ PROTOTYPES = {
         ],
     ),
     "cclMemAlloc": (c_int, [ctypes.POINTER(c_void_p), c_size_t]),
+    "cclCommMemAlloc": (c_int, [Handle, ctypes.POINTER(c_void_p), c_size_t]),
     "cclMemFree": (c_int, [c_void_p]),
     "cclCommRegister": (c_int, [Handle, c_void_p, c_size_t, ctypes.POINTER(c_void_p)]),
     "cclCommDeregister": (c_int, [Handle, c_void_p]),

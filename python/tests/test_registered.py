@@ -46,6 +46,16 @@ def registered(rank, size, uid):
     if rank != 0:
         reg.__exit__(None, None, None)
 
+    # Large arrays from alloc on every rank: on one host, read and written in place.
+    for n in ((1 << 20) + 3, 5):
+        s = comm.alloc(n, np.float32)
+        d = comm.alloc(n, np.float32)
+        s[:] = np.arange(n, dtype=np.float32) % 7 + rank
+        comm.all_reduce(s, out=d)
+        np.testing.assert_array_equal(d, size * (np.arange(n) % 7) + size * (size - 1) / 2)
+        comm.all_reduce(s, op=ccl.MAX)
+        np.testing.assert_array_equal(s, np.arange(n) % 7 + size - 1)
+
     with pytest.raises(ccl.CclError, match="dtype"):
         comm.alloc(4, np.complex64)
     comm.destroy()

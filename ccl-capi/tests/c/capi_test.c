@@ -566,6 +566,35 @@ static void test_registration(cclComm_t comm, int rank, int n) {
   free(plain);
 }
 
+/* cclCommMemAlloc: memory registered with comm (from its shared arena on one host, where an
+ * allreduce on it reads every rank's buffer in place), odd counts, in and out of place. */
+static void test_comm_mem(cclComm_t comm, int rank, int n) {
+  const size_t count = (1 << 20) + 3, bytes = count * sizeof(float);
+  void* a = NULL;
+  void* b = NULL;
+  OK(cclCommMemAlloc(comm, &a, bytes));
+  OK(cclCommMemAlloc(comm, &b, bytes));
+  if (a == NULL || b == NULL) return;
+  CHECK((uintptr_t)a % 4096 == 0, "cclCommMemAlloc gave %p", a);
+  float* x = a;
+  float* y = b;
+  CHECK(x[count - 1] == 0.0f, "cclCommMemAlloc memory is not zeroed");
+  for (size_t i = 0; i < count; i++) x[i] = (float)(rank + 1 + (int)(i % 3));
+  OK(cclAllReduce(x, y, count, cclFloat, cclSum, comm));
+  OK(cclAllReduce(x, x, count, cclFloat, cclMax, comm));
+  float sum = n * (n + 1) / 2.0f;
+  CHECK(y[0] == sum && y[count - 1] == sum + n * (float)((count - 1) % 3), "shared allreduce: %g",
+        y[count - 1]);
+  CHECK(x[1] == (float)(n + 1), "shared in-place max: %g", x[1]);
+  FAILS(cclCommMemAlloc(comm, NULL, 64), cclInvalidArgument, "ptr is NULL");
+  FAILS(cclCommMemAlloc(comm, &a, 0), cclInvalidArgument, "size is 0");
+  OK(cclBarrier(comm));
+  OK(cclMemFree(x));
+  OK(cclMemFree(y));
+  FAILS(cclMemFree(y), cclInvalidUsage, "already freed");
+  OK(cclBarrier(comm));
+}
+
 static void test_split(cclComm_t comm, int rank, int n) {
   /* Even and odd ranks, in reverse order by key; the last rank of 3+ joins nothing. */
   int color = (n > 2 && rank == n - 1) ? CCL_SPLIT_NOCOLOR : rank % 2;
@@ -776,6 +805,7 @@ static int run_rank(int rank, int n, cclUniqueId id) {
   test_p2p_and_groups(comm, rank, n);
   test_nonblocking(comm, rank, n);
   test_registration(comm, rank, n);
+  test_comm_mem(comm, rank, n);
   test_split(comm, rank, n);
   test_errors(comm, rank, n);
   test_abort(comm, rank, n);

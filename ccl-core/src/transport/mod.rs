@@ -232,6 +232,29 @@ pub trait HostMemory: Send + fmt::Debug {
     fn my_slot(&mut self) -> &mut [u8];
     /// This rank's slot to write and host rank `i`'s (`i != me`) to read, at once.
     fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]);
+
+    // Buffers the host's ranks read and write in place (ccl-algos' `Buf::PeerIn`/`PeerOut`):
+    // memory from this rank's shared arena, which every other rank of the host maps.
+
+    /// Whether every rank of the host maps the others' arenas and `bytes` lies in one live
+    /// block of this rank's.
+    fn shared(&self, _bytes: &[u8]) -> bool {
+        false
+    }
+    /// Tells the host where this rank's input and output of operation `op` (counted as in
+    /// [`announce`](HostMemory::announce)) lie, before its first post in it; both must be
+    /// [`shared`](HostMemory::shared).
+    fn announce_buffers(&self, _op: u64, _input: &[u8], _output: &[u8]) -> Result<()> {
+        Err(Error::internal("this host memory has no shared buffers"))
+    }
+    /// Host rank `i`'s input of the operation announced last, once its post published it.
+    fn peer_input(&self, _i: usize) -> Result<&[u8]> {
+        Err(Error::internal("this host memory has no shared buffers"))
+    }
+    /// Host rank `i`'s output of the operation announced last, to write.
+    fn peer_output(&mut self, _i: usize) -> Result<&mut [u8]> {
+        Err(Error::internal("this host memory has no shared buffers"))
+    }
 }
 
 /// The accepting side of a transport.
