@@ -246,27 +246,12 @@ impl Engine {
         };
         let forced = self.forced(coll);
         let mut g = self.lock();
-        if let Some(sched) = self.direct_plan(&g, coll, forced, &shape, size_bytes, send, recv) {
-            let algo = Algo::Shm;
-            let info = OpInfo {
-                kind: OpKind::Collective { coll, algo },
-                bytes: size_bytes,
-                root,
-                count,
-            };
-            let (extra, sched) = (Vec::new(), &sched);
-            let e = Execution {
-                sched,
-                send,
-                recv,
-                extra,
-                dtype,
-                op,
-                info,
-            };
-            return self.execute_locked(&mut g, e);
-        }
-        let (algo, sched) = match g.recent(coll, forced, dtype.size(), &shape) {
+        // Buffers in the shared arena are read in place; whether they are is known per call,
+        // so that schedule is built per call, outside the caches.
+        let direct = self
+            .direct_plan(&g, coll, forced, &shape, size_bytes, send, recv)
+            .map(|sched| (Algo::Shm, Arc::new(sched)));
+        let (algo, sched) = match direct.or_else(|| g.recent(coll, forced, dtype.size(), &shape)) {
             Some(hit) => hit,
             None => {
                 let algo = self.choose(coll, forced, size_bytes);
