@@ -559,7 +559,12 @@ pub fn cost(
     if n <= 1 {
         return Some(0.0);
     }
-    Some(LinkCosts::new(t, topo).time(&(imp.load)(n, topo), bytes as f64))
+    let load = match (coll, algo) {
+        // The one algorithm whose shape changes with the size (one shot for small buffers).
+        (Collective::AllReduce, Algo::Shm) => crate::cost::host_allreduce_of(n, bytes),
+        _ => (imp.load)(n, topo),
+    };
+    Some(LinkCosts::new(t, topo).time(&load, bytes as f64))
 }
 
 /// Whether a communicator whose transports are `t` (as [`crate::cost::properties_of`] gives them:
@@ -753,7 +758,7 @@ mod tests {
             let t = crate::cost::on_shared_cpus(shm, n, cpus);
             choose(Collective::AllReduce, n, b, &t, &topo)
         };
-        for b in [8, 512] {
+        for b in [8, 512, 2 << 10] {
             assert_eq!(pick(2, 2, b), Algo::Shm, "2 ranks, {b} B");
         }
         for b in [4 << 10, 64 << 10] {

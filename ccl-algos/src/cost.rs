@@ -344,32 +344,40 @@ pub fn pairwise(n: usize, topo: &Topology, reduces: bool) -> Load {
     }
 }
 
-/// How much more a byte costs in host memory than over a connection, as measured on this
-/// development machine (2 cores; idle; allreduce in host memory against the best algorithm
-/// over the shared-memory connections). 2 ranks: the two are even at 1 KiB (0.59 against
-/// 0.61 us), and host memory grows by 0.2-0.4 ns a byte from 2 KiB, 0.1 for recursive
-/// doubling. 4 ranks on 2 CPUs: host memory is fastest up to 32 KiB (16 KiB: 16.8 against
-/// 22 us) and slower from 64 KiB (54 against 42 us), growing by 0.7-0.8 ns a byte. Both fit
-/// about 3.4 times a connection's cost per byte. Host memory slows down past a few KiB because
-/// every rank copies the whole buffer in and out of its slot, chunk by chunk, behind a flag
-/// barrier per chunk, where the connections pipeline.
-const HOST_BYTE_PENALTY: f64 = 3.4;
+/// How much more a byte copied through host memory costs than a byte over a connection, as
+/// measured on this development machine (2 cores; idle; allreduce in host memory, every size up
+/// to 64 KiB reduced whole by every rank, against the best algorithm over the shared-memory
+/// connections). 2 ranks: host memory grows by 0.2-0.4 ns a byte, and is even with the
+/// connections at 1-2 KiB (1 KiB: 0.59 against 0.61 us); 4 ranks on 2 CPUs: 0.7-0.8 ns a byte,
+/// fastest up to 32 KiB (16 KiB: 16.8 against 22 us) and slower from 64 KiB (54 against
+/// 42 us). With the reduction of every input by every rank charged at [`REDUCE_RATE`], both fit
+/// about 4 times a connection's cost for the copies (the copy in, chunk by chunk behind flag
+/// barriers, where the connections pipeline).
+const HOST_BYTE_PENALTY: f64 = 4.0;
 
 /// A flag barrier in host memory against a step over a connection (an operation header and the
 /// data through a ring): about half, by the same measurements (8 B: 1.1 against 1.4 us).
 const HOST_STEP: f64 = 0.5;
 
-/// Allreduce in host memory (`Algo::Shm`): nothing leaves the host. Each rank copies its
-/// buffer in and the result out (two copies: as much memory traffic as one transfer over a
-/// connection, which copies in and out) and reduces `(n-1)/n` of it, behind one flag barrier
-/// (small buffers; large ones take two per chunk, which their bytes outweigh); bytes at
-/// [`HOST_BYTE_PENALTY`].
+/// Allreduce in host memory (`Algo::Shm`) as the table prices it without a size: the load of
+/// large buffers ([`host_allreduce_of`]).
 pub fn host_allreduce(n: usize, _topo: &Topology) -> Load {
+    host_allreduce_of(n, usize::MAX)
+}
+
+/// Allreduce in host memory (`Algo::Shm`) of `bytes`: nothing leaves the host. Up to
+/// [`crate::host::ONE_SHOT_MAX`] elements (counted here as 4-byte ones) every rank copies its
+/// buffer in and reduces all `n` inputs into its output, behind one flag barrier; larger ones
+/// are copied in, reduced `1/n` by each rank and copied out (two copies: as much memory traffic
+/// as one transfer over a connection, which copies in and out), behind two barriers per chunk
+/// (which their bytes outweigh). Copies at [`HOST_BYTE_PENALTY`].
+pub fn host_allreduce_of(n: usize, bytes: usize) -> Load {
     let nf = n as f64;
+    let one_shot = bytes <= crate::host::ONE_SHOT_MAX * 4;
     Load {
         steps: HOST_STEP,
-        link: HOST_BYTE_PENALTY,
-        reduce: (nf - 1.0) / nf,
+        link: if one_shot { 0.5 } else { 1.0 } * HOST_BYTE_PENALTY,
+        reduce: if one_shot { nf - 1.0 } else { (nf - 1.0) / nf },
         ..Load::default()
     }
 }
