@@ -104,6 +104,14 @@ impl RankView {
         self.ops.iter().max_by_key(|o| o.seq)
     }
 
+    /// The newest operation this rank has not finished: where it waits, if it waits.
+    fn open(&self) -> Option<&OpView> {
+        self.ops
+            .iter()
+            .filter(|e| e.state != State::Done)
+            .max_by_key(|e| e.seq)
+    }
+
     fn who(&self) -> String {
         if self.host.is_empty() {
             format!("rank {}", self.rank)
@@ -118,8 +126,9 @@ impl RankView {
 pub enum Culprit {
     /// The chain of waits ends at these ranks; why is in [`Verdict::line`].
     Ranks(BTreeSet<usize>),
-    /// `to` waits for bytes `from` handed to the link and that never arrived.
-    Link { from: usize, to: usize },
+    /// `to` waits, in operation `seq`, for bytes `from` handed to the link and that never
+    /// arrived.
+    Link { from: usize, to: usize, seq: u64 },
     /// Nobody waits for anybody.
     Nothing,
 }
@@ -177,12 +186,7 @@ pub fn analyse(views: &[RankView], size: usize) -> Verdict {
     // it to the rank everyone is really behind.
     let mut waits = BTreeMap::new();
     for (&r, v) in &by_rank {
-        let open = v
-            .ops
-            .iter()
-            .filter(|e| e.state != State::Done)
-            .max_by_key(|e| e.seq);
-        if let Some(p) = open.and_then(|e| e.waiting_on) {
+        if let Some(p) = v.open().and_then(|e| e.waiting_on) {
             waits.insert(r, p);
         }
     }
@@ -208,7 +212,7 @@ pub fn analyse(views: &[RankView], size: usize) -> Verdict {
         None
     };
     let culprit = match link {
-        Some((from, to)) => Culprit::Link { from, to },
+        Some((from, to, seq)) => Culprit::Link { from, to, seq },
         None if culprits.is_empty() => Culprit::Nothing,
         None => Culprit::Ranks(culprits.clone()),
     };
@@ -258,22 +262,28 @@ fn follow(waits: &BTreeMap<usize, usize>, never_arrived: &BTreeSet<usize>) -> BT
     culprits
 }
 
-/// A rank waiting for a peer that is inside the same operation and has handed the link more
-/// bytes for it than arrived: the bytes are somewhere between the two. Only counts when the
-/// waiter has been idle long enough for any healthy link to deliver what was in flight, which
-/// holds whenever a verdict is asked for (a timeout, a late operation).
+/// A rank waiting for a peer that has handed the link more bytes for it, in the operation the
+/// waiter is in, than arrived: the bytes are somewhere between the two. The sender may still be
+/// inside that operation or may have finished it and moved on (a sender's part ends once its
+/// bytes are handed over, so with one more operation in flight the sender is ahead and only the
+/// waiter still shows the gap). Only counts when the waiter has been idle long enough for any
+/// healthy link to deliver what was in flight, which holds whenever a verdict is asked for (a
+/// timeout, a late operation).
 fn link(
     by_rank: &BTreeMap<usize, &RankView>,
     waits: &BTreeMap<usize, usize>,
-) -> Option<(usize, usize)> {
+) -> Option<(usize, usize, u64)> {
     for (&to, &from) in waits {
         let (Some(a), Some(b)) = (by_rank.get(&to), by_rank.get(&from)) else {
             continue;
         };
-        let (Some(ea), Some(eb)) = (a.latest(), b.latest()) else {
+        let Some(ea) = a.open() else {
             continue;
         };
-        if ea.seq != eb.seq || eb.state == State::Done || idle_s(a, ea) < MOVING_S {
+        let Some(eb) = b.ops.iter().find(|e| e.seq == ea.seq) else {
+            continue;
+        };
+        if idle_s(a, ea) < MOVING_S {
             continue;
         }
         let got = ea.peers.iter().find(|p| p.peer == from);
@@ -282,7 +292,7 @@ fn link(
             && got.arrived
             && gave.sent > got.received
         {
-            return Some((from, to));
+            return Some((from, to, ea.seq));
         }
     }
     None
@@ -297,6 +307,23 @@ fn idle_s(v: &RankView, e: &OpView) -> f64 {
     };
     let now = if e.end_us > 0 { e.end_us } else { v.now_us };
     now.saturating_sub(at) as f64 / 1e6
+}
+
+/// Bytes `from` handed the link for `to` in operation `seq`, bytes `to` got of them, and
+/// whether `from` had finished that operation.
+fn link_bytes(views: &[RankView], from: usize, to: usize, seq: u64) -> (u64, u64, bool) {
+    let op = |r: usize| {
+        views
+            .iter()
+            .find(|v| v.rank == r)
+            .and_then(|v| v.ops.iter().find(|e| e.seq == seq))
+    };
+    let stat = |r: usize, p: usize| op(r).and_then(|e| e.peers.iter().find(|s| s.peer == p));
+    (
+        stat(from, to).map_or(0, |s| s.sent),
+        stat(to, from).map_or(0, |s| s.received),
+        op(from).is_some_and(|e| e.state == State::Done),
+    )
 }
 
 /// `4 MiB`, `512 B`.
@@ -339,26 +366,28 @@ impl Verdict {
     pub fn line(&self, views: &[RankView]) -> String {
         let view = |r: usize| views.iter().find(|v| v.rank == r);
         let who = |r: usize| view(r).map_or(format!("rank {r}"), |v| v.who());
-        // The operation as a rank inside it describes it.
-        let op = views
-            .iter()
-            .filter(|v| v.presence == Presence::Answered)
-            .filter_map(|v| v.ops.iter().find(|e| e.seq == self.stuck_seq))
-            .next();
-        let before = if self.stuck_seq == 0 {
-            "the job (before its first operation)".to_string()
-        } else {
-            format!("{} #{}", self.stuck_name, self.stuck_seq)
+        // An operation as a rank inside it describes it.
+        let describe = |seq: u64| {
+            let op = views
+                .iter()
+                .filter(|v| v.presence == Presence::Answered)
+                .find_map(|v| v.ops.iter().find(|e| e.seq == seq));
+            let before = if seq == 0 {
+                "the job (before its first operation)".to_string()
+            } else {
+                format!("{} #{}", self.stuck_name, seq)
+            };
+            op.map_or(before, |e| {
+                format!(
+                    "{} #{} ({}, {})",
+                    e.name,
+                    e.seq,
+                    e.algo,
+                    human_bytes(e.bytes)
+                )
+            })
         };
-        let op_text = op.map_or(before, |e| {
-            format!(
-                "{} #{} ({}, {})",
-                e.name,
-                e.seq,
-                e.algo,
-                human_bytes(e.bytes)
-            )
-        });
+        let op_text = describe(self.stuck_seq);
         let stalled = self.stalled_s(views);
         let since = match stalled {
             Some(s) if s >= 0.1 => format!(": the job has not progressed for {s:.1} s"),
@@ -374,10 +403,18 @@ impl Verdict {
         };
         match &self.culprit {
             Culprit::Nothing => format!("{op_text}: no rank waits for another"),
-            Culprit::Link { from, to } => {
-                let (sent, got) = self.link_bytes(views, *from, *to);
+            Culprit::Link { from, to, seq } => {
+                let (sent, got, sender_done) = link_bytes(views, *from, *to, *seq);
+                let where_ = if sender_done {
+                    format!(
+                        "rank {to} is inside the operation and rank {from} finished its part of it"
+                    )
+                } else {
+                    "both ranks are inside the operation".to_string()
+                };
                 format!(
-                    "{op_text} is stuck on the link from {} to {}: {sent} bytes were sent on it and {got} arrived, both ranks are inside the operation{since}",
+                    "{} is stuck on the link from {} to {}: {sent} bytes were sent on it and {got} arrived, {where_}{since}",
+                    describe(*seq),
                     who(*from),
                     who(*to)
                 )
@@ -435,20 +472,6 @@ impl Verdict {
                 Some(idle_s(v, v.latest()?))
             })
             .min_by(f64::total_cmp)
-    }
-
-    fn link_bytes(&self, views: &[RankView], from: usize, to: usize) -> (u64, u64) {
-        let stat = |r: usize, p: usize| {
-            views
-                .iter()
-                .find(|v| v.rank == r)
-                .and_then(|v| v.latest())
-                .and_then(|e| e.peers.iter().find(|s| s.peer == p))
-        };
-        (
-            stat(from, to).map_or(0, |s| s.sent),
-            stat(to, from).map_or(0, |s| s.received),
-        )
     }
 }
 
@@ -843,9 +866,52 @@ mod tests {
             view(1, 3, State::Running, Some(0), vec![peer(0, true, 64, 0)]),
         ];
         let v = analyse(&vs, 2);
-        assert_eq!(v.culprit, Culprit::Link { from: 1, to: 0 });
+        assert_eq!(
+            v.culprit,
+            Culprit::Link {
+                from: 1,
+                to: 0,
+                seq: 3
+            }
+        );
         let line = v.line(&vs);
         assert!(line.contains("link from rank 1 (h:101) to rank 0 (h:100): 64 bytes were sent on it and 16 arrived"), "{line}");
+    }
+
+    #[test]
+    fn a_sender_that_finished_and_moved_on_still_names_the_link() {
+        // Ring of 4: rank 3 handed all of its last step to rank 0 and entered #6, as did 1 and
+        // 2; rank 0 is still in #5 with half of those bytes. The waits of #6 run in a circle
+        // through rank 0, but the bytes lie on the link from 3 to 0.
+        let mut r3 = view(3, 6, State::Running, Some(2), vec![peer(2, true, 0, 0)]);
+        let mut done = view(3, 5, State::Done, None, vec![peer(0, true, 64, 0)]);
+        done.ops[0].end_us = 9_000_000;
+        r3.ops.insert(0, done.ops.remove(0));
+        let vs = vec![
+            view(0, 5, State::Running, Some(3), vec![peer(3, true, 0, 32)]),
+            view(1, 6, State::Running, Some(0), vec![peer(0, false, 0, 0)]),
+            view(2, 6, State::Running, Some(1), vec![peer(1, true, 0, 0)]),
+            r3,
+        ];
+        let v = analyse(&vs, 4);
+        assert_eq!(
+            v.culprit,
+            Culprit::Link {
+                from: 3,
+                to: 0,
+                seq: 5
+            }
+        );
+        let line = v.line(&vs);
+        assert!(
+            line.starts_with("allreduce #5 (ring, 4 MiB) is stuck on the link from rank 3 (h:103) to rank 0 (h:100): 64 bytes were sent on it and 32 arrived, rank 0 is inside the operation and rank 3 finished its part of it"),
+            "{line}"
+        );
+        // Once every byte arrived it is no link: rank 0 itself holds the job up.
+        let mut vs = vs;
+        vs[0].ops[0].peers[0].received = 64;
+        let v = analyse(&vs, 4);
+        assert_eq!(v.culprit, Culprit::Ranks(BTreeSet::from([0])));
     }
 
     #[test]
