@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use ccl_core::comm::{Links, Peers};
-use ccl_core::reduce::{self, Order};
+use ccl_core::reduce::{self, Kernels, Order};
 use ccl_core::trace::{self, Begin};
 use ccl_core::transport::{HostMemory, Interest, MemRegion};
 use ccl_core::{DataType, Error, ReduceOp, Result};
@@ -517,6 +517,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     // The host memory travels beside the links for the run: local ops borrow slots of it while
     // the links are in use.
     let mut host = links.host.take();
+    let kernels = host.as_deref().map_or(Kernels::BASELINE, |h| h.kernels());
     let mut run = Run {
         comm,
         links,
@@ -535,6 +536,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
         seq: job.seq,
         elem,
         chunk: comm.config().chunk_size.max(elem),
+        kernels,
     };
     let r = run.drive();
     drop(run);
@@ -631,6 +633,9 @@ struct Run<'r, 'b> {
     elem: usize,
     /// The smallest piece a streamed send hands over while more is coming.
     chunk: usize,
+    /// The kernels of local reductions: the host memory's when there is one (they may use
+    /// vector units found at run time), the baseline's otherwise.
+    kernels: Kernels,
 }
 
 impl Run<'_, '_> {
@@ -930,7 +935,7 @@ impl Run<'_, '_> {
         );
         let d = self.bufs.get_mut(&dst, elem)?;
         let (x, y) = if src_first { (b, a) } else { (a, b) };
-        reduce::reduce_into(self.dtype, self.op, d, x, y);
+        (self.kernels.into)(self.dtype, self.op, d, x, y);
         Ok(Some(next))
     }
 
@@ -1056,7 +1061,7 @@ impl Run<'_, '_> {
                     elem,
                 )?;
                 let s = s.ok_or_else(|| Error::internal("local reduce of a region with itself"))?;
-                reduce::reduce_inplace(dtype, op, d, s, order(src_first));
+                (self.kernels.inplace)(dtype, op, d, s, order(src_first));
             }
             Action::ReduceInto { dst, a, b } => {
                 let (dst, a, b) = (self.at(&dst), self.at(&a), self.at(&b));
@@ -1074,7 +1079,7 @@ impl Run<'_, '_> {
                         ));
                     }
                 };
-                reduce::reduce_into(dtype, op, d, x, y);
+                (self.kernels.into)(dtype, op, d, x, y);
             }
             Action::FinishAvg { region } => {
                 if op == ReduceOp::Avg {

@@ -43,6 +43,35 @@ pub enum Order {
     SrcFirst,
 }
 
+/// A set of reduce kernels with [`reduce_into`]'s and [`reduce_inplace`]'s contracts: the
+/// baseline build's, or the same loops compiled for wider vector units that a transport found
+/// at run time (the shared-memory transport's, `ccl_shm::simd`). Every set gives the same bits:
+/// the loops are element by element, and a wider vector changes only how many run at once.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    /// `dst = a (op) b`, as [`reduce_into`].
+    pub into: fn(DataType, ReduceOp, &mut [u8], &[u8], &[u8]),
+    /// `acc = acc (op) src` (or `src (op) acc`), as [`reduce_inplace`].
+    pub inplace: fn(DataType, ReduceOp, &mut [u8], &[u8], Order),
+    /// What the set is compiled for, for logs (`"baseline"`, `"avx2"`).
+    pub name: &'static str,
+}
+
+impl Kernels {
+    /// The loops of the baseline build (SSE2 on x86-64).
+    pub const BASELINE: Kernels = Kernels {
+        into: reduce_into,
+        inplace: reduce_inplace,
+        name: "baseline",
+    };
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
 /// `acc[i] = acc[i] (op) src[i]` ([`Order::AccFirst`]) or `src[i] (op) acc[i]`
 /// ([`Order::SrcFirst`]).
 ///
@@ -54,6 +83,20 @@ pub enum Order {
 /// bitwise operator and `dtype` a float type ([`ReduceOp::check`]); callers validate user input
 /// before reaching the data path.
 pub fn reduce_inplace(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
+    reduce_inplace_inline(dtype, op, acc, src, order);
+}
+
+/// [`reduce_inplace`] inlined into its caller with every loop under it, so that a caller
+/// compiled for wider vector units (a `#[target_feature]` function chosen at run time, as the
+/// shared-memory transport's [`Kernels`] are) gets them in the loops too.
+#[inline(always)]
+pub fn reduce_inplace_inline(
+    dtype: DataType,
+    op: ReduceOp,
+    acc: &mut [u8],
+    src: &[u8],
+    order: Order,
+) {
     check_len(dtype, acc.len(), src.len());
     match dtype {
         DataType::I8 => inplace_bytes::<i8>(op, acc, src, order),
@@ -75,6 +118,13 @@ pub fn reduce_inplace(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8],
 /// If the three lengths differ or are not a multiple of `dtype.size()`, or `op` is not defined for
 /// `dtype` ([`ReduceOp::check`]).
 pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    reduce_into_inline(dtype, op, dst, a, b);
+}
+
+/// [`reduce_into`] inlined into its caller with every loop under it (see
+/// [`reduce_inplace_inline`]).
+#[inline(always)]
+pub fn reduce_into_inline(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
     check_len(dtype, dst.len(), a.len());
     check_len(dtype, dst.len(), b.len());
     match dtype {
@@ -132,6 +182,7 @@ pub fn reduce_slice<T: Element>(op: ReduceOp, acc: &mut [T], src: &[T], order: O
     );
 }
 
+#[inline(always)]
 fn check_len(dtype: DataType, a: usize, b: usize) {
     assert!(a == b, "reduce: operand lengths differ ({a} and {b} bytes)");
     assert!(
@@ -148,6 +199,7 @@ const UNALIGNED_BLOCK: usize = 512;
 /// enough for three blocks to stay in L1 next to the operands.
 const HALF_BLOCK: usize = 256;
 
+#[inline(always)]
 fn inplace_bytes<T: Kernel>(op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
     if let (Ok(a), Ok(s)) = (
         bytemuck::try_cast_slice_mut::<u8, T>(acc),
@@ -171,6 +223,7 @@ fn inplace_bytes<T: Kernel>(op: ReduceOp, acc: &mut [u8], src: &[u8], order: Ord
     }
 }
 
+#[inline(always)]
 fn into_bytes<T: Kernel>(op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
     if let (Ok(d), Ok(x), Ok(y)) = (
         bytemuck::try_cast_slice_mut::<u8, T>(dst),
@@ -261,6 +314,7 @@ macro_rules! native_kernel {
     // floats (the entry points refuse that pairing first, with `ReduceOp::check`).
     ($($t:ty => $bitwise:ident),*) => {$(
         impl Kernel for $t {
+            #[inline(always)]
             fn inplace(op: ReduceOp, acc: &mut [Self], src: &[Self], order: Order) {
                 match op.combiner() {
                     ReduceOp::Sum | ReduceOp::Avg => apply_inplace::<$t, Sum>(acc, src, order),
@@ -273,6 +327,7 @@ macro_rules! native_kernel {
                 }
             }
 
+            #[inline(always)]
             fn into(op: ReduceOp, dst: &mut [Self], a: &[Self], b: &[Self]) {
                 match op.combiner() {
                     ReduceOp::Sum | ReduceOp::Avg => apply_into::<$t, Sum>(dst, a, b),
@@ -513,6 +568,7 @@ half_minmax!(f16, bf16);
 macro_rules! half_kernel {
     ($($t:ty),*) => {$(
         impl Kernel for $t {
+            #[inline(always)]
             fn inplace(op: ReduceOp, acc: &mut [Self], src: &[Self], order: Order) {
                 match op.combiner() {
                     ReduceOp::Sum | ReduceOp::Avg => Self::arith_inplace::<Sum>(acc, src, order),
@@ -525,6 +581,7 @@ macro_rules! half_kernel {
                 }
             }
 
+            #[inline(always)]
             fn into(op: ReduceOp, dst: &mut [Self], a: &[Self], b: &[Self]) {
                 match op.combiner() {
                     ReduceOp::Sum | ReduceOp::Avg => Self::arith_into::<Sum>(dst, a, b),

@@ -47,6 +47,7 @@ pub mod host;
 pub mod mem;
 pub mod pages;
 mod ring;
+pub mod simd;
 mod transport;
 mod wake;
 

@@ -180,6 +180,9 @@ impl HostMemory for HostGroup {
         // operation, ordered against every other access by posts and waits.
         Ok(unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) })
     }
+    fn kernels(&self) -> ccl_core::reduce::Kernels {
+        crate::simd::kernels()
+    }
 }
 
 impl ShmTransport {

@@ -255,6 +255,11 @@ pub trait HostMemory: Send + fmt::Debug {
     fn peer_output(&mut self, _i: usize) -> Result<&mut [u8]> {
         Err(Error::internal("this host memory has no shared buffers"))
     }
+    /// The reduce kernels for reductions out of host memory: a small operation there reads the
+    /// other CPUs' cache lines as it reduces, and wider loads keep more of them in flight.
+    fn kernels(&self) -> crate::reduce::Kernels {
+        crate::reduce::Kernels::BASELINE
+    }
 }
 
 /// The accepting side of a transport.
