@@ -31,6 +31,7 @@ use ccl_core::{DataType, Error, ReduceOp, Result};
 
 use crate::algo::{Algo, Collective};
 use crate::header::{HEADER_LEN, Header, HeaderError, KIND_P2P};
+use crate::local::{LocalPlan, Step};
 use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
 
 /// The buffers a schedule works on, as bytes.
@@ -291,6 +292,9 @@ pub struct Job<'s, 'b> {
     pub seq: u64,
     /// Which of the buffers are registered.
     pub registered: Registered<'b>,
+    /// The schedule compiled for this rank when it has no peers ([`LocalPlan::compile`]):
+    /// the executor runs its steps instead of walking the schedule's ops.
+    pub local: Option<&'s LocalPlan>,
 }
 
 /// A first send this small travels in the same write as the header.
@@ -537,9 +541,16 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
         elem,
         chunk: comm.config().chunk_size.max(elem),
         kernels,
+        local: job.local,
     };
     let r = run.drive();
     drop(run);
+    // Posts wake nobody: the ranks that wait for this one's last posts are woken now.
+    if sched.uses_host()
+        && let Some(h) = host.as_deref()
+    {
+        h.wake();
+    }
     links.host = host;
     // Every rank of the host runs the same operations in host memory (a mismatch fails the
     // communicator), so all count them and turn the halves alike.
@@ -636,6 +647,7 @@ struct Run<'r, 'b> {
     /// The kernels of local reductions: the host memory's when there is one (they may use
     /// vector units found at run time), the baseline's otherwise.
     kernels: Kernels,
+    local: Option<&'r LocalPlan>,
 }
 
 impl Run<'_, '_> {
@@ -832,7 +844,10 @@ impl Run<'_, '_> {
     /// Runs the schedule to completion (or error).
     fn drive(&mut self) -> Result<()> {
         if self.sched.peers.is_empty() && self.comm.config().fault_stall != Some(self.seq) {
-            return self.drive_local();
+            return match self.local {
+                Some(plan) => self.drive_plan(plan),
+                None => self.drive_local(),
+            };
         }
         // Zero-length ops count as complete from the start (0 of 0 bytes done).
         self.st
@@ -876,12 +891,8 @@ impl Run<'_, '_> {
         while let Some(&id) = sched.locals.get(k) {
             self.st.next_local = k;
             // Ops run in order, so an op's dependencies (earlier local ops) are done.
-            if self
-                .host_wait_pending(id)
-                .map_err(|e| self.fail(e))?
-                .is_some()
-            {
-                self.wait_host(id)?;
+            if matches!(sched.ops[id].action, Action::WaitPosts { .. }) {
+                self.await_posts(id, k)?;
             }
             if let Some(next) = self.run_fused(k).map_err(|e| self.fail(e))? {
                 self.st.done[id] = self.len(id);
@@ -894,6 +905,83 @@ impl Run<'_, '_> {
             k += 1;
         }
         self.st.next_local = sched.locals.len();
+        Ok(())
+    }
+
+    /// [`drive_local`](Run::drive_local) on the steps of the schedule's [`LocalPlan`]: the
+    /// same ops in the same order, their operands' places worked out once per cached schedule.
+    fn drive_plan(&mut self, plan: &LocalPlan) -> Result<()> {
+        self.st.reset_local(self.sched, self.elem, self.entry_us);
+        let h = self.host.as_deref().ok_or_else(no_host)?;
+        self.host_base = h.posted(h.me());
+        for step in plan.steps(self.host_swap.is_some()) {
+            self.plan_step(step).map_err(|e| self.fail(e))?;
+        }
+        self.st.next_local = self.sched.locals.len();
+        Ok(())
+    }
+
+    fn plan_step(&mut self, step: &Step) -> Result<()> {
+        let elem = self.elem;
+        let (dtype, op) = (self.dtype, self.op);
+        match *step {
+            Step::CopyIn { src, dst } => {
+                let s = self.bufs.get(&src, elem)?;
+                let h = self.host.as_deref_mut().ok_or_else(no_host)?;
+                let Buf::Host(i) = dst.buf else {
+                    unreachable!("a plan copies in to a host slot")
+                };
+                host_slot_mut(h, i, &dst, elem)?.copy_from_slice(s);
+            }
+            Step::CopyOut { src, dst } => {
+                let Buf::Host(i) = src.buf else {
+                    unreachable!("a plan copies out of a host slot")
+                };
+                let s = host_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
+                self.bufs.get_mut(&dst, elem)?.copy_from_slice(s);
+            }
+            Step::CopyLocal { src, dst } => {
+                let (d, s) = self.bufs.pair(&dst, &src, elem)?;
+                if let Some(s) = s {
+                    d.copy_from_slice(s);
+                }
+            }
+            Step::Fused { dst, a, b } => {
+                let (Buf::Host(ia), Buf::Host(ib)) = (a.buf, b.buf) else {
+                    unreachable!("a plan's one pass reads host slots")
+                };
+                let h = self.host.as_deref().ok_or_else(no_host)?;
+                let (x, y) = (host_slot(h, ia, &a, elem)?, host_slot(h, ib, &b, elem)?);
+                (self.kernels.into)(dtype, op, self.bufs.get_mut(&dst, elem)?, x, y);
+            }
+            Step::ReduceOut { dst, src, order } => {
+                let Buf::Host(i) = src.buf else {
+                    unreachable!("a plan reduces out of a host slot")
+                };
+                let s = host_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
+                (self.kernels.inplace)(dtype, op, self.bufs.get_mut(&dst, elem)?, s, order);
+            }
+            Step::FinishAvg { region } => {
+                if op == ReduceOp::Avg {
+                    let world = self.comm.size();
+                    reduce::finish_avg(dtype, self.bufs.get_mut(&region, elem)?, world);
+                }
+            }
+            Step::Post => {
+                let h = self.host.as_deref().ok_or_else(no_host)?;
+                if !self.announced {
+                    h.announce(self.st.host_ops, self.host_desc());
+                    self.announced = true;
+                }
+                h.post();
+            }
+            Step::Wait { count, id, k } => {
+                self.await_posts(id, k)?;
+                if count > 0 {
+                    self.check_host_calls()?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1104,6 +1192,12 @@ impl Run<'_, '_> {
                     self.announced = true;
                 }
                 h.post();
+                // With peers, the rank may go on moving data over its connections for long
+                // before it waits or ends: wake the host's sleepers now. Without (a small
+                // operation in host memory), the wake waits for the next wait or the end.
+                if !self.sched.peers.is_empty() {
+                    h.wake();
+                }
             }
             Action::WaitPosts { count } => {
                 // At the entry wait (0) the others may still be in the previous operation.
@@ -1183,6 +1277,25 @@ impl Run<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Local op `id`, the `k`th, a wait in host memory: waits until every host rank has posted
+    /// as often, waking first the ranks that may sleep waiting for this rank's posts (a post
+    /// wakes nobody, `HostMemory::post`). When nobody has to be waited for, only the ranks seen
+    /// asleep are woken: the fenced wake comes when the operation ends.
+    fn await_posts(&mut self, id: OpId, k: usize) -> Result<()> {
+        let h = self.host.as_deref().ok_or_else(no_host)?;
+        if self
+            .host_wait_pending(id)
+            .map_err(|e| self.fail(e))?
+            .is_none()
+        {
+            h.wake_seen();
+            return Ok(());
+        }
+        h.wake();
+        self.st.next_local = k;
+        self.wait_host(id)
     }
 
     /// Waits until local op `id`, a wait in host memory, may run: spinning, then sleeping, as a
@@ -1439,6 +1552,12 @@ impl Run<'_, '_> {
     /// else spin (retry at once) or let the communicator wait for what this rank waits for.
     fn idle(&mut self, since: Instant, idle: Duration) -> Result<()> {
         if self.st.idle_since.is_none() {
+            // About to wait: the ranks waiting for this one's posts must see them first.
+            if self.sched.uses_host()
+                && let Some(h) = self.host.as_deref()
+            {
+                h.wake();
+            }
             let waited = self
                 .st
                 .first_waited_peer(self.sched)

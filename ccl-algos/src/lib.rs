@@ -18,6 +18,7 @@ pub mod direct;
 pub mod exec;
 pub mod header;
 pub mod host;
+pub mod local;
 pub mod overrides;
 pub mod reduce;
 pub mod reduce_scatter;

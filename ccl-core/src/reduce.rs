@@ -15,7 +15,10 @@
 //! and operator; the loops themselves are branch-free straight-line code over zipped slices, which
 //! the compiler vectorizes for the baseline target. No `target-cpu`/target features are enabled
 //! because the binaries also run on machines (and emulators) without them; f16 conversions still
-//! use F16C when the CPU has it, through `half`'s run-time detection.
+//! use F16C when the CPU has it, through `half`'s run-time detection. The same loops compiled
+//! for AVX2 are chosen at run time where it pays, for reductions out of host memory
+//! ([`Kernels`], `ccl_shm::simd`): [`reduce_into_inline`] and [`reduce_inplace_inline`] inline
+//! every loop into a caller compiled with wider vector units.
 //!
 //! # Bit-identical results on every rank
 //! Collectives are only correct if every rank ends up with the same bytes, and an allreduce may

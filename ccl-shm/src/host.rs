@@ -225,11 +225,34 @@ impl HostSegment {
         }
     }
 
-    /// Publishes that everything this rank wrote before is ready (its counter grows by one),
-    /// and wakes the ranks that sleep.
+    /// Publishes that everything this rank wrote before is ready (its counter grows by one).
+    /// Wakes nobody: a release store lets the rank go on while its writes drain to the other
+    /// CPUs, where a locked add, and the look at the sleep flags it would order, waits for them
+    /// (2 ranks, 2 KiB: about 0.1 us a call, `scripts/peers/host_floor.c`). A rank that posted
+    /// calls [`wake`](HostSegment::wake) before it waits for anything and when it leaves the
+    /// operation.
     pub fn post(&self) {
         let f = self.flags(self.me);
-        f.posted.fetch_add(1, Ordering::SeqCst);
+        // Only this rank writes its counter.
+        let n = f.posted.load(Ordering::Relaxed);
+        f.posted.store(n + 1, Ordering::Release);
+    }
+
+    /// Wakes the ranks that sleep waiting for posts. The fence orders this rank's posts before
+    /// its look at their sleep flags, as [`arm`](HostSegment::arm) orders a sleeper's flag
+    /// before its look at the posts: one of the two sees the other's store, so a rank never
+    /// sleeps through a post that was followed by a `wake`.
+    pub fn wake(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.wake_seen();
+    }
+
+    /// Wakes the ranks whose sleep flags this rank sees raised, with no fence: cheap enough for
+    /// every wait that need not block, so that a rank asleep since before this rank's post is
+    /// not left sleeping through the rest of the operation (the fenced [`wake`] comes after).
+    ///
+    /// [`wake`]: HostSegment::wake
+    pub fn wake_seen(&self) {
         for r in 0..self.layout.ranks {
             let s = &self.flags(r).sleeping;
             if r != self.me && s.load(Ordering::SeqCst) != 0 && s.swap(0, Ordering::SeqCst) != 0 {
@@ -248,6 +271,8 @@ impl HostSegment {
     /// Raises this rank's sleep flag unless `ranks` have reached `count` by now; returns whether
     /// the caller may sleep (on [`wait_fd`](HostSegment::wait_fd)).
     pub fn arm(&self, ranks: impl IntoIterator<Item = usize> + Clone, count: u64) -> bool {
+        // Whoever waits for this rank's posts must know of them before it sleeps.
+        self.wake();
         drain(&self.events[self.me]);
         let s = &self.flags(self.me).sleeping;
         s.store(1, Ordering::SeqCst);
@@ -345,6 +370,7 @@ mod tests {
         assert!(c.arm([0, 1], 1));
         a.my_slot()[0] = 1;
         a.post();
+        a.wake();
         let mut fds = [nix::poll::PollFd::new(
             c.wait_fd(),
             nix::poll::PollFlags::POLLIN,

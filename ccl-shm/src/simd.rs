@@ -7,7 +7,11 @@
 //! takes 0.46-0.50 us per operation with AVX2 against 0.53-0.58 with SSE on this project's
 //! 2-core test machine. The loops are [`ccl_core::reduce`]'s own, inlined into functions compiled
 //! with AVX2 enabled, so both sets compute the same expression element by element and give the
-//! same bits.
+//! same bits, but for one thing: where both operands of a float sum or product are NaN, which
+//! payload survives is the instruction's pick of operand, and the compiler orders a commutative
+//! instruction's operands as it likes for each vector width. The ranks of one host run the same
+//! kernels (one CPU), and a hierarchical operation computes each element in one place, so the
+//! ranks still end with the same bytes.
 
 use ccl_core::reduce::{self, Kernels, Order};
 use ccl_core::{DataType, ReduceOp};
@@ -87,6 +91,24 @@ mod tests {
             .collect()
     }
 
+    /// Whether `got` is `want` bit for bit, except that where both are NaN in a float sum or
+    /// product the payload may differ (see the module's docs).
+    fn same(dt: DataType, op: ReduceOp, want: &[u8], got: &[u8]) -> bool {
+        let payload_free = matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Avg);
+        let nan = |b: &[u8]| match dt {
+            DataType::F32 => f32::from_le_bytes(b.try_into().unwrap()).is_nan(),
+            DataType::F64 => f64::from_le_bytes(b.try_into().unwrap()).is_nan(),
+            DataType::F16 => ccl_core::half::f16::from_le_bytes(b.try_into().unwrap()).is_nan(),
+            DataType::Bf16 => ccl_core::half::bf16::from_le_bytes(b.try_into().unwrap()).is_nan(),
+            _ => false,
+        };
+        want.len() == got.len()
+            && want
+                .chunks(dt.size())
+                .zip(got.chunks(dt.size()))
+                .all(|(w, g)| w == g || (payload_free && nan(w) && nan(g)))
+    }
+
     #[test]
     fn the_chosen_kernels_give_the_baseline_bits() {
         let k = kernels();
@@ -126,8 +148,8 @@ mod tests {
                     let mut got = vec![0u8; n + skew];
                     reduce::reduce_into(dt, op, &mut want[skew..], a, b);
                     (k.into)(dt, op, &mut got[skew..], a, b);
-                    assert_eq!(
-                        want, got,
+                    assert!(
+                        same(dt, op, &want, &got),
                         "into {dt} {op} count {count} skew {skew} ({k:?})"
                     );
                     for order in [Order::AccFirst, Order::SrcFirst] {
@@ -135,7 +157,10 @@ mod tests {
                         let mut got = a.to_vec();
                         reduce::reduce_inplace(dt, op, &mut want, b, order);
                         (k.inplace)(dt, op, &mut got, b, order);
-                        assert_eq!(want, got, "inplace {dt} {op} {order:?} count {count}");
+                        assert!(
+                            same(dt, op, &want, &got),
+                            "inplace {dt} {op} {order:?} count {count}"
+                        );
                     }
                 }
             }

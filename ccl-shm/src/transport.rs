@@ -121,6 +121,12 @@ impl HostMemory for HostGroup {
     fn post(&self) {
         self.segment.post()
     }
+    fn wake(&self) {
+        self.segment.wake()
+    }
+    fn wake_seen(&self) {
+        self.segment.wake_seen()
+    }
     fn announce(&self, op: u64, desc: u64) {
         self.segment.announce(op, desc)
     }

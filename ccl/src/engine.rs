@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ccl_algos::algo::{self, Algo, Collective};
 use ccl_algos::cost;
 use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind, Registered};
+use ccl_algos::local::LocalPlan;
 use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
 use ccl_core::comm::{Links, Peers};
@@ -47,6 +48,8 @@ pub(crate) struct Execution<'s, 'b> {
     pub dtype: DataType,
     pub op: ReduceOp,
     pub info: OpInfo,
+    /// The schedule compiled for the executor ([`LocalPlan`]), when it has no peers.
+    pub local: Option<&'s LocalPlan>,
 }
 
 /// What a `Communicator` shares with its progress thread to run operations: the transport half
@@ -87,6 +90,8 @@ struct Recent {
     shape: Shape,
     algo: Algo,
     sched: Arc<Schedule>,
+    /// The schedule compiled for the executor when it has no peers.
+    local: Option<Arc<LocalPlan>>,
 }
 
 impl Engine {
@@ -250,8 +255,10 @@ impl Engine {
         // so that schedule is built per call, outside the caches.
         let direct = self
             .direct_plan(&g, coll, forced, &shape, size_bytes, send, recv)
-            .map(|sched| (Algo::Shm, Arc::new(sched)));
-        let (algo, sched) = match direct.or_else(|| g.recent(coll, forced, dtype.size(), &shape)) {
+            .map(|sched| (Algo::Shm, Arc::new(sched), None));
+        let (algo, sched, local) = match direct
+            .or_else(|| g.recent(coll, forced, dtype.size(), &shape))
+        {
             Some(hit) => hit,
             None => {
                 let algo = self.choose(coll, forced, size_bytes);
@@ -261,6 +268,12 @@ impl Engine {
                     );
                 }
                 let sched = g.plan(coll, algo, &shape, self.peers.topology())?;
+                let local = g
+                    .links
+                    .host
+                    .as_deref()
+                    .and_then(|h| LocalPlan::compile(&sched, h.me()))
+                    .map(Arc::new);
                 g.remember(Recent {
                     coll,
                     forced,
@@ -268,8 +281,9 @@ impl Engine {
                     shape,
                     algo,
                     sched: sched.clone(),
+                    local: local.clone(),
                 });
-                (algo, sched)
+                (algo, sched, local)
             }
         };
         let info = OpInfo {
@@ -288,6 +302,7 @@ impl Engine {
                 dtype,
                 op,
                 info,
+                local: local.as_deref(),
             },
         )
     }
@@ -308,6 +323,7 @@ impl Engine {
             dtype,
             op,
             info,
+            local,
         } = e;
         self.peers.check()?;
         let seq = self.peers.next_seq();
@@ -336,6 +352,7 @@ impl Engine {
                 send: reg_send.as_ref().map_or(&[], |e| &e.regions),
                 recv: reg_recv.as_ref().map_or(&[], |e| &e.regions),
             },
+            local,
         };
         exec::run(&self.peers, &mut inner.links, &mut inner.exec, job)
             .map_err(|e| self.peers.fail(e))
@@ -423,11 +440,11 @@ impl Inner {
         forced: Option<Algo>,
         elem: usize,
         shape: &Shape,
-    ) -> Option<(Algo, Arc<Schedule>)> {
+    ) -> Option<(Algo, Arc<Schedule>, Option<Arc<LocalPlan>>)> {
         self.recent
             .iter()
             .find(|r| r.coll == coll && r.forced == forced && r.elem == elem && r.shape == *shape)
-            .map(|r| (r.algo, r.sched.clone()))
+            .map(|r| (r.algo, r.sched.clone(), r.local.clone()))
     }
 
     /// Remembers a call, in place of the oldest once there are [`RECENT`].

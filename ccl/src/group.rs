@@ -142,6 +142,7 @@ impl<'c, 'b> Group<'c, 'b> {
                 dtype: DataType::U8,
                 op: ReduceOp::Sum,
                 info: d,
+                local: None,
             })
         })
     }

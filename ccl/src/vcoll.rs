@@ -206,6 +206,7 @@ fn run_v(
         dtype,
         op,
         info,
+        local: None,
     })
 }
 

@@ -213,8 +213,15 @@ pub trait HostMemory: Send + fmt::Debug {
     fn slot_len(&self) -> usize;
     /// How many times host rank `i` has posted.
     fn posted(&self, i: usize) -> u64;
-    /// Publishes everything this rank wrote before, and wakes sleeping host ranks.
+    /// Publishes everything this rank wrote before. Wakes nobody (so that the rank need not
+    /// wait for its writes to reach the other CPUs): a rank that posted calls
+    /// [`wake`](HostMemory::wake) before it waits for anything and when it leaves the operation.
     fn post(&self);
+    /// Wakes the host ranks that sleep waiting for this rank's posts (ordered after them).
+    fn wake(&self);
+    /// Wakes the host ranks seen sleeping, without ordering anything (cheap; see
+    /// [`wake`](HostMemory::wake)).
+    fn wake_seen(&self);
     /// Announces the operation this rank is in (a fingerprint), before its first post in it;
     /// `op` counts the operations in host memory. A rank may be one operation ahead of another,
     /// so consecutive operations announce in different places.

@@ -1,0 +1,235 @@
+//! A schedule without peers, compiled once for the executor.
+//!
+//! A small operation in host memory runs a handful of local ops (copy in, post, wait, reduce
+//! out), and the generic walk over them (`exec::Run::drive_local`: which half of the slots
+//! each region lies in, whether a copy and the reduction after it run as one pass, which of
+//! the operand shapes an op has) cost it more than its data at a few KiB. A [`LocalPlan`]
+//! answers those questions once per cached schedule, for both halves of the slots, and leaves
+//! the executor a list of steps to run. The schedule stays the data the symbolic checker reads;
+//! the plan is derived from it mechanically and runs its ops in the same order.
+
+use ccl_core::reduce::Order;
+
+use crate::host::swap_half;
+use crate::schedule::{Action, Buf, OpId, Region, Schedule};
+
+/// The steps of a schedule without peers, for each half its host regions may lie in.
+#[derive(Debug)]
+pub struct LocalPlan {
+    /// `[as the schedule names them, in the other halves]`.
+    halves: [Vec<Step>; 2],
+}
+
+/// One step; regions are in elements, host slots as `(host rank, region)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The caller's input (or any caller buffer) into this rank's slot.
+    CopyIn {
+        src: Region,
+        dst: Region,
+    },
+    /// A host slot out to a caller buffer.
+    CopyOut {
+        src: Region,
+        dst: Region,
+    },
+    /// Between the caller's buffers (an out-of-place two-shot's own part).
+    CopyLocal {
+        src: Region,
+        dst: Region,
+    },
+    /// `dst = a (op) b` with `a` and `b` in host slots: a copy out of one and the reduction of
+    /// the other into it, as one pass (`exec::Run::run_fused`).
+    Fused {
+        dst: Region,
+        a: Region,
+        b: Region,
+    },
+    /// `dst = dst (op) src` with `dst` a caller buffer and `src` a host slot.
+    ReduceOut {
+        dst: Region,
+        src: Region,
+        order: Order,
+    },
+    /// The division of an average.
+    FinishAvg {
+        region: Region,
+    },
+    Post,
+    /// Waits until every host rank has posted `count` times in this operation; `id` is the
+    /// schedule's op and `k` its place among the local ops (what the waiting reports).
+    Wait {
+        count: u32,
+        id: OpId,
+        k: usize,
+    },
+}
+
+impl LocalPlan {
+    /// The plan of `s`, when it has no peers, is not a direct schedule, and each of its local
+    /// ops has a shape the plan knows (every host-memory schedule of `crate::host` has);
+    /// `None` sends the executor the generic way.
+    pub fn compile(s: &Schedule, me: usize) -> Option<LocalPlan> {
+        if !s.peers.is_empty() || s.direct || !s.uses_host() || s.locals.len() != s.ops.len() {
+            return None;
+        }
+        let named = steps(s, me)?;
+        let swapped = named.iter().map(|st| swap(*st, s.host_slot)).collect();
+        Some(LocalPlan {
+            halves: [named, swapped],
+        })
+    }
+
+    pub(crate) fn steps(&self, second_half: bool) -> &[Step] {
+        &self.halves[usize::from(second_half)]
+    }
+}
+
+fn is_caller(b: Buf) -> bool {
+    matches!(b, Buf::Send | Buf::Recv | Buf::Scratch)
+}
+
+fn steps(s: &Schedule, me: usize) -> Option<Vec<Step>> {
+    let mine = |b: Buf| b == Buf::Host(me as u16);
+    let host = |b: Buf| matches!(b, Buf::Host(_));
+    let mut out = Vec::with_capacity(s.locals.len());
+    let mut k = 0;
+    while let Some(&id) = s.locals.get(k) {
+        let next = s.locals.get(k + 1).map(|&n| s.ops[n].action);
+        let step = match s.ops[id].action {
+            Action::Copy { src, dst } => {
+                // The pair `exec::Run::run_fused` runs as one pass.
+                if let Some(Action::Reduce {
+                    dst: into,
+                    src: b,
+                    src_first,
+                }) = next
+                    && into == dst
+                    && host(src.buf)
+                    && host(b.buf)
+                    && matches!(dst.buf, Buf::Recv | Buf::Scratch)
+                    && dst.len > 0
+                {
+                    k += 2;
+                    let (a, b) = if src_first { (b, src) } else { (src, b) };
+                    out.push(Step::Fused { dst, a, b });
+                    continue;
+                }
+                if is_caller(src.buf) && mine(dst.buf) {
+                    Step::CopyIn { src, dst }
+                } else if host(src.buf) && matches!(dst.buf, Buf::Recv | Buf::Scratch) {
+                    Step::CopyOut { src, dst }
+                } else if is_caller(src.buf) && matches!(dst.buf, Buf::Recv | Buf::Scratch) {
+                    Step::CopyLocal { src, dst }
+                } else {
+                    return None;
+                }
+            }
+            Action::Reduce {
+                dst,
+                src,
+                src_first,
+            } if matches!(dst.buf, Buf::Recv | Buf::Scratch) && host(src.buf) => Step::ReduceOut {
+                dst,
+                src,
+                order: if src_first {
+                    Order::SrcFirst
+                } else {
+                    Order::AccFirst
+                },
+            },
+            Action::FinishAvg { region } if matches!(region.buf, Buf::Recv | Buf::Scratch) => {
+                Step::FinishAvg { region }
+            }
+            Action::Post => Step::Post,
+            Action::WaitPosts { count } => Step::Wait { count, id, k },
+            _ => return None,
+        };
+        out.push(step);
+        k += 1;
+    }
+    Some(out)
+}
+
+/// `st` with its host regions in the other halves of their slots (`crate::host::swap_half`).
+fn swap(st: Step, slot: usize) -> Step {
+    let sw = |r: Region| swap_half(r, slot);
+    match st {
+        Step::CopyIn { src, dst } => Step::CopyIn { src, dst: sw(dst) },
+        Step::CopyOut { src, dst } => Step::CopyOut { src: sw(src), dst },
+        Step::Fused { dst, a, b } => Step::Fused {
+            dst,
+            a: sw(a),
+            b: sw(b),
+        },
+        Step::ReduceOut { dst, src, order } => Step::ReduceOut {
+            dst,
+            src: sw(src),
+            order,
+        },
+        s @ (Step::CopyLocal { .. } | Step::FinishAvg { .. } | Step::Post | Step::Wait { .. }) => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::Shape;
+    use ccl_core::ReduceOp;
+
+    fn shape(rank: usize, size: usize, count: usize, in_place: bool) -> Shape {
+        Shape {
+            rank,
+            size,
+            count,
+            in_place,
+            op: ReduceOp::Sum,
+            root: 0,
+            host_slot: 4096,
+        }
+    }
+
+    #[test]
+    fn one_shot_allreduce_compiles_to_copy_post_wait_and_one_pass() {
+        for (rank, size) in [(0, 2), (1, 2), (2, 4)] {
+            let s = crate::host::allreduce(&shape(rank, size, 100, false));
+            let p = LocalPlan::compile(&s, rank).expect("a host schedule compiles");
+            let st = p.steps(false);
+            assert!(matches!(st[0], Step::CopyIn { .. }), "{st:?}");
+            assert_eq!(st[1], Step::Post);
+            assert!(matches!(st[2], Step::Wait { count: 1, .. }), "{st:?}");
+            assert!(matches!(st[3], Step::Fused { .. }), "{st:?}");
+            // Ranks 2.. of 4 reduce slots 2 and 3 after the pass.
+            let reduces = st
+                .iter()
+                .filter(|s| matches!(s, Step::ReduceOut { .. }))
+                .count();
+            assert_eq!(reduces, size - 2, "{st:?}");
+            // The other halves: every host region moves by half a slot, nothing else does.
+            let (Step::CopyIn { src, dst }, Step::CopyIn { src: s2, dst: d2 }) =
+                (st[0], p.steps(true)[0])
+            else {
+                unreachable!()
+            };
+            assert_eq!(src, s2);
+            assert_eq!(d2.off, dst.off + 2048);
+        }
+    }
+
+    #[test]
+    fn schedules_with_peers_or_other_shapes_take_the_generic_way() {
+        let two_shot = crate::host::allreduce_with(&shape(0, 2, 100, false), 10);
+        assert!(LocalPlan::compile(&two_shot, 0).is_some());
+        let mut ring = Schedule::new("ring");
+        ring.push(
+            Action::Send {
+                peer: 1,
+                src: Region::new(Buf::Send, 0, 4),
+            },
+            &[],
+            None,
+            0,
+        );
+        assert!(LocalPlan::compile(&ring.finish(), 0).is_none());
+    }
+}
