@@ -171,10 +171,8 @@ impl Engine {
 
     /// Runs `call` on untyped buffers (`send` is `None` in place) after checking every
     /// argument: lengths against the collective's rules, the root against the world size. Not
-    /// ordered: callers hold the turn.
-    // Long: the argument checks, the reuse of a recent call's algorithm and schedule, and the
-    // execution share one hold of the engine lock, which the small-message path takes once per
-    // call; the steps are short and in the order a call needs them.
+    /// ordered: callers hold the turn. The reuse of a recent call's algorithm and schedule and
+    /// the execution share one hold of the engine lock, taken once per call.
     pub fn run(&self, call: Call, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         let Call {
             coll,
@@ -183,6 +181,62 @@ impl Engine {
             op,
             root,
         } = call;
+        let (rank, n) = (self.rank(), self.size());
+        let size_bytes = self.check(&call, send, recv)?;
+        let shape = Shape {
+            rank,
+            size: n,
+            count,
+            in_place: send.is_none(),
+            op,
+            root,
+            host_slot: self.host_slot / dtype.size(),
+        };
+        let forced = self.forced(coll);
+        let mut g = self.lock();
+        // Buffers in the shared arena are read in place; whether they are is known per call,
+        // so that schedule is built per call, outside the caches.
+        let direct = self
+            .direct_plan(&g, coll, forced, &shape, size_bytes, send, recv)
+            .map(|sched| (Algo::Shm, Arc::new(sched), None));
+        let (algo, sched, local) =
+            match direct.or_else(|| g.recent(coll, forced, dtype.size(), &shape)) {
+                Some(hit) => hit,
+                None => self.first_call(&mut g, coll, forced, dtype.size(), shape, size_bytes)?,
+            };
+        let info = OpInfo {
+            kind: OpKind::Collective { coll, algo },
+            bytes: size_bytes,
+            root,
+            count,
+        };
+        self.execute_locked(
+            &mut g,
+            Execution {
+                sched: &sched,
+                send,
+                recv,
+                extra: Vec::new(),
+                dtype,
+                op,
+                info,
+                local: local.as_deref(),
+            },
+        )
+    }
+
+    /// Checks `call`'s arguments against the collective's rules (the root against the world
+    /// size, the operator against the type, the buffers' lengths) and returns the nccl-tests
+    /// size the cost model takes: the larger buffer (allgather's output, reduce-scatter's and
+    /// alltoall's input, the buffer of the others).
+    fn check(&self, call: &Call, send: Option<&[u8]>, recv: &[u8]) -> Result<usize> {
+        let Call {
+            coll,
+            count,
+            dtype,
+            op,
+            root,
+        } = *call;
         let (rank, n) = (self.rank(), self.size());
         let bad = |m: String| Error::invalid_argument(format!("{coll}: {m}")).rank(rank);
         if root >= n {
@@ -237,74 +291,44 @@ impl Engine {
                 s.len()
             )));
         }
-        // The nccl-tests size, for the cost model: the larger buffer (allgather's output,
-        // reduce-scatter's and alltoall's input, the buffer of the others).
-        let size_bytes = lens.in_place();
-        let shape = Shape {
-            rank,
-            size: n,
-            count,
-            in_place: send.is_none(),
-            op,
-            root,
-            host_slot: self.host_slot / dtype.size(),
-        };
-        let forced = self.forced(coll);
-        let mut g = self.lock();
-        // Buffers in the shared arena are read in place; whether they are is known per call,
-        // so that schedule is built per call, outside the caches.
-        let direct = self
-            .direct_plan(&g, coll, forced, &shape, size_bytes, send, recv)
-            .map(|sched| (Algo::Shm, Arc::new(sched), None));
-        let (algo, sched, local) = match direct
-            .or_else(|| g.recent(coll, forced, dtype.size(), &shape))
-        {
-            Some(hit) => hit,
-            None => {
-                let algo = self.choose(coll, forced, size_bytes);
-                if !self.can_run(algo) {
-                    return Err(
-                        Error::invalid_usage(algo::unavailable(coll, algo).to_string()).rank(rank),
-                    );
-                }
-                let sched = g.plan(coll, algo, &shape, self.peers.topology())?;
-                let local = g
-                    .links
-                    .host
-                    .as_deref()
-                    .and_then(|h| LocalPlan::compile(&sched, h.me()))
-                    .map(Arc::new);
-                g.remember(Recent {
-                    coll,
-                    forced,
-                    elem: dtype.size(),
-                    shape,
-                    algo,
-                    sched: sched.clone(),
-                    local: local.clone(),
-                });
-                (algo, sched, local)
-            }
-        };
-        let info = OpInfo {
-            kind: OpKind::Collective { coll, algo },
-            bytes: size_bytes,
-            root,
-            count,
-        };
-        self.execute_locked(
-            &mut g,
-            Execution {
-                sched: &sched,
-                send,
-                recv,
-                extra: Vec::new(),
-                dtype,
-                op,
-                info,
-                local: local.as_deref(),
-            },
-        )
+        Ok(lens.in_place())
+    }
+
+    /// A call unlike the recent ones: chooses its algorithm, plans (or finds) its schedule and
+    /// compiles it for the executor when it has no peers, and remembers all three for the
+    /// calls like it.
+    fn first_call(
+        &self,
+        g: &mut Inner,
+        coll: Collective,
+        forced: Option<Algo>,
+        elem: usize,
+        shape: Shape,
+        size_bytes: usize,
+    ) -> Result<(Algo, Arc<Schedule>, Option<Arc<LocalPlan>>)> {
+        let algo = self.choose(coll, forced, size_bytes);
+        if !self.can_run(algo) {
+            return Err(
+                Error::invalid_usage(algo::unavailable(coll, algo).to_string()).rank(shape.rank),
+            );
+        }
+        let sched = g.plan(coll, algo, &shape, self.peers.topology())?;
+        let local = g
+            .links
+            .host
+            .as_deref()
+            .and_then(|h| LocalPlan::compile(&sched, h.me()))
+            .map(Arc::new);
+        g.remember(Recent {
+            coll,
+            forced,
+            elem,
+            shape,
+            algo,
+            sched: sched.clone(),
+            local: local.clone(),
+        });
+        Ok((algo, sched, local))
     }
 
     /// Runs a schedule with the communicator's links, scratch space and executor state.
