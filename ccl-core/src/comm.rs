@@ -247,7 +247,7 @@ impl Peers {
             );
         }
         let tag = comm_tag(&ctx.secret);
-        let trace_buffer = config.trace_buffer;
+        let (trace_buffer, trace_counter) = (config.trace_buffer, config.trace_counter);
         let comm = Peers {
             rank,
             size,
@@ -265,7 +265,14 @@ impl Peers {
             monitor,
             root_host,
             tag,
-            recorder: Mutex::new(Recorder::new(trace_buffer)),
+            recorder: Mutex::new(Recorder::with_clock(
+                trace_buffer,
+                if trace_counter {
+                    crate::trace::fast_clock()
+                } else {
+                    crate::trace::now_us
+                },
+            )),
             slow: Mutex::new(SlowTracker::new(size)),
             abort: AbortSignal::new()?,
             error: Mutex::new(None),

@@ -50,6 +50,12 @@ pub const SETTINGS: &[Setting] = &[
         help: "operations the flight recorder keeps per communicator (0 = none)",
     },
     Setting {
+        name: "CCL_TRACE_CLOCK",
+        default: "auto",
+        help: "the flight recorder's clock: auto (the CPU's time-stamp counter where the kernel \
+               keeps time with it, else the system clock) or system",
+    },
+    Setting {
         name: "CCL_TRACE_DIR",
         default: "",
         help: "directory for flight-recorder dumps (on failure and SIGUSR1); %h = host, %p = pid",
@@ -343,6 +349,9 @@ pub struct Config {
     pub timeout: Duration,
     /// `CCL_TRACE_BUFFER`
     pub trace_buffer: usize,
+    /// `CCL_TRACE_CLOCK`: whether the flight recorder may read the CPU's time-stamp counter
+    /// (`auto`) rather than only the system clock (`system`).
+    pub trace_counter: bool,
     /// `CCL_TRACE_DIR`
     pub trace_dir: Option<String>,
     /// `CCL_TRACE_TORCH_FILE`: path prefix of dumps in PyTorch's flight-recorder format.
@@ -524,6 +533,15 @@ impl Config {
             log_level: parse_log_level(&req("CCL_DEBUG"))?,
             timeout: parse_seconds("CCL_TIMEOUT", &req("CCL_TIMEOUT"))?,
             trace_buffer: parse_size("CCL_TRACE_BUFFER", &req("CCL_TRACE_BUFFER"), 0)?,
+            trace_counter: match req("CCL_TRACE_CLOCK").trim() {
+                "auto" => true,
+                "system" => false,
+                v => {
+                    return Err(Error::invalid_argument(format!(
+                        "CCL_TRACE_CLOCK='{v}' is not auto or system"
+                    )));
+                }
+            },
             trace_dir: get("CCL_TRACE_DIR"),
             trace_torch_file: get("CCL_TRACE_TORCH_FILE"),
             slow_window: parse_size("CCL_SLOW_WINDOW", &req("CCL_SLOW_WINDOW"), 1)?,
@@ -772,6 +790,7 @@ mod tests {
             ("CCL_IB_SLOT_SIZE", "9M"),
             ("CCL_IB_GID_INDEX", "-1"),
             ("CCL_IB_SPIN_US", "ms"),
+            ("CCL_TRACE_CLOCK", "sundial"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{k}={v}");

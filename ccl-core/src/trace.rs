@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Microseconds since the Unix epoch (comparable across the processes of one host, and across
@@ -120,8 +121,29 @@ pub struct Recorder {
     /// Where the newest is: `(begun - 1) % cap`, kept so that the calls of every operation
     /// divide nothing.
     newest: usize,
-    /// Recent durations per (operation, bytes), for what is usual ([`Recorder::usual_us`]).
-    durations: HashMap<(&'static str, u64), Durations, BuildHasherDefault<Quick>>,
+    /// Recent durations per (operation, bytes), for what is usual ([`Recorder::usual_us`]):
+    /// where in `rings` each key's are.
+    durations: HashMap<(&'static str, u64), usize, BuildHasherDefault<Quick>>,
+    rings: Vec<Durations>,
+    /// The key the last operation's duration went to, and its ring: a program calls the same
+    /// operation over and over, and then no hashing is needed.
+    last: Option<((&'static str, u64), usize)>,
+    /// Where start and end times come from: microseconds since the epoch.
+    clock: fn() -> u64,
+}
+
+/// A faster clock than [`now_us`] that another crate of the library provides
+/// (`ccl_shm::clock`, which reads the CPU's counter, needs `unsafe`), for recorders to use.
+static FAST_CLOCK: OnceLock<fn() -> u64> = OnceLock::new();
+
+/// Offers `clock` to the recorders made from now on (the first offer stays).
+pub fn set_fast_clock(clock: fn() -> u64) {
+    let _ = FAST_CLOCK.set(clock);
+}
+
+/// The fast clock if one was offered, else [`now_us`].
+pub fn fast_clock() -> fn() -> u64 {
+    FAST_CLOCK.get().copied().unwrap_or(now_us)
 }
 
 /// A hasher for the few words of a durations key: the map is updated at the end of every
@@ -175,14 +197,22 @@ const HISTORY: usize = 31;
 const MIN_HISTORY: usize = 5;
 
 impl Recorder {
-    /// A recorder of `cap` operations (0 = record nothing).
+    /// A recorder of `cap` operations (0 = record nothing), timed by the system clock.
     pub fn new(cap: usize) -> Recorder {
+        Recorder::with_clock(cap, now_us)
+    }
+
+    /// A recorder of `cap` operations timed by `clock` (microseconds since the epoch).
+    pub fn with_clock(cap: usize, clock: fn() -> u64) -> Recorder {
         Recorder {
+            clock,
             cap,
             slots: Vec::new(),
             begun: 0,
             newest: 0,
             durations: HashMap::default(),
+            rings: Vec::new(),
+            last: None,
         }
     }
 
@@ -203,6 +233,7 @@ impl Recorder {
         if self.slots.len() <= i {
             self.slots.push(Entry::blank());
         }
+        let clock = self.clock;
         let e = &mut self.slots[i];
         e.seq = b.seq;
         e.name = b.name;
@@ -213,7 +244,7 @@ impl Recorder {
         e.bytes = b.bytes;
         e.root = b.root;
         e.state = State::Running;
-        e.start_us = now_us();
+        e.start_us = clock();
         e.progress_us = e.start_us;
         e.end_us = 0;
         e.waiting_on = None;
@@ -240,8 +271,9 @@ impl Recorder {
 
     /// Ends the current operation.
     pub fn end(&mut self, error: Option<String>) {
+        let clock = self.clock;
         let Some(e) = self.current() else { return };
-        e.end_us = now_us();
+        e.end_us = clock();
         e.state = if error.is_some() {
             State::Failed
         } else {
@@ -251,19 +283,39 @@ impl Recorder {
         if e.state == State::Done {
             e.progress_us = e.end_us;
             let (key, took) = ((e.name, e.bytes), e.end_us.saturating_sub(e.start_us));
-            let d = self.durations.entry(key).or_insert(Durations {
-                ring: [0; HISTORY],
-                n: 0,
-            });
+            let i = self.ring_of(key);
+            let d = &mut self.rings[i];
             d.ring[d.n % HISTORY] = took;
             d.n += 1;
         }
     }
 
+    /// Where the durations of `key` are kept (made on first use).
+    fn ring_of(&mut self, key: (&'static str, u64)) -> usize {
+        // Names are static strings: the same pointer is the same name. Another pointer to the
+        // same text goes through the map, which compares the text.
+        if let Some(((name, bytes), i)) = self.last
+            && std::ptr::eq(name, key.0)
+            && bytes == key.1
+        {
+            return i;
+        }
+        let next = self.rings.len();
+        let i = *self.durations.entry(key).or_insert(next);
+        if i == next {
+            self.rings.push(Durations {
+                ring: [0; HISTORY],
+                n: 0,
+            });
+        }
+        self.last = Some((key, i));
+        i
+    }
+
     /// The median duration of the recent operations `name` of `bytes` that succeeded,
     /// microseconds (`None` until a few have).
     pub fn usual_us(&self, name: &'static str, bytes: u64) -> Option<u64> {
-        let d = self.durations.get(&(name, bytes))?;
+        let d = &self.rings[*self.durations.get(&(name, bytes))?];
         let k = d.n.min(HISTORY);
         if k < MIN_HISTORY {
             return None;
@@ -421,5 +473,37 @@ mod tests {
         );
         let off = Recorder::new(0);
         assert!(!off.enabled());
+    }
+
+    #[test]
+    fn usual_durations_are_kept_per_operation_and_size() {
+        let mut r = Recorder::new(4);
+        // The same name from another place in memory is the same operation.
+        let other: &'static str = Box::leak(String::from("allreduce").into_boxed_str());
+        let mut run = |name: &'static str, bytes: u64, took_us: u64| {
+            r.begin(
+                Begin {
+                    name,
+                    bytes,
+                    ..b(1)
+                },
+                std::iter::empty(),
+            );
+            r.current().unwrap().start_us -= took_us;
+            r.end(None);
+        };
+        for k in 0..6 {
+            // Alternating keys: the one remembered as the last is not the one asked for.
+            run("allreduce", 16, 2_000_000);
+            run("allreduce", 32, 0);
+            run(if k % 2 == 0 { other } else { "allreduce" }, 16, 2_000_000);
+            run("broadcast", 16, 0);
+        }
+        let slow = r.usual_us("allreduce", 16).unwrap();
+        assert!((2_000_000..2_100_000).contains(&slow), "{slow}");
+        assert!(r.usual_us(other, 32).unwrap() < 100_000);
+        assert!(r.usual_us("broadcast", 16).unwrap() < 100_000);
+        assert_eq!(r.usual_us("allgather", 16), None);
+        assert_eq!(r.usual_us("allreduce", 64), None);
     }
 }

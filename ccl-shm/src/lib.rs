@@ -9,7 +9,9 @@
 //! that outnumber the CPUs do not burn the CPU their peer needs.
 //!
 //! This is the only crate of ccl besides `ccl-ibverbs` and the C ABI with `unsafe` code: the
-//! mappings ([`mem`]) and the ring protocol over them (`ring`), each block with its proof.
+//! mappings ([`mem`]) and the ring protocol over them (`ring`), the host memory's vector kernels
+//! ([`simd`]) and the flight recorder's reads of the CPU's counter ([`clock`]), each block with
+//! its proof.
 //!
 //! ## Quick start
 //!
@@ -42,6 +44,7 @@
 //!   when the process ends, however it ends, which wakes a rank waiting on that peer.
 
 pub mod arena;
+pub mod clock;
 pub mod fdpass;
 pub mod host;
 pub mod mem;
