@@ -187,9 +187,15 @@ impl Hasher for Quick {
 /// The last [`HISTORY`] durations of one kind of operation, microseconds.
 #[derive(Debug, Clone)]
 struct Durations {
+    key: (&'static str, u64),
     ring: [u64; HISTORY],
     n: usize,
 }
+
+/// Kinds of operation (name and size) whose durations are kept: a program that calls ever new
+/// sizes would otherwise grow the table without end. When it is full, a new kind takes the place
+/// of the one seen least often.
+const MAX_KINDS: usize = 512;
 
 /// Entries a recorder makes when it is made (more come as they are needed).
 const PREFILL: usize = 4096;
@@ -306,14 +312,32 @@ impl Recorder {
         {
             return i;
         }
-        let next = self.rings.len();
-        let i = *self.durations.entry(key).or_insert(next);
-        if i == next {
-            self.rings.push(Durations {
-                ring: [0; HISTORY],
-                n: 0,
-            });
-        }
+        let i = match self.durations.get(&key) {
+            Some(&i) => i,
+            None => {
+                let fresh = Durations {
+                    key,
+                    ring: [0; HISTORY],
+                    n: 0,
+                };
+                let i = if self.rings.len() < MAX_KINDS {
+                    self.rings.push(fresh);
+                    self.rings.len() - 1
+                } else {
+                    let (i, _) = self
+                        .rings
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, d)| d.n)
+                        .expect("the table is full");
+                    self.durations.remove(&self.rings[i].key);
+                    self.rings[i] = fresh;
+                    i
+                };
+                self.durations.insert(key, i);
+                i
+            }
+        };
         self.last = Some((key, i));
         i
     }
@@ -521,5 +545,24 @@ mod tests {
         assert!(r.usual_us("broadcast", 16).unwrap() < 100_000);
         assert_eq!(r.usual_us("allgather", 16), None);
         assert_eq!(r.usual_us("allreduce", 64), None);
+    }
+
+    #[test]
+    fn ever_new_sizes_do_not_grow_the_durations_table() {
+        let mut r = Recorder::new(4);
+        for k in 0..(3 * MAX_KINDS as u64) {
+            // One size seen often among many seen once: it keeps its place.
+            for bytes in [8, 1000 + k] {
+                r.begin(Begin { bytes, ..b(k) }, std::iter::empty());
+                r.end(None);
+            }
+        }
+        assert_eq!(r.rings.len(), MAX_KINDS);
+        assert_eq!(r.durations.len(), MAX_KINDS);
+        assert!(r.usual_us("allreduce", 8).is_some());
+        // The newest size is there; the oldest ones made room.
+        let newest = 1000 + 3 * MAX_KINDS as u64 - 1;
+        assert!(r.durations.contains_key(&("allreduce", newest)));
+        assert!(!r.durations.contains_key(&("allreduce", 1000)));
     }
 }

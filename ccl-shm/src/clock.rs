@@ -11,10 +11,13 @@
 //!
 //! How the counter becomes wall time: each thread anchors it to the system clock, and anchors
 //! again once its anchor is more than [`WINDOW_NS`] old (one system-clock read per window,
-//! whatever the call rate). The counter's rate is measured between a thread's successive
-//! anchors, at least [`MIN_SPAN_NS`] apart, and shared by all threads; until it is known, every
-//! read is a system-clock read. Between anchors the error is the rate's error over at most a
-//! window: well under a microsecond, the recorder's unit.
+//! whatever the call rate). The counter's rate is measured once for [`CALIBRATION_NS`] when the
+//! first communicator is made ([`calibrate`]), then again between a thread's successive anchors
+//! (at least [`MIN_SPAN_NS`] apart), and shared by all threads; a rate more than 1 % from the
+//! current one counts only when the next measurement agrees with it, so that a step of the
+//! system clock between two anchors does not skew every thread's times. Until a rate is known,
+//! every read is a system-clock read. Between anchors the error is the rate's error over at most
+//! a window: well under a microsecond, the recorder's unit.
 //!
 //! Used only where the kernel itself keeps time with the counter (its clocksource is `tsc`,
 //! which it chooses only when the counter runs at a constant rate, does not stop in idle states
@@ -34,6 +37,8 @@ pub const MIN_SPAN_NS: u64 = 10_000_000;
 
 /// Nanoseconds per counter tick (`f64` bits); 0 until measured.
 static RATE: AtomicU64 = AtomicU64::new(0);
+/// The last rate measured between anchors (`f64` bits), taken once another agrees with it.
+static CANDIDATE: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static ANCHOR: Cell<Option<Anchor>> = const { Cell::new(None) };
@@ -78,6 +83,46 @@ pub fn rate(old: Anchor, new: Anchor, min_span_ns: u64) -> Option<f64> {
     let r = dn as f64 / dt as f64;
     (0.01..=100.0).contains(&r).then_some(r)
 }
+
+/// Whether a rate measured between two anchors may replace the `current` one: within 1 % of
+/// it (or there is none yet). A step of the system clock between the anchors (a time server's
+/// correction) would give a wrong rate, which then stands for every thread until the next anchor.
+pub fn agrees(current: f64, measured: f64) -> bool {
+    current <= 0.0 || (measured / current - 1.0).abs() < 0.01
+}
+
+/// [`agrees`] with a rate that is known (`known` > 0).
+fn agrees_known(known: f64, measured: f64) -> bool {
+    known > 0.0 && agrees(known, measured)
+}
+
+/// The counter and the system clock read together: the counter on both sides of the system
+/// clock's read, taken again when something (a preemption) came between them, and the counter
+/// value in the middle kept.
+fn take_anchor() -> Anchor {
+    let mut best: Option<(u64, Anchor)> = None;
+    for _ in 0..4 {
+        let (before, ns, after) = (counter(), system_ns(), counter());
+        // A counter that went back (it should not, the kernel checked) counts as the worst try.
+        let gap = after.checked_sub(before).unwrap_or(u64::MAX);
+        let a = Anchor {
+            tsc: before.saturating_add(gap / 2).min(after.max(before)),
+            ns,
+        };
+        if best.is_none_or(|(g, _)| gap < g) {
+            best = Some((gap, a));
+        }
+        // A few microseconds at any counter rate: nothing came between.
+        if gap < ANCHOR_GAP_TICKS {
+            break;
+        }
+    }
+    best.expect("at least one try").1
+}
+
+/// Counter ticks between the two reads around an anchor's system-clock read beyond which the
+/// anchor is taken again.
+const ANCHOR_GAP_TICKS: u64 = 20_000;
 
 fn system_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
@@ -128,15 +173,11 @@ pub fn calibrate() -> bool {
         if !usable() {
             return false;
         }
-        let anchor = || Anchor {
-            tsc: counter(),
-            ns: system_ns(),
-        };
-        let old = anchor();
-        let mut new = anchor();
+        let old = take_anchor();
+        let mut new = take_anchor();
         while new.ns.saturating_sub(old.ns) < CALIBRATION_NS && new.ns >= old.ns {
             std::hint::spin_loop();
-            new = anchor();
+            new = take_anchor();
         }
         match rate(old, new, CALIBRATION_NS) {
             Some(r) => {
@@ -165,13 +206,16 @@ pub fn now_us() -> u64 {
     match read(anchor, ns_per_tick, tsc) {
         Read::Counter(ns) => ns / 1000,
         Read::Anchor => {
-            let new = Anchor {
-                tsc: counter(),
-                ns: system_ns(),
-            };
+            let new = take_anchor();
             match anchor.and_then(|old| rate(old, new, MIN_SPAN_NS)) {
                 Some(r) => {
-                    RATE.store(r.to_bits(), Ordering::Relaxed);
+                    // A rate unlike the current one is taken once the next span confirms it:
+                    // one span across a step of the system clock is not, and a wrong rate
+                    // (a calibration that was preempted) does not stand for good.
+                    let candidate = f64::from_bits(CANDIDATE.swap(r.to_bits(), Ordering::Relaxed));
+                    if agrees(ns_per_tick, r) || agrees_known(candidate, r) {
+                        RATE.store(r.to_bits(), Ordering::Relaxed);
+                    }
                     ANCHOR.with(|a| a.set(Some(new)));
                 }
                 // Too close to measure a rate: keep the older anchor, so the span grows.
@@ -213,6 +257,15 @@ mod tests {
         // 1 GHz of nanoseconds over 1 tick: no counter runs that slowly.
         assert_eq!(rate(a, b(1, m), m), None);
         assert_eq!(rate(b(5, 5), a, m), None);
+    }
+
+    #[test]
+    fn a_rate_far_from_the_current_one_is_not_taken() {
+        assert!(agrees(0.0, 0.4));
+        assert!(agrees(0.4, 0.4 * 1.005));
+        // A one-second step of the system clock within a 20 ms span.
+        assert!(!agrees(0.4, 0.4 * 51.0));
+        assert!(!agrees(0.4, 0.4 * 0.98));
     }
 
     #[test]
