@@ -92,6 +92,14 @@ fn host_slot<'x>(h: &'x dyn HostMemory, i: u16, r: &Region, elem: usize) -> Resu
         .ok_or_else(|| outside(r))
 }
 
+/// [`host_slot`] for a plan, which was compiled for the host's ranks: one call to the host
+/// memory fewer on the path of a small operation.
+fn plan_slot<'x>(h: &'x dyn HostMemory, i: u16, r: &Region, elem: usize) -> Result<&'x [u8]> {
+    h.slot(i as usize)
+        .get(Buffers::range(r, elem))
+        .ok_or_else(|| outside(r))
+}
+
 /// Region `r` of this rank's host slot (host rank `i` must be this rank: only owners write).
 fn host_slot_mut<'x>(
     h: &'x mut dyn HostMemory,
@@ -914,14 +922,19 @@ impl Run<'_, '_> {
         self.st.reset_local(self.sched, self.elem, self.entry_us);
         let h = self.host.as_deref().ok_or_else(no_host)?;
         self.host_base = h.posted(h.me());
+        // Announced at the first post and compared at every wait: worked out once.
+        let desc = self.host_desc();
         for step in plan.steps(self.host_swap.is_some()) {
-            self.plan_step(step).map_err(|e| self.fail(e))?;
+            self.plan_step(step, desc).map_err(|e| self.fail(e))?;
         }
         self.st.next_local = self.sched.locals.len();
         Ok(())
     }
 
-    fn plan_step(&mut self, step: &Step) -> Result<()> {
+    /// One step of a plan; `desc` is this operation's fingerprint ([`Run::host_desc`]). Host
+    /// slots are taken without checking the host rank against the host's ranks: the plan was
+    /// compiled for them (`LocalPlan::compile`).
+    fn plan_step(&mut self, step: &Step, desc: u64) -> Result<()> {
         let elem = self.elem;
         let (dtype, op) = (self.dtype, self.op);
         match *step {
@@ -937,7 +950,7 @@ impl Run<'_, '_> {
                 let Buf::Host(i) = src.buf else {
                     unreachable!("a plan copies out of a host slot")
                 };
-                let s = host_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
+                let s = plan_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
                 self.bufs.get_mut(&dst, elem)?.copy_from_slice(s);
             }
             Step::CopyLocal { src, dst } => {
@@ -951,14 +964,14 @@ impl Run<'_, '_> {
                     unreachable!("a plan's one pass reads host slots")
                 };
                 let h = self.host.as_deref().ok_or_else(no_host)?;
-                let (x, y) = (host_slot(h, ia, &a, elem)?, host_slot(h, ib, &b, elem)?);
+                let (x, y) = (plan_slot(h, ia, &a, elem)?, plan_slot(h, ib, &b, elem)?);
                 (self.kernels.into)(dtype, op, self.bufs.get_mut(&dst, elem)?, x, y);
             }
             Step::ReduceOut { dst, src, order } => {
                 let Buf::Host(i) = src.buf else {
                     unreachable!("a plan reduces out of a host slot")
                 };
-                let s = host_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
+                let s = plan_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
                 (self.kernels.inplace)(dtype, op, self.bufs.get_mut(&dst, elem)?, s, order);
             }
             Step::FinishAvg { region } => {
@@ -970,7 +983,7 @@ impl Run<'_, '_> {
             Step::Post => {
                 let h = self.host.as_deref().ok_or_else(no_host)?;
                 if !self.announced {
-                    h.announce(self.st.host_ops, self.host_desc());
+                    h.announce(self.st.host_ops, desc);
                     self.announced = true;
                 }
                 h.post();
@@ -978,7 +991,7 @@ impl Run<'_, '_> {
             Step::Wait { count, id, k } => {
                 self.await_posts(id, k)?;
                 if count > 0 {
-                    self.check_host_calls()?;
+                    self.check_host_calls(desc)?;
                 }
             }
         }
@@ -1202,7 +1215,7 @@ impl Run<'_, '_> {
             Action::WaitPosts { count } => {
                 // At the entry wait (0) the others may still be in the previous operation.
                 if count > 0 {
-                    self.check_host_calls()?;
+                    self.check_host_calls(self.host_desc())?;
                 }
             }
             Action::Send { .. } | Action::Recv { .. } => {
@@ -1244,14 +1257,14 @@ impl Run<'_, '_> {
     }
 
     /// Every other rank of the host must be in the same call as this one.
-    fn check_host_calls(&self) -> Result<()> {
-        let mine = self.header(0, 0);
+    fn check_host_calls(&self, desc: u64) -> Result<()> {
         let h = self.host.as_deref().ok_or_else(no_host)?;
-        let desc = self.host_desc();
-        for i in (0..h.ranks().len()).filter(|&i| i != h.me()) {
+        let (ranks, me) = (h.ranks(), h.me());
+        for i in (0..ranks.len()).filter(|&i| i != me) {
             let theirs = h.desc(i, self.st.host_ops);
             if theirs != desc {
-                let peer = h.ranks()[i];
+                let mine = self.header(0, 0);
+                let peer = ranks[i];
                 if theirs ^ desc == DIRECT_DESC {
                     let (a, b) = if self.sched.direct {
                         ("", " not")

@@ -66,14 +66,18 @@ pub(crate) enum Step {
 }
 
 impl LocalPlan {
-    /// The plan of `s`, when it has no peers, is not a direct schedule, and each of its local
-    /// ops has a shape the plan knows (every host-memory schedule of `crate::host` has);
-    /// `None` sends the executor the generic way.
-    pub fn compile(s: &Schedule, me: usize) -> Option<LocalPlan> {
+    /// The plan of `s` for host rank `me` of `ranks`, when it has no peers, is not a direct
+    /// schedule, names only those ranks' slots, and each of its local ops has a shape the plan
+    /// knows (every host-memory schedule of `crate::host` has); `None` sends the executor the
+    /// generic way. The executor takes a plan's slots without checking their ranks again.
+    pub fn compile(s: &Schedule, me: usize, ranks: usize) -> Option<LocalPlan> {
         if !s.peers.is_empty() || s.direct || !s.uses_host() || s.locals.len() != s.ops.len() {
             return None;
         }
         let named = steps(s, me)?;
+        if !named.iter().all(|st| slots_below(st, ranks)) {
+            return None;
+        }
         let swapped = named.iter().map(|st| swap(*st, s.host_slot)).collect();
         Some(LocalPlan {
             halves: [named, swapped],
@@ -82,6 +86,20 @@ impl LocalPlan {
 
     pub(crate) fn steps(&self, second_half: bool) -> &[Step] {
         &self.halves[usize::from(second_half)]
+    }
+}
+
+/// Whether every host slot `st` names belongs to one of `ranks` host ranks.
+fn slots_below(st: &Step, ranks: usize) -> bool {
+    let ok = |r: &Region| !matches!(r.buf, Buf::Host(i) if usize::from(i) >= ranks);
+    match st {
+        Step::CopyIn { src, dst } | Step::CopyOut { src, dst } | Step::CopyLocal { src, dst } => {
+            ok(src) && ok(dst)
+        }
+        Step::Fused { dst, a, b } => ok(dst) && ok(a) && ok(b),
+        Step::ReduceOut { dst, src, .. } => ok(dst) && ok(src),
+        Step::FinishAvg { region } => ok(region),
+        Step::Post | Step::Wait { .. } => true,
     }
 }
 
@@ -193,7 +211,9 @@ mod tests {
     fn one_shot_allreduce_compiles_to_copy_post_wait_and_one_pass() {
         for (rank, size) in [(0, 2), (1, 2), (2, 4)] {
             let s = crate::host::allreduce(&shape(rank, size, 100, false));
-            let p = LocalPlan::compile(&s, rank).expect("a host schedule compiles");
+            let p = LocalPlan::compile(&s, rank, size).expect("a host schedule compiles");
+            // Compiled for fewer ranks than it reads, it is not compiled at all.
+            assert!(LocalPlan::compile(&s, rank, size - 1).is_none());
             let st = p.steps(false);
             assert!(matches!(st[0], Step::CopyIn { .. }), "{st:?}");
             assert_eq!(st[1], Step::Post);
@@ -219,7 +239,7 @@ mod tests {
     #[test]
     fn schedules_with_peers_or_other_shapes_take_the_generic_way() {
         let two_shot = crate::host::allreduce_with(&shape(0, 2, 100, false), 10);
-        assert!(LocalPlan::compile(&two_shot, 0).is_some());
+        assert!(LocalPlan::compile(&two_shot, 0, 2).is_some());
         let mut ring = Schedule::new("ring");
         ring.push(
             Action::Send {
@@ -230,6 +250,6 @@ mod tests {
             None,
             0,
         );
-        assert!(LocalPlan::compile(&ring.finish(), 0).is_none());
+        assert!(LocalPlan::compile(&ring.finish(), 0, 2).is_none());
     }
 }

@@ -93,6 +93,9 @@ pub struct Peers {
     slow: Mutex<SlowTracker>,
     abort: AbortSignal,
     error: Mutex<Option<Error>>,
+    /// Whether `error` holds one: every operation checks, and a load costs it less than the
+    /// lock round trip.
+    failed: AtomicBool,
     seq: AtomicU64,
     /// Shrink rounds the root has decided that this rank has seen.
     shrink_round: std::sync::atomic::AtomicU32,
@@ -276,6 +279,7 @@ impl Peers {
             slow: Mutex::new(SlowTracker::new(size)),
             abort: AbortSignal::new()?,
             error: Mutex::new(None),
+            failed: AtomicBool::new(false),
             seq: AtomicU64::new(0),
             shrink_round: std::sync::atomic::AtomicU32::new(0),
             warned_seq: AtomicU64::new(0),
@@ -628,6 +632,9 @@ impl Peers {
 
     /// The first error this communicator failed with, if any.
     pub fn error(&self) -> Option<Error> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -664,6 +671,7 @@ impl Peers {
             None => {
                 ccl_warn!(Some(self.rank), "communicator failed: {e}");
                 *g = Some(e.clone());
+                self.failed.store(true, Ordering::Release);
                 drop(g);
                 self.dump_trace(&e.to_string());
                 e

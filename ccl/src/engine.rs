@@ -317,7 +317,7 @@ impl Engine {
             .links
             .host
             .as_deref()
-            .and_then(|h| LocalPlan::compile(&sched, h.me()))
+            .and_then(|h| LocalPlan::compile(&sched, h.me(), h.ranks().len()))
             .map(Arc::new);
         g.remember(Recent {
             coll,
