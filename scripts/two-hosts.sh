@@ -33,12 +33,18 @@ if [ ${#colls[@]} -gt 0 ]; then hier=0; else colls=(allreduce broadcast allgathe
 out=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$out"' EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# A port the kernel has just found free, for each run: counting up from one collided once with
+# a port the ranks of an earlier run had been given for their own connections.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
 
 # start NAME PLACEMENT TIMEOUT BENCH-ARGS...: starts the 4 ranks in the background (pids in
 # $pids), rank r on host0 or host1 as PLACEMENT says (block: r/2, cyclic: r%2).
 start() {
   local name=$1 placement=$2 timeout=$3; shift 3
+  local port
+  port=$(free_port)
   pids=()
   for r in 0 1 2 3; do
     if [ "$placement" = block ]; then host=host$((r / 2)); else host=host$((r % 2)); fi
@@ -48,7 +54,6 @@ start() {
       ./target/release/ccl-bench "$@" > "$out/$name.$r.out" 2> "$out/$name.$r.err" &
     pids+=($!)
   done
-  port=$((port + 1))
 }
 
 # run NAME PLACEMENT BENCH-ARGS...: runs the 4 ranks to the end and checks the connections and
