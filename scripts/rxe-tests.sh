@@ -77,7 +77,9 @@ run() {
   local name=$1; shift
   echo "== $name"
   local t0=$(date +%s)
-  "$@" 2>&1 | tee "$out"
+  # Only stdout is kept for the summary: libtest writes "test result: ok" in pieces, and a
+  # warning another thread writes to stderr in between would hide the counts.
+  "$@" | tee "$out"
   local rc=${PIPESTATUS[0]}
   # libtest's summary: "test result: ok. 3 passed; 0 failed; 0 ignored; ..."
   local sum=$(grep -E '^test result: ' "$out" | tail -n 1)
