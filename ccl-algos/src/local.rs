@@ -67,11 +67,17 @@ pub(crate) enum Step {
 
 impl LocalPlan {
     /// The plan of `s` for host rank `me` of `ranks`, when it has no peers, is not a direct
-    /// schedule, names only those ranks' slots, and each of its local ops has a shape the plan
+    /// schedule, needs no scratch space, names only those ranks' slots, and each of its local
+    /// ops has a shape the plan
     /// knows (every host-memory schedule of `crate::host` has); `None` sends the executor the
     /// generic way. The executor takes a plan's slots without checking their ranks again.
     pub fn compile(s: &Schedule, me: usize, ranks: usize) -> Option<LocalPlan> {
-        if !s.peers.is_empty() || s.direct || !s.uses_host() || s.locals.len() != s.ops.len() {
+        if !s.peers.is_empty()
+            || s.direct
+            || !s.uses_host()
+            || s.locals.len() != s.ops.len()
+            || s.scratch > 0
+        {
             return None;
         }
         let named = steps(s, me)?;

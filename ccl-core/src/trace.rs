@@ -232,10 +232,15 @@ impl Recorder {
         self.cap > 0
     }
 
-    /// Starts an entry; `peers` gives (peer, bytes to send, bytes to receive).
-    pub fn begin(&mut self, b: Begin, peers: impl Iterator<Item = (usize, u64, u64)>) {
+    /// Starts an entry; `peers` gives (peer, bytes to send, bytes to receive). Returns its
+    /// start time (none when the recorder records nothing).
+    pub fn begin(
+        &mut self,
+        b: Begin,
+        peers: impl Iterator<Item = (usize, u64, u64)>,
+    ) -> Option<u64> {
         if self.cap == 0 {
-            return;
+            return None;
         }
         let i = if self.begun == 0 || self.newest + 1 == self.cap {
             0
@@ -271,6 +276,7 @@ impl Recorder {
             }));
         self.begun += 1;
         self.newest = i;
+        Some(e.start_us)
     }
 
     /// The operation begun last, to bring up to date.

@@ -42,6 +42,51 @@ static CANDIDATE: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static ANCHOR: Cell<Option<Anchor>> = const { Cell::new(None) };
+    /// The thread's anchor and rate as a read between anchors takes them.
+    static FAST: Cell<Fast> = const { Cell::new(Fast::NONE) };
+}
+
+/// An anchor with the rate it was taken under in 32.32 fixed point, and the ticks its window
+/// lasts: a read within the window is a subtraction, a multiplication and a shift. The
+/// floating-point conversions of [`read`] were half of a read's instructions, and a small
+/// operation in host memory reads the clock twice.
+#[derive(Clone, Copy, Debug)]
+struct Fast {
+    tsc: u64,
+    ns: u64,
+    /// Nanoseconds per tick, times 2^32.
+    mult: u64,
+    /// Ticks from `tsc` the anchor is good for (0: none).
+    ticks: u64,
+}
+
+impl Fast {
+    const NONE: Fast = Fast {
+        tsc: 0,
+        ns: 0,
+        mult: 0,
+        ticks: 0,
+    };
+
+    /// `anchor` under `ns_per_tick`, or none when the rate is not known.
+    fn new(anchor: Option<Anchor>, ns_per_tick: f64) -> Fast {
+        match anchor {
+            Some(a) if ns_per_tick > 0.0 => Fast {
+                tsc: a.tsc,
+                ns: a.ns,
+                mult: (ns_per_tick * 4_294_967_296.0) as u64,
+                ticks: (WINDOW_NS as f64 / ns_per_tick) as u64,
+            },
+            _ => Fast::NONE,
+        }
+    }
+
+    /// Nanoseconds since the epoch at counter value `tsc`, if it lies in the window.
+    fn at(self, tsc: u64) -> Option<u64> {
+        // A counter below the anchor wraps to a huge difference: outside too.
+        let d = tsc.wrapping_sub(self.tsc);
+        (d < self.ticks).then(|| self.ns + ((u128::from(d) * u128::from(self.mult)) >> 32) as u64)
+    }
 }
 
 /// A counter value and the system time read beside it.
@@ -197,10 +242,30 @@ pub const CALIBRATION_NS: u64 = 2_000_000;
 /// Microseconds since the Unix epoch: from the counter where it is [`usable`], else (and
 /// until its rate is known) from the system clock.
 pub fn now_us() -> u64 {
+    let tsc = counter();
+    // Only a usable counter with a known rate ever makes a window (`now_us_slow`).
+    match FAST.with(Cell::get).at(tsc) {
+        Some(ns) => ns / 1000,
+        None => now_us_slow(tsc),
+    }
+}
+
+/// [`now_us`] outside the thread's window: reads the system clock where the counter is not
+/// usable, else anchors again (measuring the rate) and opens a new window.
+#[inline(never)]
+fn now_us_slow(tsc: u64) -> u64 {
     if !usable() {
         return system_ns() / 1000;
     }
-    let tsc = counter();
+    let us = now_us_anchored(tsc);
+    let rate = f64::from_bits(RATE.load(Ordering::Relaxed));
+    FAST.with(|f| f.set(Fast::new(ANCHOR.with(Cell::get), rate)));
+    us
+}
+
+/// The counter's time at `tsc` from the thread's anchor and the shared rate, anchoring again
+/// when they do not give it.
+fn now_us_anchored(tsc: u64) -> u64 {
     let anchor = ANCHOR.with(Cell::get);
     let ns_per_tick = f64::from_bits(RATE.load(Ordering::Relaxed));
     match read(anchor, ns_per_tick, tsc) {
@@ -230,6 +295,31 @@ pub fn now_us() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_converts_ticks_in_fixed_point_and_ends() {
+        let a = Anchor {
+            tsc: 1_000,
+            ns: 5_000_000_000,
+        };
+        let f = Fast::new(Some(a), 0.5);
+        assert_eq!(f.at(3_000), Some(5_000_001_000));
+        assert_eq!(f.at(1_000), Some(5_000_000_000));
+        // Before the anchor, and past the window (20 ms at 0.5 ns a tick).
+        assert_eq!(f.at(999), None);
+        assert_eq!(f.at(1_000 + 40_000_000), None);
+        assert!(f.at(1_000 + 39_999_999).is_some());
+        // A rate like 1/2.9 GHz keeps sub-nanosecond precision over the whole window.
+        let r = 1.0 / 2.9;
+        let g = Fast::new(Some(a), r);
+        let ticks = 57_000_000;
+        let exact = (ticks as f64 * r) as u64;
+        let got = g.at(1_000 + ticks).unwrap() - a.ns;
+        assert!(got.abs_diff(exact) <= 1, "{got} vs {exact}");
+        // No rate or no anchor: no window.
+        assert_eq!(Fast::new(Some(a), 0.0).at(1_000), None);
+        assert_eq!(Fast::new(None, 0.5).at(1_000), None);
+    }
 
     #[test]
     fn a_recent_anchor_and_a_rate_give_counter_time() {

@@ -254,11 +254,43 @@ impl HostSegment {
     /// [`wake`]: HostSegment::wake
     pub fn wake_seen(&self) {
         for r in 0..self.layout.ranks {
-            let s = &self.flags(r).sleeping;
-            if r != self.me && s.load(Ordering::SeqCst) != 0 && s.swap(0, Ordering::SeqCst) != 0 {
-                signal(&self.events[r]);
+            if self.flags(r).sleeping.load(Ordering::SeqCst) != 0 && r != self.me {
+                self.wake_rank(r);
             }
         }
+    }
+
+    /// Wakes rank `r` if it still sleeps. Out of line: a rank that finds nobody asleep (the
+    /// usual case with a CPU per rank) runs a loop of loads with nothing to save around it.
+    #[cold]
+    #[inline(never)]
+    fn wake_rank(&self, r: usize) {
+        if self.flags(r).sleeping.swap(0, Ordering::SeqCst) != 0 {
+            signal(&self.events[r]);
+        }
+    }
+
+    /// Whether every rank of the host has posted at least `count` times: the look a wait takes
+    /// before anything else, in one call.
+    pub fn all_posted(&self, count: u64) -> bool {
+        for r in 0..self.layout.ranks {
+            if self.flags(r).posted.load(Ordering::Acquire) < count {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The first other rank whose fingerprint for operation `op` is not `desc`, with its
+    /// fingerprint.
+    pub fn first_unlike(&self, op: u64, desc: u64) -> Option<(usize, u64)> {
+        for r in 0..self.layout.ranks {
+            let d = self.desc(r, op);
+            if d != desc && r != self.me {
+                return Some((r, d));
+            }
+        }
+        None
     }
 
     /// Whether every rank in `ranks` has posted at least `count` times.

@@ -133,6 +133,12 @@ impl HostMemory for HostGroup {
     fn desc(&self, i: usize, op: u64) -> u64 {
         self.segment.desc(i, op)
     }
+    fn all_posted(&self, count: u64) -> bool {
+        self.segment.all_posted(count)
+    }
+    fn first_unlike(&self, op: u64, desc: u64) -> Option<(usize, u64)> {
+        self.segment.first_unlike(op, desc)
+    }
     fn arm(&self, count: u64) -> bool {
         self.segment.arm(0..self.ranks.len(), count)
     }

@@ -255,20 +255,9 @@ impl Communicator {
                     .rank(self.rank()),
             );
         }
-        let mut o = self
-            .engine
-            .overrides
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match algo {
-            Some(a) => o
-                .set(coll, a)
-                .map_err(|m| Error::invalid_argument(m.to_string()).rank(self.rank())),
-            None => {
-                o.clear(coll);
-                Ok(())
-            }
-        }
+        self.engine
+            .set_override(coll, algo)
+            .map_err(|m| Error::invalid_argument(m.to_string()).rank(self.rank()))
     }
 
     /// Fails the communicator and ends every wait at once, from any thread; idempotent.

@@ -228,6 +228,19 @@ pub trait HostMemory: Send + fmt::Debug {
     fn announce(&self, op: u64, desc: u64);
     /// The fingerprint host rank `i` announced last for operation `op` (or `op - 2`, ...).
     fn desc(&self, i: usize, op: u64) -> u64;
+    /// Whether every host rank has posted at least `count` times.
+    fn all_posted(&self, count: u64) -> bool {
+        (0..self.ranks().len()).all(|i| self.posted(i) >= count)
+    }
+    /// The first other host rank whose fingerprint for operation `op` is not `desc`, with its
+    /// fingerprint.
+    fn first_unlike(&self, op: u64, desc: u64) -> Option<(usize, u64)> {
+        let me = self.me();
+        (0..self.ranks().len())
+            .filter(|&i| i != me)
+            .map(|i| (i, self.desc(i, op)))
+            .find(|&(_, d)| d != desc)
+    }
     /// Raises this rank's sleep flag unless every host rank has posted `count` times by now;
     /// returns whether the caller may sleep on [`wait_fd`](HostMemory::wait_fd).
     fn arm(&self, count: u64) -> bool;

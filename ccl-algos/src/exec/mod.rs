@@ -31,8 +31,12 @@ use ccl_core::{DataType, Error, ReduceOp, Result};
 
 use crate::algo::{Algo, Collective};
 use crate::header::{HEADER_LEN, Header, HeaderError, KIND_P2P};
-use crate::local::{LocalPlan, Step};
+use crate::local::LocalPlan;
 use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
+
+mod plan;
+
+pub use plan::{PlanJob, run_plan};
 
 /// The buffers a schedule works on, as bytes.
 #[derive(Debug)]
@@ -145,7 +149,93 @@ fn outside(r: &Region) -> Error {
     Error::internal(format!("schedule region {r:?} is outside its buffer"))
 }
 
-impl Buffers<'_> {
+/// The header of the operation `info` for channel sequence `channel_seq` and `bytes`.
+fn header_of(
+    info: &OpInfo,
+    dtype: DataType,
+    op: ReduceOp,
+    channel_seq: u64,
+    bytes: usize,
+    entry_us: u64,
+) -> Header {
+    let (kind, algo) = match info.kind {
+        OpKind::Collective { coll, algo } => (coll.id(), algo.id()),
+        OpKind::PointToPoint => (KIND_P2P, 0),
+    };
+    Header {
+        kind,
+        dtype: dtype as u8,
+        op: op as u8,
+        algo,
+        root: info.root as u32,
+        seq: channel_seq,
+        count: info.count as u64,
+        bytes: bytes as u64,
+        entry_us,
+    }
+}
+
+/// Adds what operation `seq` was doing to `e`, and what the job monitor knows of its cause.
+fn fail_op(comm: &Peers, info: &OpInfo, seq: u64, sched: &Schedule, e: Error) -> Error {
+    let e = e.rank(comm.rank()).context(format!(
+        "{} #{} ({}, {} bytes)",
+        info.name(),
+        seq,
+        sched.algo,
+        info.bytes
+    ));
+    comm.explain(e)
+}
+
+/// An operation's fingerprint in host memory, from its header.
+fn host_desc(mine: Header, direct: bool) -> u64 {
+    let d = mine.host_desc();
+    if direct { d | DIRECT_DESC } else { d }
+}
+
+/// Every other rank of the host must be in the same call as this one (`desc`, host operation
+/// number `host_ops`); `mine` gives this rank's header for the message when one is not.
+fn check_host_calls(
+    h: &dyn HostMemory,
+    host_ops: u64,
+    desc: u64,
+    direct: bool,
+    mine: impl Fn() -> Header,
+) -> Result<()> {
+    let Some((i, theirs)) = h.first_unlike(host_ops, desc) else {
+        return Ok(());
+    };
+    let (mine, peer) = (mine(), h.ranks()[i]);
+    if theirs ^ desc == DIRECT_DESC {
+        let (a, b) = if direct { ("", " not") } else { (" not", "") };
+        return Err(Error::invalid_usage(format!(
+            "with peer {peer}: {}: this rank's buffers are{a} all from \
+             Communicator::alloc (shared memory) and the peer's are{b}; on one host \
+             either every rank passes such buffers to a collective or none does",
+            mine.describe()
+        ))
+        .peer(peer));
+    }
+    let theirs = Header::from_host_desc(theirs & !DIRECT_DESC, mine.algo);
+    Err(Error::invalid_usage(format!(
+        "with peer {peer}: mismatched calls: this rank called {}, the peer called {}",
+        mine.describe(),
+        theirs.describe()
+    ))
+    .peer(peer))
+}
+
+impl<'a> Buffers<'a> {
+    /// No buffers (what a run holds while another has lent its own).
+    fn none() -> Buffers<'a> {
+        Buffers {
+            send: None,
+            recv: Default::default(),
+            scratch: Default::default(),
+            extra: Vec::new(),
+        }
+    }
+
     fn range(r: &Region, elem: usize) -> std::ops::Range<usize> {
         r.off * elem..r.end() * elem
     }
@@ -501,31 +591,29 @@ impl ExecState {
 
 /// Runs `job` to completion (or error), recording it in the communicator's flight recorder.
 pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, '_>) -> Result<()> {
+    if let Some(plan) = job.local {
+        // A plan's schedule has no scratch space or group buffers (`LocalPlan::compile`).
+        return run_plan(
+            comm,
+            links,
+            state,
+            PlanJob {
+                schedule: job.schedule,
+                plan,
+                send: job.buffers.send,
+                recv: job.buffers.recv,
+                dtype: job.dtype,
+                op: job.op,
+                info: job.info,
+                seq: job.seq,
+                record: op_record(&job.info, job.seq, job.dtype, job.op, job.schedule.algo),
+            },
+        );
+    }
     let elem = job.dtype.size();
     let sched = job.schedule;
-    // The recorder's start time is the entry time: one clock read fewer per operation.
-    let mut rec = comm.recorder();
-    rec.begin(
-        Begin {
-            seq: job.seq,
-            name: job.info.name(),
-            algo: sched.algo,
-            dtype: job.dtype.name(),
-            op: job.op.name(),
-            count: job.info.count as u64,
-            bytes: job.info.bytes as u64,
-            root: job.info.rooted().then_some(job.info.root),
-        },
-        sched.peers.iter().map(|p| {
-            (
-                p.peer,
-                (p.send_elems * elem) as u64,
-                (p.recv_elems * elem) as u64,
-            )
-        }),
-    );
-    let entry_us = rec.current().map_or_else(trace::now_us, |e| e.start_us);
-    drop(rec);
+    let record = op_record(&job.info, job.seq, job.dtype, job.op, sched.algo);
+    let entry_us = begin_op(comm, record, sched, elem);
     // The host memory travels beside the links for the run: local ops borrow slots of it while
     // the links are in use.
     let mut host = links.host.take();
@@ -549,17 +637,68 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
         elem,
         chunk: comm.config().chunk_size.max(elem),
         kernels,
-        local: job.local,
     };
     let r = run.drive();
     drop(run);
+    end_op(comm, host.as_deref(), state, sched, &r);
+    links.host = host;
+    r
+}
+
+/// Starts the recorder's entry for `job`; returns the time the operation entered (the entry's
+/// start: one clock read fewer per operation).
+#[inline]
+fn begin_op(comm: &Peers, b: Begin, sched: &Schedule, elem: usize) -> u64 {
+    let start = comm.recorder().begin(
+        b,
+        sched.peers.iter().map(|p| {
+            (
+                p.peer,
+                (p.send_elems * elem) as u64,
+                (p.recv_elems * elem) as u64,
+            )
+        }),
+    );
+    start.unwrap_or_else(trace::now_us)
+}
+
+/// What the flight recorder records of operation `seq`.
+pub fn op_record(
+    info: &OpInfo,
+    seq: u64,
+    dtype: DataType,
+    op: ReduceOp,
+    algo: &'static str,
+) -> Begin {
+    Begin {
+        seq,
+        name: info.name(),
+        algo,
+        dtype: dtype.name(),
+        op: op.name(),
+        count: info.count as u64,
+        bytes: info.bytes as u64,
+        root: info.rooted().then_some(info.root),
+    }
+}
+
+/// What every run does once its schedule ran (to completion or to error `r`): wakes the ranks
+/// that wait for this one's last posts, turns the host memory's halves, and closes the
+/// recorder's entry.
+#[inline]
+fn end_op(
+    comm: &Peers,
+    host: Option<&(dyn HostMemory + 'static)>,
+    state: &mut ExecState,
+    sched: &Schedule,
+    r: &Result<()>,
+) {
     // Posts wake nobody: the ranks that wait for this one's last posts are woken now.
     if sched.uses_host()
-        && let Some(h) = host.as_deref()
+        && let Some(h) = host
     {
         h.wake();
     }
-    links.host = host;
     // Every rank of the host runs the same operations in host memory (a mismatch fails the
     // communicator), so all count them and turn the halves alike.
     if sched.uses_host() && sched.host_chunks > 0 {
@@ -571,7 +710,12 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     {
         let mut rec = comm.recorder();
         if let Some(e) = rec.current() {
-            state.sync_entry(e, sched, waiting);
+            // Without peers (idle already ended), only what it waits on is left to say.
+            if sched.peers.is_empty() {
+                e.waiting_on = waiting;
+            } else {
+                state.sync_entry(e, sched, waiting);
+            }
         }
         rec.end(r.as_ref().err().map(|e| e.to_string()));
     }
@@ -585,7 +729,6 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
                 .filter_map(|(p, q)| q.late_us.map(|l| (p.peer, l))),
         );
     }
-    r
 }
 
 /// How long a run has moved nothing. The clock is read only once idle: a small operation that
@@ -655,7 +798,6 @@ struct Run<'r, 'b> {
     /// The kernels of local reductions: the host memory's when there is one (they may use
     /// vector units found at run time), the baseline's otherwise.
     kernels: Kernels,
-    local: Option<&'r LocalPlan>,
 }
 
 impl Run<'_, '_> {
@@ -820,42 +962,25 @@ impl Run<'_, '_> {
     }
 
     fn header(&self, channel_seq: u64, bytes: usize) -> Header {
-        let (kind, algo) = match self.info.kind {
-            OpKind::Collective { coll, algo } => (coll.id(), algo.id()),
-            OpKind::PointToPoint => (KIND_P2P, 0),
-        };
-        Header {
-            kind,
-            dtype: self.dtype as u8,
-            op: self.op as u8,
-            algo,
-            root: self.info.root as u32,
-            seq: channel_seq,
-            count: self.info.count as u64,
-            bytes: bytes as u64,
-            entry_us: self.st.entry_us,
-        }
+        header_of(
+            &self.info,
+            self.dtype,
+            self.op,
+            channel_seq,
+            bytes,
+            self.st.entry_us,
+        )
     }
 
     /// Adds what this run was doing to `e`, and what the job monitor knows of its cause.
     fn fail(&self, e: Error) -> Error {
-        let e = e.rank(self.comm.rank()).context(format!(
-            "{} #{} ({}, {} bytes)",
-            self.info.name(),
-            self.seq,
-            self.sched.algo,
-            self.info.bytes
-        ));
-        self.comm.explain(e)
+        fail_op(self.comm, &self.info, self.seq, self.sched, e)
     }
 
     /// Runs the schedule to completion (or error).
     fn drive(&mut self) -> Result<()> {
         if self.sched.peers.is_empty() && self.comm.config().fault_stall != Some(self.seq) {
-            return match self.local {
-                Some(plan) => self.drive_plan(plan),
-                None => self.drive_local(),
-            };
+            return self.drive_local();
         }
         // Zero-length ops count as complete from the start (0 of 0 bytes done).
         self.st
@@ -913,88 +1038,6 @@ impl Run<'_, '_> {
             k += 1;
         }
         self.st.next_local = sched.locals.len();
-        Ok(())
-    }
-
-    /// [`drive_local`](Run::drive_local) on the steps of the schedule's [`LocalPlan`]: the
-    /// same ops in the same order, their operands' places worked out once per cached schedule.
-    fn drive_plan(&mut self, plan: &LocalPlan) -> Result<()> {
-        self.st.reset_local(self.sched, self.elem, self.entry_us);
-        let h = self.host.as_deref().ok_or_else(no_host)?;
-        self.host_base = h.posted(h.me());
-        // Announced at the first post and compared at every wait: worked out once.
-        let desc = self.host_desc();
-        for step in plan.steps(self.host_swap.is_some()) {
-            self.plan_step(step, desc).map_err(|e| self.fail(e))?;
-        }
-        self.st.next_local = self.sched.locals.len();
-        Ok(())
-    }
-
-    /// One step of a plan; `desc` is this operation's fingerprint ([`Run::host_desc`]). Host
-    /// slots are taken without checking the host rank against the host's ranks: the plan was
-    /// compiled for them (`LocalPlan::compile`).
-    fn plan_step(&mut self, step: &Step, desc: u64) -> Result<()> {
-        let elem = self.elem;
-        let (dtype, op) = (self.dtype, self.op);
-        match *step {
-            Step::CopyIn { src, dst } => {
-                let s = self.bufs.get(&src, elem)?;
-                let h = self.host.as_deref_mut().ok_or_else(no_host)?;
-                let Buf::Host(i) = dst.buf else {
-                    unreachable!("a plan copies in to a host slot")
-                };
-                host_slot_mut(h, i, &dst, elem)?.copy_from_slice(s);
-            }
-            Step::CopyOut { src, dst } => {
-                let Buf::Host(i) = src.buf else {
-                    unreachable!("a plan copies out of a host slot")
-                };
-                let s = plan_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
-                self.bufs.get_mut(&dst, elem)?.copy_from_slice(s);
-            }
-            Step::CopyLocal { src, dst } => {
-                let (d, s) = self.bufs.pair(&dst, &src, elem)?;
-                if let Some(s) = s {
-                    d.copy_from_slice(s);
-                }
-            }
-            Step::Fused { dst, a, b } => {
-                let (Buf::Host(ia), Buf::Host(ib)) = (a.buf, b.buf) else {
-                    unreachable!("a plan's one pass reads host slots")
-                };
-                let h = self.host.as_deref().ok_or_else(no_host)?;
-                let (x, y) = (plan_slot(h, ia, &a, elem)?, plan_slot(h, ib, &b, elem)?);
-                (self.kernels.into)(dtype, op, self.bufs.get_mut(&dst, elem)?, x, y);
-            }
-            Step::ReduceOut { dst, src, order } => {
-                let Buf::Host(i) = src.buf else {
-                    unreachable!("a plan reduces out of a host slot")
-                };
-                let s = plan_slot(self.host.as_deref().ok_or_else(no_host)?, i, &src, elem)?;
-                (self.kernels.inplace)(dtype, op, self.bufs.get_mut(&dst, elem)?, s, order);
-            }
-            Step::FinishAvg { region } => {
-                if op == ReduceOp::Avg {
-                    let world = self.comm.size();
-                    reduce::finish_avg(dtype, self.bufs.get_mut(&region, elem)?, world);
-                }
-            }
-            Step::Post => {
-                let h = self.host.as_deref().ok_or_else(no_host)?;
-                if !self.announced {
-                    h.announce(self.st.host_ops, desc);
-                    self.announced = true;
-                }
-                h.post();
-            }
-            Step::Wait { count, id, k } => {
-                self.await_posts(id, k)?;
-                if count > 0 {
-                    self.check_host_calls(desc)?;
-                }
-            }
-        }
         Ok(())
     }
 
@@ -1233,9 +1276,7 @@ impl Run<'_, '_> {
         };
         let h = self.host.as_deref().ok_or_else(no_host)?;
         let target = self.host_base + u64::from(count);
-        Ok((0..h.ranks().len())
-            .any(|i| h.posted(i) < target)
-            .then_some(target))
+        Ok((!h.all_posted(target)).then_some(target))
     }
 
     /// The host rank that has not yet posted `target` times, as a communicator rank.
@@ -1248,48 +1289,15 @@ impl Run<'_, '_> {
 
     /// This operation's fingerprint in host memory.
     fn host_desc(&self) -> u64 {
-        let d = self.header(0, 0).host_desc();
-        if self.sched.direct {
-            d | DIRECT_DESC
-        } else {
-            d
-        }
+        host_desc(self.header(0, 0), self.sched.direct)
     }
 
     /// Every other rank of the host must be in the same call as this one.
     fn check_host_calls(&self, desc: u64) -> Result<()> {
         let h = self.host.as_deref().ok_or_else(no_host)?;
-        let (ranks, me) = (h.ranks(), h.me());
-        for i in (0..ranks.len()).filter(|&i| i != me) {
-            let theirs = h.desc(i, self.st.host_ops);
-            if theirs != desc {
-                let mine = self.header(0, 0);
-                let peer = ranks[i];
-                if theirs ^ desc == DIRECT_DESC {
-                    let (a, b) = if self.sched.direct {
-                        ("", " not")
-                    } else {
-                        (" not", "")
-                    };
-                    return Err(Error::invalid_usage(format!(
-                        "with peer {peer}: {}: this rank's buffers are{a} all from \
-                         Communicator::alloc (shared memory) and the peer's are{b}; on one host \
-                         either every rank passes such buffers to a collective or none does",
-                        mine.describe()
-                    ))
-                    .peer(peer));
-                }
-                let theirs = theirs & !DIRECT_DESC;
-                let theirs = Header::from_host_desc(theirs, mine.algo);
-                return Err(Error::invalid_usage(format!(
-                    "with peer {peer}: mismatched calls: this rank called {}, the peer called {}",
-                    mine.describe(),
-                    theirs.describe()
-                ))
-                .peer(peer));
-            }
-        }
-        Ok(())
+        check_host_calls(h, self.st.host_ops, desc, self.sched.direct, || {
+            self.header(0, 0)
+        })
     }
 
     /// Local op `id`, the `k`th, a wait in host memory: waits until every host rank has posted
