@@ -162,6 +162,9 @@ impl HostMemory for HostGroup {
             _ => false,
         }
     }
+    fn has_shared(&self) -> bool {
+        self.mine.is_some() && !self.arenas.is_empty()
+    }
     fn announce_buffers(&self, op: u64, input: &[u8], output: &[u8]) -> Result<()> {
         let a = self
             .mine

@@ -68,6 +68,8 @@ pub(crate) struct Engine {
     /// its host among hosts that share memory has no segment but schedules the same chunks as
     /// the others, so it takes the slot size they have.
     host_slot: usize,
+    /// Whether buffers can lie in the host's shared arenas (`HostMemory::has_shared`).
+    has_shared: bool,
     /// Live registrations of caller memory (`Communicator::alloc`, `Communicator::register`).
     pub registry: Arc<Registry>,
     inner: Mutex<Inner>,
@@ -192,7 +194,9 @@ impl Engine {
             }
             None => 0,
         };
+        let has_shared = links.host.as_deref().is_some_and(|h| h.has_shared());
         Engine {
+            has_shared,
             registry,
             model: cost::properties_of(&peers),
             peers,
@@ -236,7 +240,8 @@ impl Engine {
         let overrides_gen = self.overrides_gen.load(Ordering::Acquire);
         let mut g = self.lock();
         if let Some(p) = g.prepared.take() {
-            let again = p.fits(&call, send, recv, overrides_gen) && !in_arena(&g, send, recv);
+            let again = p.fits(&call, send, recv, overrides_gen)
+                && !(self.has_shared && in_arena(&g, send, recv));
             let r = again.then(|| self.run_prepared(&mut g, &p, send, recv));
             g.prepared = Some(p);
             if let Some(r) = r {

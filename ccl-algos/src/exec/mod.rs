@@ -494,6 +494,8 @@ pub struct ExecState {
     /// Whether the next operation in host memory starts on the second half of the slots (the
     /// last one's last chunk was on the first; see `crate::host`).
     host_second_half: bool,
+    /// The host memory's reduce kernels, asked for once.
+    kernels: Option<Kernels>,
 }
 
 impl ExecState {

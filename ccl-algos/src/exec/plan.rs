@@ -13,7 +13,7 @@ use ccl_core::{DataType, Error, ReduceOp, Result};
 
 use super::{
     Buffers, ExecState, Job, OpInfo, Registered, Run, begin_op, check_host_calls, end_op, fail_op,
-    header_of, host_desc, host_slot_mut, no_host, plan_slot,
+    header_of, host_desc, no_host, outside, plan_slot,
 };
 use crate::local::{LocalPlan, Step};
 use crate::schedule::{Buf, OpId, Schedule};
@@ -66,7 +66,8 @@ pub fn run_plan(
     }
     let elem = job.dtype.size();
     let entry_us = begin_op(comm, job.record, sched, elem);
-    state.reset_local(sched, elem, entry_us);
+    // The executor's state for this operation is set only if a wait blocks (`Planned::wait`):
+    // nothing else here reads it.
     let mut host = links.host.take();
     let r = match host.as_deref_mut() {
         Some(h) => {
@@ -74,7 +75,7 @@ pub fn run_plan(
                 comm,
                 links: &mut *links,
                 base: h.posted(h.me()),
-                kernels: h.kernels(),
+                kernels: *state.kernels.get_or_insert_with(|| h.kernels()),
                 h,
                 st: &mut *state,
                 sched,
@@ -161,10 +162,12 @@ impl Planned<'_, '_> {
         match *step {
             Step::CopyIn { src, dst } => {
                 let s = self.bufs.get(&src, elem)?;
-                let Buf::Host(i) = dst.buf else {
-                    unreachable!("a plan copies in to a host slot")
-                };
-                host_slot_mut(self.h, i, &dst, elem)?.copy_from_slice(s);
+                // Only into this rank's own slot (`LocalPlan::compile`).
+                self.h
+                    .my_slot()
+                    .get_mut(Buffers::range(&dst, elem))
+                    .ok_or_else(|| outside(&dst))?
+                    .copy_from_slice(s);
             }
             Step::CopyOut { src, dst } => {
                 let Buf::Host(i) = src.buf else {
@@ -218,6 +221,7 @@ impl Planned<'_, '_> {
             return Ok(());
         }
         self.h.wake();
+        self.st.reset_local(self.sched, self.elem, self.entry_us);
         self.st.next_local = k;
         let mut run = Run {
             comm: self.comm,

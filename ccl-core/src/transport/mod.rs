@@ -261,6 +261,11 @@ pub trait HostMemory: Send + fmt::Debug {
     fn shared(&self, _bytes: &[u8]) -> bool {
         false
     }
+    /// Whether any buffer can be [`shared`](HostMemory::shared): every rank of the host maps
+    /// the others' arenas (known once the host memory is made, and fixed from then on).
+    fn has_shared(&self) -> bool {
+        false
+    }
     /// Tells the host where this rank's input and output of operation `op` (counted as in
     /// [`announce`](HostMemory::announce)) lie, before its first post in it; both must be
     /// [`shared`](HostMemory::shared).
