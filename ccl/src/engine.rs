@@ -101,9 +101,8 @@ struct Prepared {
     recv_len: usize,
     /// `Engine::overrides_gen` when it was made.
     overrides_gen: u64,
-    algo: Algo,
-    /// The nccl-tests size of the call.
-    bytes: usize,
+    /// The operation as the executor describes it (its algorithm, its nccl-tests size).
+    info: OpInfo,
     sched: Arc<Schedule>,
     plan: Arc<LocalPlan>,
     /// What the flight recorder records of it, but its number.
@@ -293,8 +292,7 @@ impl Engine {
                 send_len: send.map_or(0, <[u8]>::len),
                 recv_len: recv.len(),
                 overrides_gen,
-                algo,
-                bytes: size_bytes,
+                info,
                 sched: sched.clone(),
                 plan: plan.clone(),
                 record: exec::op_record(&info, 0, dtype, op, sched.algo),
@@ -430,27 +428,15 @@ impl Engine {
         recv: &mut [u8],
     ) -> Result<()> {
         self.peers.check()?;
-        let Call {
-            coll,
-            count,
-            dtype,
-            op,
-            root,
-        } = p.call;
         let seq = self.peers.next_seq();
         let job = exec::PlanJob {
             schedule: &p.sched,
             plan: &p.plan,
             send,
             recv,
-            dtype,
-            op,
-            info: OpInfo {
-                kind: OpKind::Collective { coll, algo: p.algo },
-                bytes: p.bytes,
-                root,
-                count,
-            },
+            dtype: p.call.dtype,
+            op: p.call.op,
+            info: p.info,
             seq,
             record: Begin { seq, ..p.record },
         };

@@ -226,11 +226,11 @@ fn check_host_calls(
 }
 
 impl<'a> Buffers<'a> {
-    /// No buffers (what a run holds while another has lent its own).
-    fn none() -> Buffers<'a> {
+    /// The caller's buffers alone, with no scratch space or group buffers.
+    fn caller(send: Option<&'a [u8]>, recv: &'a mut [u8]) -> Buffers<'a> {
         Buffers {
-            send: None,
-            recv: Default::default(),
+            send,
+            recv,
             scratch: Default::default(),
             extra: Vec::new(),
         }

@@ -49,12 +49,7 @@ pub fn run_plan(
     if comm.config().fault_stall == Some(job.seq) {
         let generic = Job {
             schedule: sched,
-            buffers: Buffers {
-                send: job.send,
-                recv: job.recv,
-                scratch: Default::default(),
-                extra: Vec::new(),
-            },
+            buffers: Buffers::caller(job.send, job.recv),
             dtype: job.dtype,
             op: job.op,
             info: job.info,
@@ -80,12 +75,7 @@ pub fn run_plan(
                 st: &mut *state,
                 sched,
                 // A plan's schedule has no scratch space (`LocalPlan::compile`).
-                bufs: Buffers {
-                    send: job.send,
-                    recv: job.recv,
-                    scratch: Default::default(),
-                    extra: Vec::new(),
-                },
+                bufs: Buffers::caller(job.send, job.recv),
                 dtype: job.dtype,
                 op: job.op,
                 info: job.info,
@@ -233,7 +223,7 @@ impl Planned<'_, '_> {
             entry_us: self.entry_us,
             st: &mut *self.st,
             sched: self.sched,
-            bufs: std::mem::replace(&mut self.bufs, Buffers::none()),
+            bufs: std::mem::replace(&mut self.bufs, Buffers::caller(None, Default::default())),
             registered: Registered::default(),
             dtype: self.dtype,
             op: self.op,
