@@ -9,6 +9,7 @@
 //! the plan is derived from it mechanically and runs its ops in the same order.
 
 use ccl_core::reduce::Order;
+use ccl_core::transport::program::{CallBuf, HostProgram, HostStep};
 
 use crate::host::swap_half;
 use crate::schedule::{Action, Buf, OpId, Region, Schedule};
@@ -18,6 +19,9 @@ use crate::schedule::{Action, Buf, OpId, Region, Schedule};
 pub struct LocalPlan {
     /// `[as the schedule names them, in the other halves]`.
     halves: [Vec<Step>; 2],
+    /// The same steps in bytes, one for one, for the host memory to run
+    /// ([`HostMemory::run`](ccl_core::transport::HostMemory::run)).
+    programs: [HostProgram; 2],
 }
 
 /// One step; regions are in elements, host slots as `(host rank, region)`.
@@ -71,7 +75,8 @@ impl LocalPlan {
     /// ops has a shape the plan
     /// knows (every host-memory schedule of `crate::host` has); `None` sends the executor the
     /// generic way. The executor takes a plan's slots without checking their ranks again.
-    pub fn compile(s: &Schedule, me: usize, ranks: usize) -> Option<LocalPlan> {
+    /// Its regions are in elements of `elem` bytes.
+    pub fn compile(s: &Schedule, me: usize, ranks: usize, elem: usize) -> Option<LocalPlan> {
         if !s.peers.is_empty()
             || s.direct
             || !s.uses_host()
@@ -84,15 +89,90 @@ impl LocalPlan {
         if !named.iter().all(|st| slots_below(st, ranks)) {
             return None;
         }
-        let swapped = named.iter().map(|st| swap(*st, s.host_slot)).collect();
+        let swapped: Vec<Step> = named.iter().map(|st| swap(*st, s.host_slot)).collect();
+        let program = |steps: &[Step]| -> Option<HostProgram> {
+            let bytes = steps.iter().map(|st| in_bytes(st, elem));
+            Some(HostProgram::new(bytes.collect::<Option<_>>()?))
+        };
+        let programs = [program(&named)?, program(&swapped)?];
         Some(LocalPlan {
             halves: [named, swapped],
+            programs,
         })
     }
 
     pub(crate) fn steps(&self, second_half: bool) -> &[Step] {
         &self.halves[usize::from(second_half)]
     }
+
+    /// [`steps`](LocalPlan::steps) in bytes: the same steps at the same places.
+    pub(crate) fn program(&self, second_half: bool) -> &HostProgram {
+        &self.programs[usize::from(second_half)]
+    }
+}
+
+/// `st` in bytes of elements of `elem` bytes; `None` for what a host program does not hold:
+/// scratch space, or a copy between regions of different lengths.
+fn in_bytes(st: &Step, elem: usize) -> Option<HostStep> {
+    let caller = |b: Buf| match b {
+        Buf::Send => Some(CallBuf::Send),
+        Buf::Recv => Some(CallBuf::Recv),
+        _ => None,
+    };
+    let recv = |r: &Region| (r.buf == Buf::Recv).then_some(r.off * elem);
+    let slot = |r: &Region| match r.buf {
+        Buf::Host(i) => Some((i, r.off * elem)),
+        _ => None,
+    };
+    let same = |a: &Region, b: &Region| (a.len == b.len).then_some(a.len * elem);
+    Some(match st {
+        Step::CopyIn { src, dst } => HostStep::CopyIn {
+            src: caller(src.buf)?,
+            from: src.off * elem,
+            to: slot(dst)?.1,
+            len: same(src, dst)?,
+        },
+        Step::CopyOut { src, dst } => {
+            let (i, from) = slot(src)?;
+            HostStep::CopyOut {
+                slot: i,
+                from,
+                to: recv(dst)?,
+                len: same(src, dst)?,
+            }
+        }
+        Step::CopyLocal { src, dst } => HostStep::CopyLocal {
+            src: caller(src.buf)?,
+            from: src.off * elem,
+            to: recv(dst)?,
+            len: same(src, dst)?,
+        },
+        Step::Fused { dst, a, b } => {
+            same(a, b)?;
+            HostStep::Fused {
+                to: recv(dst)?,
+                len: same(dst, a)?,
+                a: slot(a)?,
+                b: slot(b)?,
+            }
+        }
+        Step::ReduceOut { dst, src, order } => {
+            let (i, from) = slot(src)?;
+            HostStep::ReduceOut {
+                to: recv(dst)?,
+                len: same(dst, src)?,
+                slot: i,
+                from,
+                order: *order,
+            }
+        }
+        Step::FinishAvg { region } => HostStep::FinishAvg {
+            at: recv(region)?,
+            len: region.len * elem,
+        },
+        Step::Post => HostStep::Post,
+        Step::Wait { count, .. } => HostStep::Wait { count: *count },
+    })
 }
 
 /// Whether every host slot `st` names belongs to one of `ranks` host ranks.
@@ -217,9 +297,9 @@ mod tests {
     fn one_shot_allreduce_compiles_to_copy_post_wait_and_one_pass() {
         for (rank, size) in [(0, 2), (1, 2), (2, 4)] {
             let s = crate::host::allreduce(&shape(rank, size, 100, false));
-            let p = LocalPlan::compile(&s, rank, size).expect("a host schedule compiles");
+            let p = LocalPlan::compile(&s, rank, size, 4).expect("a host schedule compiles");
             // Compiled for fewer ranks than it reads, it is not compiled at all.
-            assert!(LocalPlan::compile(&s, rank, size - 1).is_none());
+            assert!(LocalPlan::compile(&s, rank, size - 1, 4).is_none());
             let st = p.steps(false);
             assert!(matches!(st[0], Step::CopyIn { .. }), "{st:?}");
             assert_eq!(st[1], Step::Post);
@@ -239,13 +319,47 @@ mod tests {
             };
             assert_eq!(src, s2);
             assert_eq!(d2.off, dst.off + 2048);
+            // The programs are the same steps in bytes, one for one.
+            for half in [false, true] {
+                let (st, prog) = (p.steps(half), p.program(half).steps());
+                assert_eq!(st.len(), prog.len());
+                let Step::CopyIn { src, dst } = st[0] else {
+                    unreachable!()
+                };
+                assert_eq!(
+                    prog[0],
+                    HostStep::CopyIn {
+                        src: CallBuf::Send,
+                        from: src.off * 4,
+                        to: dst.off * 4,
+                        len: 400
+                    }
+                );
+                assert_eq!(prog[1..3], [HostStep::Post, HostStep::Wait { count: 1 }]);
+                let (
+                    Step::Fused { a, b, .. },
+                    HostStep::Fused {
+                        to,
+                        len,
+                        a: ba,
+                        b: bb,
+                    },
+                ) = (st[3], prog[3])
+                else {
+                    panic!("{prog:?}")
+                };
+                assert_eq!((to, len), (0, 400));
+                let Buf::Host(ia) = a.buf else { unreachable!() };
+                assert_eq!(ba, (ia, a.off * 4));
+                assert_eq!(bb.1, b.off * 4);
+            }
         }
     }
 
     #[test]
     fn schedules_with_peers_or_other_shapes_take_the_generic_way() {
         let two_shot = crate::host::allreduce_with(&shape(0, 2, 100, false), 10);
-        assert!(LocalPlan::compile(&two_shot, 0, 2).is_some());
+        assert!(LocalPlan::compile(&two_shot, 0, 2, 4).is_some());
         let mut ring = Schedule::new("ring");
         ring.push(
             Action::Send {
@@ -256,6 +370,6 @@ mod tests {
             None,
             0,
         );
-        assert!(LocalPlan::compile(&ring.finish(), 0, 2).is_none());
+        assert!(LocalPlan::compile(&ring.finish(), 0, 2, 4).is_none());
     }
 }

@@ -24,7 +24,9 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use ccl_core::{Error, Result};
+use ccl_core::reduce::{Kernels, finish_avg};
+use ccl_core::transport::program::{CallBuf, HostCall, HostProgram, HostStep, Stop};
+use ccl_core::{Error, ReduceOp, Result};
 use crossbeam_utils::CachePadded;
 
 use crate::mem::{Mapping, MemFile, PAGE};
@@ -350,6 +352,120 @@ impl HostSegment {
         unsafe { std::slice::from_raw_parts_mut(self.map.ptr().as_ptr().add(at), self.layout.slot) }
     }
 
+    /// Runs `prog` from step `from` (`HostMemory::run`), with the reduce kernels `k`: its
+    /// regions are checked against the buffers and slots once, so each step is a copy or a
+    /// reduction between slices and, for posts and waits, a look at the counters.
+    pub fn run(
+        &mut self,
+        prog: &HostProgram,
+        from: usize,
+        call: &mut HostCall<'_>,
+        k: &Kernels,
+    ) -> Result<Stop> {
+        if let Some(why) = prog.misfit(call, self.layout.ranks, self.layout.slot) {
+            return Err(Error::internal(why));
+        }
+        if from == 0 {
+            call.base = self.posted(self.me);
+        }
+        let (dtype, op) = (call.dtype, call.op);
+        let mut announced = false;
+        for (at, step) in prog.steps().iter().enumerate().skip(from) {
+            match *step {
+                HostStep::CopyIn { src, from, to, len } => {
+                    let s = match src {
+                        // `misfit` refused a program that reads the send buffer in place.
+                        CallBuf::Send => call.send.unwrap_or_default(),
+                        CallBuf::Recv => &*call.recv,
+                    };
+                    self.my_slot()[to..to + len].copy_from_slice(&s[from..from + len]);
+                }
+                HostStep::CopyOut {
+                    slot,
+                    from,
+                    to,
+                    len,
+                } => call.recv[to..to + len]
+                    .copy_from_slice(&self.slot(usize::from(slot))[from..from + len]),
+                HostStep::CopyLocal {
+                    src: CallBuf::Send,
+                    from,
+                    to,
+                    len,
+                } => call.recv[to..to + len]
+                    .copy_from_slice(&call.send.unwrap_or_default()[from..from + len]),
+                HostStep::CopyLocal {
+                    src: CallBuf::Recv,
+                    from,
+                    to,
+                    len,
+                } => call.recv.copy_within(from..from + len, to),
+                HostStep::Fused { to, len, a, b } => (k.into)(
+                    dtype,
+                    op,
+                    &mut call.recv[to..to + len],
+                    &self.slot(usize::from(a.0))[a.1..a.1 + len],
+                    &self.slot(usize::from(b.0))[b.1..b.1 + len],
+                ),
+                HostStep::ReduceOut {
+                    to,
+                    len,
+                    slot,
+                    from,
+                    order,
+                } => (k.inplace)(
+                    dtype,
+                    op,
+                    &mut call.recv[to..to + len],
+                    &self.slot(usize::from(slot))[from..from + len],
+                    order,
+                ),
+                HostStep::FinishAvg { at, len } => {
+                    if op == ReduceOp::Avg {
+                        finish_avg(dtype, &mut call.recv[at..at + len], call.world);
+                    }
+                }
+                HostStep::Post => {
+                    if !announced {
+                        self.announce(call.host_op, call.desc);
+                        announced = true;
+                    }
+                    self.post();
+                }
+                HostStep::Wait { count } => {
+                    // Only the ranks seen asleep are woken while this one polls: the fenced
+                    // wake would first wait for this rank's writes to reach the other CPUs,
+                    // and the last post may come meanwhile. It comes before the run stops
+                    // here, or when the operation ends; a rank that went to sleep unseen
+                    // sleeps at most as long as this rank polls.
+                    self.wake_seen();
+                    let target = call.base + u64::from(count);
+                    if !self.all_posted(target) && !self.poll_posted(target, call.spin) {
+                        self.wake();
+                        return Ok(Stop::Blocked { at });
+                    }
+                    if count > 0
+                        && let Some((rank, desc)) = self.first_unlike(call.host_op, call.desc)
+                    {
+                        return Ok(Stop::Unlike { at, rank, desc });
+                    }
+                }
+            }
+        }
+        Ok(Stop::Done)
+    }
+
+    /// Whether every rank posts `count` times within `polls` looks at the counters.
+    fn poll_posted(&self, count: u64, polls: u32) -> bool {
+        for _ in 0..polls {
+            std::hint::spin_loop();
+            if self.all_posted(count) {
+                return true;
+            }
+        }
+        false
+    }
+
     /// This rank's slot to write and rank `i`'s to read, at once (`i` is another rank).
     pub fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]) {
         assert!(
@@ -416,6 +532,84 @@ mod tests {
         a.announce(0, 77);
         a.announce(1, 78);
         assert_eq!((c.desc(0, 0), c.desc(0, 1), c.desc(0, 2)), (77, 78, 77));
+    }
+
+    #[test]
+    fn two_ranks_run_a_program_that_stops_at_a_wait_and_goes_on_from_it() {
+        let mut a = HostSegment::create(2, PAGE).unwrap();
+        let sh = a.share();
+        let ev: Vec<OwnedFd> = sh
+            .events
+            .iter()
+            .map(|e| e.try_clone_to_owned().unwrap())
+            .collect();
+        let mut b =
+            HostSegment::open(sh.file.try_clone_to_owned().unwrap(), ev, 2, PAGE, 1).unwrap();
+        // Rank r copies its 2 floats to its slot at 64 r, posts, waits, and sums both slots.
+        let prog = |r: usize| {
+            HostProgram::new(vec![
+                HostStep::CopyIn {
+                    src: CallBuf::Send,
+                    from: 0,
+                    to: 64 * r,
+                    len: 8,
+                },
+                HostStep::Post,
+                HostStep::Wait { count: 1 },
+                HostStep::Fused {
+                    to: 0,
+                    len: 8,
+                    a: (0, 0),
+                    b: (1, 64),
+                },
+            ])
+        };
+        let call = |send, recv, desc| HostCall {
+            send: Some(send),
+            recv,
+            dtype: ccl_core::DataType::F32,
+            op: ReduceOp::Sum,
+            world: 2,
+            host_op: 0,
+            desc,
+            base: 0,
+            spin: 10,
+        };
+        let f = |x: [f32; 2]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let (xa, xb) = (f([1.0, 2.0]), f([10.0, 20.0]));
+        let (mut ra, mut rb) = ([0u8; 8], [0u8; 8]);
+        let k = Kernels::BASELINE;
+        let mut ca = call(&xa, &mut ra, 7);
+        assert_eq!(
+            a.run(&prog(0), 0, &mut ca, &k).unwrap(),
+            Stop::Blocked { at: 2 }
+        );
+        assert_eq!(ca.base, 0);
+        let mut cb = call(&xb, &mut rb, 7);
+        assert_eq!(b.run(&prog(1), 0, &mut cb, &k).unwrap(), Stop::Done);
+        assert_eq!(a.run(&prog(0), 3, &mut ca, &k).unwrap(), Stop::Done);
+        assert_eq!(&ca.recv[..], &f([11.0, 22.0])[..]);
+        assert_eq!(&cb.recv[..], &f([11.0, 22.0])[..]);
+        // The next operation: rank 1 in another one is found at the wait.
+        let (mut ra, mut rb) = ([0u8; 8], [0u8; 8]);
+        let (mut ca, mut cb) = (call(&xa, &mut ra, 7), call(&xb, &mut rb, 8));
+        (ca.host_op, cb.host_op) = (1, 1);
+        assert_eq!(
+            b.run(&prog(1), 0, &mut cb, &k).unwrap(),
+            Stop::Blocked { at: 2 }
+        );
+        assert_eq!(cb.base, 1);
+        let unlike = Stop::Unlike {
+            at: 2,
+            rank: 1,
+            desc: 8,
+        };
+        assert_eq!(a.run(&prog(0), 0, &mut ca, &k).unwrap(), unlike);
+        // Buffers too small for the program: an error before any step.
+        let mut short = [0u8; 4];
+        let e = a.run(&prog(0), 0, &mut call(&xa, &mut short, 7), &k);
+        assert!(e.unwrap_err().to_string().contains("receive bytes"));
+        assert_eq!(a.posted(0), 2, "the refused run posted nothing");
     }
 
     #[test]

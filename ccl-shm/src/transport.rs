@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ccl_core::transport::handshake::{self, Acceptor, Magic};
+use ccl_core::transport::program::{HostCall, HostProgram, Stop};
 use ccl_core::transport::{
     ConnectContext, Endpoint, Handle, HostMemory, Interest, Listener, Scope, Transport,
     TransportProperties,
@@ -82,6 +83,8 @@ pub struct HostGroup {
     /// The operation announced last (`HostMemory::announce_buffers`), whose buffers
     /// `peer_input` and `peer_output` look up.
     op: AtomicU64,
+    /// The reduce kernels of this CPU (`HostMemory::kernels`).
+    kernels: ccl_core::reduce::Kernels,
 }
 
 impl HostGroup {
@@ -154,6 +157,9 @@ impl HostMemory for HostGroup {
     fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]) {
         self.segment.slot_pair(i)
     }
+    fn run(&mut self, prog: &HostProgram, from: usize, call: &mut HostCall<'_>) -> Result<Stop> {
+        self.segment.run(prog, from, call, &self.kernels)
+    }
     fn shared(&self, bytes: &[u8]) -> bool {
         match &self.mine {
             Some(a) if !self.arenas.is_empty() && a.contains(bytes.as_ptr() as usize) => {
@@ -196,7 +202,7 @@ impl HostMemory for HostGroup {
         Ok(unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) })
     }
     fn kernels(&self) -> ccl_core::reduce::Kernels {
-        crate::simd::kernels()
+        self.kernels
     }
 }
 
@@ -234,6 +240,7 @@ impl ShmTransport {
             arenas,
             mine: st.arena.clone(),
             op: AtomicU64::new(0),
+            kernels: crate::simd::kernels(),
         })
     }
 

@@ -405,7 +405,7 @@ impl Engine {
             .links
             .host
             .as_deref()
-            .and_then(|h| LocalPlan::compile(&sched, h.me(), h.ranks().len()))
+            .and_then(|h| LocalPlan::compile(&sched, h.me(), h.ranks().len(), elem))
             .map(Arc::new);
         g.remember(Recent {
             coll,

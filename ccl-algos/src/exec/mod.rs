@@ -96,14 +96,6 @@ fn host_slot<'x>(h: &'x dyn HostMemory, i: u16, r: &Region, elem: usize) -> Resu
         .ok_or_else(|| outside(r))
 }
 
-/// [`host_slot`] for a plan, which was compiled for the host's ranks: one call to the host
-/// memory fewer on the path of a small operation.
-fn plan_slot<'x>(h: &'x dyn HostMemory, i: u16, r: &Region, elem: usize) -> Result<&'x [u8]> {
-    h.slot(i as usize)
-        .get(Buffers::range(r, elem))
-        .ok_or_else(|| outside(r))
-}
-
 /// Region `r` of this rank's host slot (host rank `i` must be this rank: only owners write).
 fn host_slot_mut<'x>(
     h: &'x mut dyn HostMemory,
@@ -175,6 +167,13 @@ fn header_of(
     }
 }
 
+/// Whether this host's ranks outnumber its CPUs (worked out once per communicator).
+fn shares_cpus(comm: &Peers, st: &mut ExecState) -> bool {
+    *st.shares_cpus.get_or_insert_with(|| {
+        comm.machine_cpus() > 0 && comm.ranks_on_host() > comm.machine_cpus()
+    })
+}
+
 /// Adds what operation `seq` was doing to `e`, and what the job monitor knows of its cause.
 fn fail_op(comm: &Peers, info: &OpInfo, seq: u64, sched: &Schedule, e: Error) -> Error {
     let e = e.rank(comm.rank()).context(format!(
@@ -202,27 +201,40 @@ fn check_host_calls(
     direct: bool,
     mine: impl Fn() -> Header,
 ) -> Result<()> {
-    let Some((i, theirs)) = h.first_unlike(host_ops, desc) else {
-        return Ok(());
-    };
-    let (mine, peer) = (mine(), h.ranks()[i]);
+    match h.first_unlike(host_ops, desc) {
+        None => Ok(()),
+        Some((i, theirs)) => Err(unlike(h, i, theirs, desc, direct, mine())),
+    }
+}
+
+/// The error of host rank `i` found in another operation (`theirs`) than this rank's (`desc`,
+/// whose header is `mine`).
+fn unlike(
+    h: &dyn HostMemory,
+    i: usize,
+    theirs: u64,
+    desc: u64,
+    direct: bool,
+    mine: Header,
+) -> Error {
+    let peer = h.ranks()[i];
     if theirs ^ desc == DIRECT_DESC {
         let (a, b) = if direct { ("", " not") } else { (" not", "") };
-        return Err(Error::invalid_usage(format!(
+        return Error::invalid_usage(format!(
             "with peer {peer}: {}: this rank's buffers are{a} all from \
              Communicator::alloc (shared memory) and the peer's are{b}; on one host \
              either every rank passes such buffers to a collective or none does",
             mine.describe()
         ))
-        .peer(peer));
+        .peer(peer);
     }
     let theirs = Header::from_host_desc(theirs & !DIRECT_DESC, mine.algo);
-    Err(Error::invalid_usage(format!(
+    Error::invalid_usage(format!(
         "with peer {peer}: mismatched calls: this rank called {}, the peer called {}",
         mine.describe(),
         theirs.describe()
     ))
-    .peer(peer))
+    .peer(peer)
 }
 
 impl<'a> Buffers<'a> {
@@ -494,8 +506,6 @@ pub struct ExecState {
     /// Whether the next operation in host memory starts on the second half of the slots (the
     /// last one's last chunk was on the first; see `crate::host`).
     host_second_half: bool,
-    /// The host memory's reduce kernels, asked for once.
-    kernels: Option<Kernels>,
 }
 
 impl ExecState {
@@ -1609,11 +1619,7 @@ impl Run<'_, '_> {
             // does not yield). With more ranks than CPUs, the rank awaited may need this very
             // CPU: polling between yields hands it over at once, where sleeping would cost a
             // wake-up per step (4 ranks on 2 CPUs: 60-100 us per 8 B allreduce).
-            let comm = self.comm;
-            let shared = *self.st.shares_cpus.get_or_insert_with(|| {
-                comm.machine_cpus() > 0 && comm.ranks_on_host() > comm.machine_cpus()
-            });
-            if shared {
+            if shares_cpus(self.comm, self.st) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

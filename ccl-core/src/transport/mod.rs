@@ -24,6 +24,7 @@
 pub mod conformance;
 pub mod handshake;
 pub mod local;
+pub mod program;
 pub mod tcp;
 
 use std::fmt;
@@ -252,6 +253,15 @@ pub trait HostMemory: Send + fmt::Debug {
     fn my_slot(&mut self) -> &mut [u8];
     /// This rank's slot to write and host rank `i`'s (`i != me`) to read, at once.
     fn slot_pair(&mut self, i: usize) -> (&mut [u8], &[u8]);
+    /// Runs `prog`'s steps from step `from` on `call`'s buffers, until they are done, a wait
+    /// would block or a rank is in another operation ([`program`]). A run from step 0 sets
+    /// `call.base`. Buffers or slots too small for the program are an error, before any step.
+    fn run(
+        &mut self,
+        prog: &program::HostProgram,
+        from: usize,
+        call: &mut program::HostCall<'_>,
+    ) -> Result<program::Stop>;
 
     // Buffers the host's ranks read and write in place (ccl-algos' `Buf::PeerIn`/`PeerOut`):
     // memory from this rank's shared arena, which every other rank of the host maps.
