@@ -152,25 +152,39 @@ impl HostProgram {
 
     /// Why `call`'s buffers, or host memory of `ranks` ranks with `slot_len`-byte slots, cannot
     /// hold the program's regions (`None`: they can).
+    #[inline]
     pub fn misfit(&self, call: &HostCall<'_>, ranks: usize, slot_len: usize) -> Option<String> {
+        let fits = match call.send {
+            Some(s) => s.len() >= self.need_send,
+            None => self.need_send == 0,
+        } && call.recv.len() >= self.need_recv
+            && slot_len >= self.need_slot
+            && ranks >= self.slot_ranks;
+        if fits {
+            None
+        } else {
+            Some(self.why_misfit(call, ranks, slot_len))
+        }
+    }
+
+    #[cold]
+    fn why_misfit(&self, call: &HostCall<'_>, ranks: usize, slot_len: usize) -> String {
         let send = call.send.map_or(0, <[u8]>::len);
         if call.send.is_none() && self.need_send > 0 {
-            Some("a host program reads the send buffer of an operation in place".into())
+            "a host program reads the send buffer of an operation in place".into()
         } else if send < self.need_send || call.recv.len() < self.need_recv {
-            Some(format!(
+            format!(
                 "a host program needs {} send and {} receive bytes; the call has {send} and {}",
                 self.need_send,
                 self.need_recv,
                 call.recv.len()
-            ))
-        } else if slot_len < self.need_slot || ranks < self.slot_ranks {
-            Some(format!(
+            )
+        } else {
+            format!(
                 "a host program needs {} slots of {} bytes; the host memory has {ranks} of \
                  {slot_len}",
                 self.slot_ranks, self.need_slot
-            ))
-        } else {
-            None
+            )
         }
     }
 }
