@@ -493,23 +493,28 @@ impl HostSegment {
 mod tests {
     use super::*;
 
+    /// Rank `me` of `ranks` with `slot`-byte slots, opening what `sh` shares.
+    fn open(sh: &HostShare<'_>, ranks: usize, slot: usize, me: usize) -> Result<HostSegment> {
+        let events = sh
+            .events
+            .iter()
+            .map(|e| e.try_clone_to_owned().unwrap())
+            .collect();
+        HostSegment::open(
+            sh.file.try_clone_to_owned().unwrap(),
+            events,
+            ranks,
+            slot,
+            me,
+        )
+    }
+
     #[test]
     fn ranks_see_each_others_slots_and_posts() {
         let mut a = HostSegment::create(3, PAGE).unwrap();
         let sh = a.share();
-        let files: Vec<OwnedFd> = (0..2)
-            .map(|_| sh.file.try_clone_to_owned().unwrap())
-            .collect();
-        let ev = |_: usize| -> Vec<OwnedFd> {
-            sh.events
-                .iter()
-                .map(|e| e.try_clone_to_owned().unwrap())
-                .collect()
-        };
-        let (ranks, slot) = (sh.ranks, sh.slot);
-        let mut f = files.into_iter();
-        let mut b = HostSegment::open(f.next().unwrap(), ev(1), ranks, slot, 1).unwrap();
-        let c = HostSegment::open(f.next().unwrap(), ev(2), ranks, slot, 2).unwrap();
+        let mut b = open(&sh, sh.ranks, sh.slot, 1).unwrap();
+        let c = open(&sh, sh.ranks, sh.slot, 2).unwrap();
         b.my_slot()[..3].copy_from_slice(b"bee");
         b.post();
         assert!(c.reached([1], 1) && !c.reached([0, 1], 1));
@@ -537,14 +542,7 @@ mod tests {
     #[test]
     fn two_ranks_run_a_program_that_stops_at_a_wait_and_goes_on_from_it() {
         let mut a = HostSegment::create(2, PAGE).unwrap();
-        let sh = a.share();
-        let ev: Vec<OwnedFd> = sh
-            .events
-            .iter()
-            .map(|e| e.try_clone_to_owned().unwrap())
-            .collect();
-        let mut b =
-            HostSegment::open(sh.file.try_clone_to_owned().unwrap(), ev, 2, PAGE, 1).unwrap();
+        let mut b = open(&a.share(), 2, PAGE, 1).unwrap();
         // Rank r copies its 2 floats to its slot at 64 r, posts, waits, and sums both slots.
         let prog = |r: usize| {
             HostProgram::new(vec![
@@ -616,18 +614,7 @@ mod tests {
     fn a_foreign_or_mismatched_segment_is_refused() {
         let a = HostSegment::create(2, PAGE).unwrap();
         let sh = a.share();
-        let ev: Vec<OwnedFd> = sh
-            .events
-            .iter()
-            .map(|e| e.try_clone_to_owned().unwrap())
-            .collect();
-        let e = HostSegment::open(sh.file.try_clone_to_owned().unwrap(), ev, 2, 2 * PAGE, 1);
-        assert!(e.is_err());
-        let ev: Vec<OwnedFd> = sh
-            .events
-            .iter()
-            .map(|e| e.try_clone_to_owned().unwrap())
-            .collect();
-        assert!(HostSegment::open(sh.file.try_clone_to_owned().unwrap(), ev, 2, PAGE, 2).is_err());
+        assert!(open(&sh, 2, 2 * PAGE, 1).is_err());
+        assert!(open(&sh, 2, PAGE, 2).is_err());
     }
 }

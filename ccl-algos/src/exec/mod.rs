@@ -629,27 +629,7 @@ pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, 
     // The host memory travels beside the links for the run: local ops borrow slots of it while
     // the links are in use.
     let mut host = links.host.take();
-    let kernels = host.as_deref().map_or(Kernels::BASELINE, |h| h.kernels());
-    let mut run = Run {
-        comm,
-        links,
-        host: host.as_deref_mut(),
-        host_base: 0,
-        host_swap: state.host_second_half.then_some(sched.host_slot),
-        announced: false,
-        entry_us,
-        st: state,
-        sched,
-        bufs: job.buffers,
-        registered: job.registered,
-        dtype: job.dtype,
-        op: job.op,
-        info: job.info,
-        seq: job.seq,
-        elem,
-        chunk: comm.config().chunk_size.max(elem),
-        kernels,
-    };
+    let mut run = Run::new(comm, links, host.as_deref_mut(), state, job, entry_us);
     let r = run.drive();
     drop(run);
     end_op(comm, host.as_deref(), state, sched, &r);
@@ -810,6 +790,42 @@ struct Run<'r, 'b> {
     /// The kernels of local reductions: the host memory's when there is one (they may use
     /// vector units found at run time), the baseline's otherwise.
     kernels: Kernels,
+}
+
+impl<'r, 'b> Run<'r, 'b> {
+    /// The run of `job` from the operation's start (no post counted, nothing announced), its
+    /// plan unused; `host` is the links' host memory, lent to the run.
+    fn new(
+        comm: &'r Peers,
+        links: &'r mut Links,
+        host: Option<&'r mut (dyn HostMemory + 'static)>,
+        st: &'r mut ExecState,
+        job: Job<'r, 'b>,
+        entry_us: u64,
+    ) -> Run<'r, 'b> {
+        let elem = job.dtype.size();
+        let kernels = host.as_deref().map_or(Kernels::BASELINE, |h| h.kernels());
+        Run {
+            comm,
+            links,
+            host,
+            host_base: 0,
+            host_swap: st.host_second_half.then_some(job.schedule.host_slot),
+            announced: false,
+            entry_us,
+            st,
+            sched: job.schedule,
+            bufs: job.buffers,
+            registered: job.registered,
+            dtype: job.dtype,
+            op: job.op,
+            info: job.info,
+            seq: job.seq,
+            elem,
+            chunk: comm.config().chunk_size.max(elem),
+            kernels,
+        }
+    }
 }
 
 impl Run<'_, '_> {

@@ -123,29 +123,27 @@ fn drive(
                 "host program stopped at step {at}, which is not a wait"
             ))));
         };
-        let kernels = h.kernels();
         st.reset_local(sched, elem, entry_us);
         st.next_local = k;
-        let mut run = Run {
-            comm,
-            links: &mut *links,
-            host: Some(&mut *h),
-            host_base: call.base,
-            host_swap: half.then_some(sched.host_slot),
-            announced: steps[..at].contains(&Step::Post),
-            entry_us,
-            st: &mut *st,
-            sched,
-            bufs: Buffers::caller(call.send, std::mem::take(&mut call.recv)),
-            registered: Registered::default(),
+        let resumed = Job {
+            schedule: sched,
+            buffers: Buffers::caller(call.send, std::mem::take(&mut call.recv)),
             dtype: job.dtype,
             op: job.op,
             info: job.info,
             seq: job.seq,
-            elem,
-            chunk: comm.config().chunk_size.max(elem),
-            kernels,
+            registered: Registered::default(),
+            local: None,
         };
+        let mut run = Run::new(
+            comm,
+            &mut *links,
+            Some(&mut *h),
+            &mut *st,
+            resumed,
+            entry_us,
+        );
+        (run.host_base, run.announced) = (call.base, steps[..at].contains(&Step::Post));
         let r = run.wait_host(id);
         call.recv = run.bufs.recv;
         r?;
