@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: an allreduce bus-bandwidth test with 4 local ranks over the default transport
-# (verbs when an active RoCE device exists, else TCP), installing what it needs first.
+# The main job: an allreduce bus-bandwidth test with 4 local ranks over the default transports
+# (shared memory between ranks of one host; verbs when an active RoCE device exists, else TCP,
+# between hosts), installing what it needs first.
 # Extra arguments go to ccl-bench, e.g. scripts/bench.sh -b 1M -e 256M -d bf16
 set -euo pipefail
 cd "$(dirname "$0")/.."
