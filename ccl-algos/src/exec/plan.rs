@@ -75,8 +75,9 @@ pub fn run_plan(
 }
 
 /// Looks at the counters a wait takes in the host memory before it stops the program and the
-/// generic wait takes over ([`HostCall::spin`]): on the order of a microsecond, a few times
-/// the usual wait of a small operation whose ranks run in step.
+/// generic wait takes over ([`HostCall::spin`]): about 3 us on the machine this was measured on
+/// (a look and a `pause`, about 22 ns there), several times the usual wait of a small operation
+/// whose ranks run in step. 2048 looks measured the same (docs/performance.md).
 const WAIT_POLLS: u32 = 128;
 
 /// Runs the plan's program in the host memory, and each wait that would block by the generic
