@@ -7,8 +7,11 @@
 # Ranks are bound to cores as Open MPI does by default (not when they outnumber the CPUs).
 # REGISTERED=1 also runs ccl on buffers from Communicator::alloc (`ccl-bench --registered`: over
 # shm, the allreduce that reads and writes the ranks' buffers in place) in the same rounds.
+# Sizes up to SPLIT bytes run ITERS_SMALL timed calls after WARM_SMALL untimed ones (a few
+# thousand: a call there takes well under a microsecond, and 20 of them say more about the
+# clock than about the library); larger sizes run ITERS after 5. Each round runs both.
 # Usage: scripts/compare.sh tcp|shm [NP] ; env ROUNDS (3), ITERS (20), MIN (8), MAX (256M bytes),
-#        REGISTERED (0)
+#        SPLIT (8192), ITERS_SMALL (3000), WARM_SMALL (200), REGISTERED (0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIND=${1:?usage: scripts/compare.sh tcp|shm [NP]}
@@ -18,6 +21,13 @@ case "$KIND" in
   *) echo "compare.sh: transport '$KIND' is not tcp or shm" >&2; exit 2 ;;
 esac
 NP=${2:-2}; ROUNDS=${ROUNDS:-3}; ITERS=${ITERS:-20}; MIN=${MIN:-8}; MAX=${MAX:-268435456}
+SPLIT=${SPLIT:-8192}; ITERS_SMALL=${ITERS_SMALL:-3000}; WARM_SMALL=${WARM_SMALL:-200}
+# The two passes: "first last iterations warm-up" each; sizes go up by 4 from MIN.
+passes=()
+big=$MIN
+while [ "$big" -le "$SPLIT" ] && [ "$big" -le "$MAX" ]; do last_small=$big; big=$((big * 4)); done
+[ "$MIN" -le "$SPLIT" ] && passes+=("$MIN $last_small $ITERS_SMALL $WARM_SMALL")
+[ "$big" -le "$MAX" ] && passes+=("$big $MAX $ITERS 5")
 scripts/install-deps.sh build
 if ! command -v mpicc.openmpi >/dev/null || ! command -v mpirun.openmpi >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -56,17 +66,20 @@ quiet() {
 }
 for r in $(seq 1 "$ROUNDS"); do
   echo "round $r/$ROUNDS" >&2
-  quiet
-  ./target/release/ccl-bench allreduce --np "$NP" --transport "$KIND" -b "$MIN" -e "$MAX" -f 4 \
-    -n "$ITERS" -w 5 -c 1 --json "$out/ccl.$r.json" >/dev/null
-  if [ "${REGISTERED:-0}" = 1 ]; then
+  for p in "${!passes[@]}"; do
+    read -r lo hi n w <<< "${passes[$p]}"
     quiet
-    ./target/release/ccl-bench allreduce --np "$NP" --transport "$KIND" -b "$MIN" -e "$MAX" -f 4 \
-      -n "$ITERS" -w 5 -c 1 --registered --json "$out/reg.$r.json" >/dev/null
-  fi
-  quiet
-  mpirun.openmpi -np "$NP" "${bind[@]}" --mca pml ob1 --mca btl "$btl" \
-    "$out/mpi_allreduce" "$MIN" "$MAX" 4 "$ITERS" 5 > "$out/mpi.$r.txt"
+    ./target/release/ccl-bench allreduce --np "$NP" --transport "$KIND" -b "$lo" -e "$hi" -f 4 \
+      -n "$n" -w "$w" -c 1 --json "$out/ccl.$r.$p.json" >/dev/null
+    if [ "${REGISTERED:-0}" = 1 ]; then
+      quiet
+      ./target/release/ccl-bench allreduce --np "$NP" --transport "$KIND" -b "$lo" -e "$hi" -f 4 \
+        -n "$n" -w "$w" -c 1 --registered --json "$out/reg.$r.$p.json" >/dev/null
+    fi
+    quiet
+    mpirun.openmpi -np "$NP" "${bind[@]}" --mca pml ob1 --mca btl "$btl" \
+      "$out/mpi_allreduce" "$lo" "$hi" 4 "$n" "$w" >> "$out/mpi.$r.txt"
+  done
 done
 python3 - "$out" "$ROUNDS" "$NP" "$(nproc)" $rates <<'PY'
 import json, sys, statistics as st
@@ -76,12 +89,13 @@ import os
 ccl, mpi, reg = {}, {}, {}
 for r in range(1, rounds + 1):
     for name, rows in (("ccl", ccl), ("reg", reg)):
-        if not os.path.exists(f"{out}/{name}.{r}.json"):
-            continue
-        for row in json.load(open(f"{out}/{name}.{r}.json"))["results"]:
-            if row["placement"] == "out-of-place":
-                assert row["wrong"] == 0, row
-                rows.setdefault(row["size"], []).append((row["time_us"], row["busbw_gbs"]))
+        for p in range(2):
+            if not os.path.exists(f"{out}/{name}.{r}.{p}.json"):
+                continue
+            for row in json.load(open(f"{out}/{name}.{r}.{p}.json"))["results"]:
+                if row["placement"] == "out-of-place":
+                    assert row["wrong"] == 0, row
+                    rows.setdefault(row["size"], []).append((row["time_us"], row["busbw_gbs"]))
     for line in open(f"{out}/mpi.{r}.txt"):
         b, t, bw, ok = line.split()
         assert ok == "ok", line
