@@ -110,7 +110,7 @@ impl<'a> Steps<'a> {
 }
 
 /// Half of a slot of `slot` elements: where the second half starts.
-fn half_of(slot: usize) -> usize {
+pub(crate) fn half_of(slot: usize) -> usize {
     (slot / 2).max(1)
 }
 

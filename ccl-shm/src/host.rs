@@ -15,7 +15,9 @@
 //!
 //! What moves between CPUs per operation: each rank's counter (one cache line, written by its
 //! owner only), the data, and nothing else while nobody sleeps: the sleep flags are only read,
-//! and an operation announced as before leaves its line alone.
+//! and an operation announced as before leaves its line alone. A program whose post leaves a
+//! mark beside its data ([`HostProgram::with_mark`]) is waited for by its marks: the counter's
+//! line then stays with its owner, and the data comes with the look that sees the mark.
 //!
 //! Which rank may write which bytes when is the schedule's business: the symbolic checker of
 //! `ccl-algos` verifies that no schedule reads a slot before its owner posted the write, or
@@ -25,7 +27,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use ccl_core::reduce::{Kernels, finish_avg};
-use ccl_core::transport::program::{CallBuf, HostCall, HostProgram, HostStep, Stop};
+use ccl_core::transport::program::{CallBuf, HostCall, HostProgram, HostStep, Stop, mark_word};
 use ccl_core::{Error, ReduceOp, Result};
 use crossbeam_utils::CachePadded;
 
@@ -430,6 +432,10 @@ impl HostSegment {
                         self.announce(call.host_op, call.desc);
                         announced = true;
                     }
+                    if let Some(m) = prog.mark() {
+                        let word = mark_word(self.posted(self.me) + 1, call.desc);
+                        self.mark(self.me, m).store(word, Ordering::Release);
+                    }
                     self.post();
                 }
                 HostStep::Wait { count } => {
@@ -440,7 +446,14 @@ impl HostSegment {
                     // sleeps at most as long as this rank polls.
                     self.wake_seen();
                     let target = call.base + u64::from(count);
-                    if !self.all_posted(target) && !self.poll_posted(target, call.spin) {
+                    let seen = match prog.mark() {
+                        Some(m) => {
+                            let word = mark_word(target, call.desc);
+                            self.poll(call.spin, || self.all_marked(m, word))
+                        }
+                        None => self.poll(call.spin, || self.all_posted(target)),
+                    };
+                    if !seen {
                         self.wake();
                         return Ok(Stop::Blocked { at });
                     }
@@ -455,15 +468,48 @@ impl HostSegment {
         Ok(Stop::Done)
     }
 
-    /// Whether every rank posts `count` times within `polls` looks at the counters.
-    fn poll_posted(&self, count: u64, polls: u32) -> bool {
+    /// Whether `done` holds now or within `polls` more looks.
+    #[inline(always)]
+    fn poll(&self, polls: u32, done: impl Fn() -> bool) -> bool {
+        if done() {
+            return true;
+        }
         for _ in 0..polls {
             std::hint::spin_loop();
-            if self.all_posted(count) {
+            if done() {
                 return true;
             }
         }
         false
+    }
+
+    /// The word at byte `at` of rank `r`'s slot, where a program's post leaves its mark
+    /// ([`HostProgram::with_mark`]).
+    fn mark(&self, r: usize, at: usize) -> &AtomicU64 {
+        assert!(
+            r < self.layout.ranks && at % 8 == 0 && at + 8 <= self.layout.slot,
+            "no mark at byte {at} of host rank {r}'s slot"
+        );
+        // SAFETY: inside rank `r`'s slot (checked just above), which the mapping holds while
+        // `&self` lives, and 8-aligned (slots start on page boundaries), as `AtomicU64`
+        // needs. While a program with a mark runs, every rank accesses this word only through
+        // atomics; data of other programs may cover it, ordered by posts and waits like any
+        // slot byte, and a mark is compared whole with the one expected, so no data passes
+        // for it.
+        unsafe {
+            &*self
+                .map
+                .ptr()
+                .as_ptr()
+                .add(self.layout.data_at + r * self.layout.slot + at)
+                .cast::<AtomicU64>()
+        }
+    }
+
+    /// Whether every other rank's mark at byte `at` of its slot is `word`.
+    fn all_marked(&self, at: usize, word: u64) -> bool {
+        (0..self.layout.ranks)
+            .all(|r| r == self.me || self.mark(r, at).load(Ordering::Acquire) == word)
     }
 
     /// This rank's slot to write and rank `i`'s to read, at once (`i` is another rank).
@@ -608,6 +654,82 @@ mod tests {
         let e = a.run(&prog(0), 0, &mut call(&xa, &mut short, 7), &k);
         assert!(e.unwrap_err().to_string().contains("receive bytes"));
         assert_eq!(a.posted(0), 2, "the refused run posted nothing");
+    }
+
+    #[test]
+    fn a_post_leaves_a_mark_beside_its_data_and_a_wait_looks_for_the_marks() {
+        let mut a = HostSegment::create(2, PAGE).unwrap();
+        let mut b = open(&a.share(), 2, PAGE, 1).unwrap();
+        // Every rank copies its 2 floats to the start of its slot, and marks byte 8.
+        let prog = HostProgram::new(vec![
+            HostStep::CopyIn {
+                src: CallBuf::Send,
+                from: 0,
+                to: 0,
+                len: 8,
+            },
+            HostStep::Post,
+            HostStep::Wait { count: 1 },
+            HostStep::Fused {
+                to: 0,
+                len: 8,
+                a: (0, 0),
+                b: (1, 0),
+            },
+        ])
+        .with_mark(8);
+        let call = |send, recv, host_op, desc| HostCall {
+            send: Some(send),
+            recv,
+            dtype: ccl_core::DataType::F32,
+            op: ReduceOp::Sum,
+            world: 2,
+            host_op,
+            desc,
+            base: 0,
+            spin: 10,
+        };
+        let f = |x: [f32; 2]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let (xa, xb) = (f([1.0, 2.0]), f([10.0, 20.0]));
+        let k = Kernels::BASELINE;
+        let (mut ra, mut rb) = ([0u8; 8], [0u8; 8]);
+        let (mut ca, mut cb) = (call(&xa, &mut ra, 0, 7), call(&xb, &mut rb, 0, 7));
+        assert_eq!(
+            a.run(&prog, 0, &mut ca, &k).unwrap(),
+            Stop::Blocked { at: 2 }
+        );
+        assert_eq!(b.slot(0)[8..16], mark_word(1, 7).to_le_bytes());
+        assert_eq!(a.posted(0), 1, "the counter is posted too");
+        assert_eq!(b.run(&prog, 0, &mut cb, &k).unwrap(), Stop::Done);
+        assert_eq!(a.run(&prog, 3, &mut ca, &k).unwrap(), Stop::Done);
+        assert_eq!(&ca.recv[..], &f([11.0, 22.0])[..]);
+        assert_eq!(&cb.recv[..], &f([11.0, 22.0])[..]);
+        // A post without the mark (the counter only) does not end a wait for marks; the
+        // counters, which a blocked wait then counts, have it.
+        b.my_slot()[..8].copy_from_slice(&xb);
+        b.post();
+        let mut ra = [0u8; 8];
+        let mut ca = call(&xa, &mut ra, 1, 7);
+        assert_eq!(
+            a.run(&prog, 0, &mut ca, &k).unwrap(),
+            Stop::Blocked { at: 2 }
+        );
+        assert!(a.reached([1], 2));
+        // Nor does the mark of another operation's post (a rank in another call), nor what
+        // data left at the place.
+        let (mut ra, mut rb) = ([0u8; 8], [0u8; 8]);
+        let (mut ca, mut cb) = (call(&xa, &mut ra, 2, 7), call(&xb, &mut rb, 2, 8));
+        assert_eq!(
+            b.run(&prog, 0, &mut cb, &k).unwrap(),
+            Stop::Blocked { at: 2 }
+        );
+        assert_eq!(
+            a.run(&prog, 0, &mut ca, &k).unwrap(),
+            Stop::Blocked { at: 2 }
+        );
+        assert_eq!(a.first_unlike(2, 7), Some((1, 8)));
+        b.my_slot()[8..16].copy_from_slice(&[0xff; 8]);
+        assert!(!a.all_marked(8, mark_word(3, 7)));
     }
 
     #[test]
