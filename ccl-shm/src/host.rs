@@ -555,6 +555,46 @@ mod tests {
         )
     }
 
+    /// Rank `r`'s program: its 2 floats into its slot at `at[r]`, a post, a wait, and the sum
+    /// of slot 0 at `at[0]` and slot 1 at `at[1]` out.
+    fn sum_of_two(at: [usize; 2], r: usize) -> HostProgram {
+        HostProgram::new(vec![
+            HostStep::CopyIn {
+                src: CallBuf::Send,
+                from: 0,
+                to: at[r],
+                len: 8,
+            },
+            HostStep::Post,
+            HostStep::Wait { count: 1 },
+            HostStep::Fused {
+                to: 0,
+                len: 8,
+                a: (0, at[0]),
+                b: (1, at[1]),
+            },
+        ])
+    }
+
+    /// A float sum of 2 ranks from `send` into `recv`.
+    fn call<'a>(send: &'a [u8], recv: &'a mut [u8], host_op: u64, desc: u64) -> HostCall<'a> {
+        HostCall {
+            send: Some(send),
+            recv,
+            dtype: ccl_core::DataType::F32,
+            op: ReduceOp::Sum,
+            world: 2,
+            host_op,
+            desc,
+            base: 0,
+            spin: 10,
+        }
+    }
+
+    fn floats(x: [f32; 2]) -> Vec<u8> {
+        x.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
     #[test]
     fn ranks_see_each_others_slots_and_posts() {
         let mut a = HostSegment::create(3, PAGE).unwrap();
@@ -589,55 +629,26 @@ mod tests {
     fn two_ranks_run_a_program_that_stops_at_a_wait_and_goes_on_from_it() {
         let mut a = HostSegment::create(2, PAGE).unwrap();
         let mut b = open(&a.share(), 2, PAGE, 1).unwrap();
-        // Rank r copies its 2 floats to its slot at 64 r, posts, waits, and sums both slots.
-        let prog = |r: usize| {
-            HostProgram::new(vec![
-                HostStep::CopyIn {
-                    src: CallBuf::Send,
-                    from: 0,
-                    to: 64 * r,
-                    len: 8,
-                },
-                HostStep::Post,
-                HostStep::Wait { count: 1 },
-                HostStep::Fused {
-                    to: 0,
-                    len: 8,
-                    a: (0, 0),
-                    b: (1, 64),
-                },
-            ])
-        };
-        let call = |send, recv, desc| HostCall {
-            send: Some(send),
-            recv,
-            dtype: ccl_core::DataType::F32,
-            op: ReduceOp::Sum,
-            world: 2,
-            host_op: 0,
-            desc,
-            base: 0,
-            spin: 10,
-        };
-        let f = |x: [f32; 2]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        // Rank r copies its 2 floats to its slot at 64 r.
+        let prog = |r: usize| sum_of_two([0, 64], r);
+        let f = floats;
         let (xa, xb) = (f([1.0, 2.0]), f([10.0, 20.0]));
         let (mut ra, mut rb) = ([0u8; 8], [0u8; 8]);
         let k = Kernels::BASELINE;
-        let mut ca = call(&xa, &mut ra, 7);
+        let mut ca = call(&xa, &mut ra, 0, 7);
         assert_eq!(
             a.run(&prog(0), 0, &mut ca, &k).unwrap(),
             Stop::Blocked { at: 2 }
         );
         assert_eq!(ca.base, 0);
-        let mut cb = call(&xb, &mut rb, 7);
+        let mut cb = call(&xb, &mut rb, 0, 7);
         assert_eq!(b.run(&prog(1), 0, &mut cb, &k).unwrap(), Stop::Done);
         assert_eq!(a.run(&prog(0), 3, &mut ca, &k).unwrap(), Stop::Done);
         assert_eq!(&ca.recv[..], &f([11.0, 22.0])[..]);
         assert_eq!(&cb.recv[..], &f([11.0, 22.0])[..]);
         // The next operation: rank 1 in another one is found at the wait.
         let (mut ra, mut rb) = ([0u8; 8], [0u8; 8]);
-        let (mut ca, mut cb) = (call(&xa, &mut ra, 7), call(&xb, &mut rb, 8));
-        (ca.host_op, cb.host_op) = (1, 1);
+        let (mut ca, mut cb) = (call(&xa, &mut ra, 1, 7), call(&xb, &mut rb, 1, 8));
         assert_eq!(
             b.run(&prog(1), 0, &mut cb, &k).unwrap(),
             Stop::Blocked { at: 2 }
@@ -651,7 +662,7 @@ mod tests {
         assert_eq!(a.run(&prog(0), 0, &mut ca, &k).unwrap(), unlike);
         // Buffers too small for the program: an error before any step.
         let mut short = [0u8; 4];
-        let e = a.run(&prog(0), 0, &mut call(&xa, &mut short, 7), &k);
+        let e = a.run(&prog(0), 0, &mut call(&xa, &mut short, 1, 7), &k);
         assert!(e.unwrap_err().to_string().contains("receive bytes"));
         assert_eq!(a.posted(0), 2, "the refused run posted nothing");
     }
@@ -660,36 +671,10 @@ mod tests {
     fn a_post_leaves_a_mark_beside_its_data_and_a_wait_looks_for_the_marks() {
         let mut a = HostSegment::create(2, PAGE).unwrap();
         let mut b = open(&a.share(), 2, PAGE, 1).unwrap();
-        // Every rank copies its 2 floats to the start of its slot, and marks byte 8.
-        let prog = HostProgram::new(vec![
-            HostStep::CopyIn {
-                src: CallBuf::Send,
-                from: 0,
-                to: 0,
-                len: 8,
-            },
-            HostStep::Post,
-            HostStep::Wait { count: 1 },
-            HostStep::Fused {
-                to: 0,
-                len: 8,
-                a: (0, 0),
-                b: (1, 0),
-            },
-        ])
-        .with_mark(8);
-        let call = |send, recv, host_op, desc| HostCall {
-            send: Some(send),
-            recv,
-            dtype: ccl_core::DataType::F32,
-            op: ReduceOp::Sum,
-            world: 2,
-            host_op,
-            desc,
-            base: 0,
-            spin: 10,
-        };
-        let f = |x: [f32; 2]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        // Every rank copies its 2 floats to the start of its slot, and marks byte 8 (both
+        // ranks' programs are the same).
+        let prog = sum_of_two([0, 0], 0).with_mark(8);
+        let f = floats;
         let (xa, xb) = (f([1.0, 2.0]), f([10.0, 20.0]));
         let k = Kernels::BASELINE;
         let (mut ra, mut rb) = ([0u8; 8], [0u8; 8]);
