@@ -7,6 +7,9 @@
  *   MODE 1: one pass, out = slot0 + slot1 (SSE, what the baseline x86-64 build vectorizes to)
  *   MODE 2: one pass with AVX2
  *   MODE 3: one pass, scalar (few lines of the other CPU's cache in flight at once)
+ *   MODE 4: as 2, but the post is a release store of the count (no locked add), as ccl's is
+ *   MODE 5: as 4, with the count stored right after the data (in the line of its last bytes)
+ *           and waited for there: ccl's mark for small one-shot operations
  * Build: gcc -O2 -mavx2 -o host_floor host_floor.c. Prints "BYTES MODE us_per_call". */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -60,9 +63,18 @@ int main(int argc, char **argv) {
         size_t h = (posts % 2) * (SLOT / 2);
         float *mine = (float *)(data + me * SLOT + h), *other = (float *)(data + (1 - me) * SLOT + h);
         memcpy(mine, in, bytes);
-        atomic_fetch_add(&f[me].posted, 1);
+        /* Mode 5's counters lie right after each rank's data, in its slot's half. */
+        _Atomic unsigned long *post = &f[me].posted, *seen = &f[1 - me].posted;
+        if (mode == 5) {
+            post = (_Atomic unsigned long *)((char *)mine + bytes);
+            seen = (_Atomic unsigned long *)((char *)other + bytes);
+        }
         posts++;
-        while (atomic_load(&f[1 - me].posted) < posts) _mm_pause();
+        if (mode >= 4)
+            atomic_store_explicit(post, posts, memory_order_release);
+        else
+            atomic_fetch_add(post, 1);
+        while (atomic_load_explicit(seen, memory_order_acquire) < posts) _mm_pause();
         float *a = me ? other : mine, *b = me ? mine : other;
         if (mode == 0) {
             memcpy(out, other, bytes);
@@ -71,7 +83,7 @@ int main(int argc, char **argv) {
         } else if (mode == 1) {
             for (size_t i = 0; i < n; i += 4)
                 _mm_storeu_ps(out + i, _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
-        } else if (mode == 2) {
+        } else if (mode == 2 || mode >= 4) {
             for (size_t i = 0; i < n; i += 8)
                 _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
         } else {
