@@ -379,7 +379,7 @@ impl fmt::Debug for Implementation {
 /// Which collective has which algorithm, how it is built and what it costs: the one table.
 ///
 /// The match is exhaustive, without a catch-all arm: a new collective or algorithm does not
-/// compile until every pair says whether it exists. [`Collective::algos`], [`build`], [`cost`],
+/// compile until every pair says whether it exists. [`Collective::algos`], [`build`], [`cost`](fn@cost),
 /// [`choose`] and `CCL_ALGO` all read this table.
 pub const fn implementation(coll: Collective, algo: Algo) -> Option<Implementation> {
     use Algo::*;
@@ -592,7 +592,7 @@ pub fn unavailable(coll: Collective, algo: Algo) -> AlgoError {
     }
 }
 
-/// The cheapest algorithm for `coll` by [`cost`].
+/// The cheapest algorithm for `coll` by [`cost`](fn@cost).
 pub fn choose(
     coll: Collective,
     n: usize,

@@ -370,7 +370,7 @@ pub fn host_allreduce(n: usize, _topo: &Topology) -> Load {
 /// buffer in and reduces all `n` inputs into its output, behind one flag barrier; larger ones
 /// are copied in, reduced `1/n` by each rank and copied out (two copies: as much memory traffic
 /// as one transfer over a connection, which copies in and out), behind two barriers per chunk
-/// (which their bytes outweigh). Copies at [`HOST_BYTE_PENALTY`].
+/// (which their bytes outweigh). Copies at `HOST_BYTE_PENALTY`.
 pub fn host_allreduce_of(n: usize, bytes: usize) -> Load {
     let nf = n as f64;
     let one_shot = bytes <= crate::host::ONE_SHOT_MAX * 4;
@@ -386,7 +386,7 @@ pub fn host_allreduce_of(n: usize, bytes: usize) -> Load {
 /// its part of every input where it lies and writes the result into every output, one read and
 /// one write of the buffer (half the memory traffic of a transfer over a connection, which
 /// copies in and out), behind two flag barriers (one after the buffers are announced, one
-/// before they are handed back). Its bytes carry no [`HOST_BYTE_PENALTY`]: that prices the
+/// before they are handed back). Its bytes carry no `HOST_BYTE_PENALTY`: that prices the
 /// staged path's slot copies, which this path does not make.
 pub fn host_direct_allreduce(n: usize) -> Load {
     let nf = n as f64;
@@ -414,7 +414,7 @@ pub fn host_direct(copied: f64, reduced: f64) -> Load {
 
 /// A collective in host memory that copies the buffer `copies` times one after the other
 /// (broadcast: the root's copy in, then the others' copy out), behind one flag barrier; bytes
-/// at [`HOST_BYTE_PENALTY`].
+/// at `HOST_BYTE_PENALTY`.
 pub fn host_copy(copies: f64) -> Load {
     Load {
         steps: HOST_STEP,

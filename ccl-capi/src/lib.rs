@@ -1,11 +1,11 @@
 //! The C ABI of ccl: `libccl.so`, `libccl.a` and `include/ccl.h`, shaped like NCCL's `nccl.h`.
 //!
-//! Every exported function runs inside [`guard`]: arguments are checked before anything is
+//! Every exported function runs inside `guard`: arguments are checked before anything is
 //! touched, errors become result codes with a thread-local message ([`cclGetLastError`]), and a
 //! panic is caught and reported as `cclInternalError` instead of unwinding into C.
 //!
 //! Communicators and requests cross the boundary as ids looked up in registries
-//! ([`handles`]), never as pointers to Rust objects, so a destroyed, forged or mixed-up handle is
+//! (`handles`), never as pointers to Rust objects, so a destroyed, forged or mixed-up handle is
 //! an error code rather than a use of freed memory.
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]

@@ -57,7 +57,7 @@
 //!   [`ccl_core::entropy`], so devices that derive the RoCE v2 UDP source port from it (rxe,
 //!   mlx5) send each QP's packets from a distinct port, and switches may hash them onto distinct
 //!   paths. At `CCL_DEBUG=trace` the connection's log line lists each QP pair's port.
-//! - **Flow control** ([`endpoint`](crate::endpoint)): bytes in flight per peer and direction are
+//! - **Flow control** (`endpoint`): bytes in flight per peer and direction are
 //!   at most `CCL_IB_SLOTS x CCL_IB_SLOT_SIZE`; CQs and receive queues are sized from that bound.
 //! - **Liveness.** The TCP connection used to exchange QP information stays open; a dead peer is
 //!   seen as EOF on it (no hang while no work request is outstanding), and failed work

@@ -9,7 +9,7 @@
 //! Counters only grow. A rank waiting for the others first spins (the caller does, polling
 //! [`HostSegment::reached`]), then raises its sleep flag and looks once more before it sleeps
 //! on its eventfd; a rank that posts then wakes every rank whose flag is up. The same pattern as
-//! the rings ([`crate::ring`]), with sequentially consistent accesses on both sides instead of
+//! the rings (`crate::ring`), with sequentially consistent accesses on both sides instead of
 //! fences: the post's read-modify-write is a full barrier already (x86: a locked add, no
 //! further fence), and no wake-up is lost.
 //!

@@ -8,7 +8,7 @@
 //!
 //! The root lives in whichever process created the id: the application's rank 0 (NCCL's model,
 //! the id then travels by MPI, a file or a framework's store), the benchmark launcher, or rank 0
-//! itself when the rendezvous comes from launcher variables ([`env`]).
+//! itself when the rendezvous comes from launcher variables ([`env`](mod@env)).
 //!
 //! Every read and write is bounded by a deadline, and the root tells every rank which ranks never
 //! arrived, so a job with a missing rank fails with a message naming it instead of hanging.
