@@ -439,33 +439,48 @@ impl HostSegment {
                     self.post();
                 }
                 HostStep::Wait { count } => {
-                    // Only the ranks seen asleep are woken while this one polls: the fenced
-                    // wake would first wait for this rank's writes to reach the other CPUs,
-                    // and the last post may come meanwhile. It comes before the run stops
-                    // here, or when the operation ends; a rank that went to sleep unseen
-                    // sleeps at most as long as this rank polls.
-                    self.wake_seen();
-                    let target = call.base + u64::from(count);
-                    let seen = match prog.mark() {
-                        Some(m) => {
-                            let word = mark_word(target, call.desc);
-                            self.poll(call.spin, || self.all_marked(m, word))
-                        }
-                        None => self.poll(call.spin, || self.all_posted(target)),
-                    };
-                    if !seen {
-                        self.wake();
-                        return Ok(Stop::Blocked { at });
-                    }
-                    if count > 0
-                        && let Some((rank, desc)) = self.first_unlike(call.host_op, call.desc)
-                    {
-                        return Ok(Stop::Unlike { at, rank, desc });
+                    if let Some(stop) = self.wait_step(prog.mark(), call, count, at) {
+                        return Ok(stop);
                     }
                 }
             }
         }
         Ok(Stop::Done)
+    }
+
+    /// A program's wait (step `at`) for `count` posts of every rank in this operation, at the
+    /// marks at byte `mark` of the slots if the program leaves them: `None` once the posts are
+    /// in and every rank is in this call, else where the run stops.
+    #[inline(always)]
+    fn wait_step(
+        &self,
+        mark: Option<usize>,
+        call: &HostCall<'_>,
+        count: u32,
+        at: usize,
+    ) -> Option<Stop> {
+        // Only the ranks seen asleep are woken while this one polls: the fenced wake would
+        // first wait for this rank's writes to reach the other CPUs, and the last post may
+        // come meanwhile. It comes before the run stops here, or when the operation ends; a
+        // rank that went to sleep unseen sleeps at most as long as this rank polls.
+        self.wake_seen();
+        let target = call.base + u64::from(count);
+        let seen = match mark {
+            Some(m) => {
+                let word = mark_word(target, call.desc);
+                self.poll(call.spin, || self.all_marked(m, word))
+            }
+            None => self.poll(call.spin, || self.all_posted(target)),
+        };
+        if !seen {
+            self.wake();
+            return Some(Stop::Blocked { at });
+        }
+        if count > 0 {
+            let (rank, desc) = self.first_unlike(call.host_op, call.desc)?;
+            return Some(Stop::Unlike { at, rank, desc });
+        }
+        None
     }
 
     /// Whether `done` holds now or within `polls` more looks.
