@@ -239,14 +239,15 @@ impl Peers {
         if let Some(h) = &host {
             ccl_info!(
                 Some(rank),
-                "host memory: {} ranks of this host share a segment of {} KiB slots{}",
+                "host memory: {} ranks of this host share a segment of {} KiB slots{}; rings of {} KiB each way between two of them",
                 h.ranks().len(),
                 h.slot_len() >> 10,
                 if groups.len() > 1 && every_host {
                     ", as do every host's"
                 } else {
                     ""
-                }
+                },
+                config.shm_ring_size >> 10
             );
         }
         let tag = comm_tag(&ctx.secret);
