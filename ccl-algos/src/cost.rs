@@ -355,6 +355,19 @@ pub fn pairwise(n: usize, topo: &Topology, reduces: bool) -> Load {
 /// barriers, where the connections pipeline).
 const HOST_BYTE_PENALTY: f64 = 4.0;
 
+/// What a byte of the two-shot allreduce in host memory (past [`crate::host::ONE_SHOT_MAX`]
+/// elements) costs against a byte sent over a connection, fitted to measurements on this
+/// development machine (idle, fast phase, 25 Nov 2026, rings sized from the L2: `ccl-bench
+/// allreduce --transport shm` with `CCL_ALGO=allreduce:shm` against the algorithm over the
+/// connections, alternating, docs/performance.md): 2 ranks took 0.94-0.96x the ring's time at
+/// 128 KiB-2 MiB and 1.05-1.12x at 8-32 MiB; 4 ranks on 2 CPUs 0.63x halving-doubling's at
+/// 128 KiB and 0.76-0.91x at 512 KiB-32 MiB. Its bytes cross memory about as often as a
+/// transfer's (copy in, reduce a slice, copy out), and the barriers between its chunks are
+/// few beside them: 1.25 keeps the ring for 2 ranks (a byte there costs 1.0) and host memory
+/// for 4 (halving-doubling's 1.5 on half the bandwidth each). [`HOST_BYTE_PENALTY`] stays for
+/// the one-shot sizes, where every rank reduces every input.
+const HOST_TWO_SHOT_BYTE: f64 = 1.25;
+
 /// A flag barrier in host memory against a step over a connection (an operation header and the
 /// data through a ring): about half, by the same measurements (8 B: 1.1 against 1.4 us).
 const HOST_STEP: f64 = 0.5;
@@ -370,13 +383,18 @@ pub fn host_allreduce(n: usize, _topo: &Topology) -> Load {
 /// buffer in and reduces all `n` inputs into its output, behind one flag barrier; larger ones
 /// are copied in, reduced `1/n` by each rank and copied out (two copies: as much memory traffic
 /// as one transfer over a connection, which copies in and out), behind two barriers per chunk
-/// (which their bytes outweigh). Copies at `HOST_BYTE_PENALTY`.
+/// (which their bytes outweigh). One-shot copies at `HOST_BYTE_PENALTY`, two-shot bytes at
+/// `HOST_TWO_SHOT_BYTE`.
 pub fn host_allreduce_of(n: usize, bytes: usize) -> Load {
     let nf = n as f64;
     let one_shot = bytes <= crate::host::ONE_SHOT_MAX * 4;
     Load {
         steps: HOST_STEP,
-        link: if one_shot { 0.5 } else { 1.0 } * HOST_BYTE_PENALTY,
+        link: if one_shot {
+            0.5 * HOST_BYTE_PENALTY
+        } else {
+            HOST_TWO_SHOT_BYTE
+        },
         reduce: if one_shot { nf - 1.0 } else { (nf - 1.0) / nf },
         ..Load::default()
     }

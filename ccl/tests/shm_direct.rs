@@ -116,14 +116,14 @@ fn ranks_that_differ_in_placement_and_allocation_order() {
 }
 
 /// One rank with a plain buffer, the others with shared ones: every rank fails, none hangs or
-/// reads a plain buffer as shared. Where the plain rank runs `shm` too (small sizes) the ranks
-/// meet in host memory and the error says what differs; where it runs an algorithm over the
-/// connections (large sizes), the direct ranks' fingerprints and its headers disagree. 16 KiB
-/// is where the cost model (3 ranks) takes the direct schedule on shared buffers and `shm` on
-/// plain ones (`cost::host_direct_allreduce`, `cost::host_allreduce_of`).
+/// reads a plain buffer as shared. Where the plain rank runs `shm` too the ranks meet in host
+/// memory and the error says what differs; where it runs an algorithm over the connections,
+/// the direct ranks' fingerprints and its headers disagree. Which one a size takes is the cost
+/// model's call and depends on the CPUs: with 3 ranks on 2 CPUs, 16 KiB and 4 MiB run `shm` on
+/// plain buffers and 64 KiB the tree (`cost::host_direct_allreduce`, `cost::host_allreduce_of`).
 #[test]
 fn mixed_shared_and_plain_ranks_fail_clearly_on_every_rank() {
-    for (c, says) in [(4096, "Communicator::alloc"), (1 << 20, "mismatched calls")] {
+    for c in [4096, 16384, 1 << 20] {
         let errs: Vec<String> = run_ranks(3, cfg(), move |comm| {
             let r = comm.rank();
             let e = if r == 1 {
@@ -136,7 +136,10 @@ fn mixed_shared_and_plain_ranks_fail_clearly_on_every_rank() {
             e.expect_err("a mixed call must fail").to_string()
         });
         for (r, e) in errs.iter().enumerate() {
-            assert!(e.contains(says), "count {c}, rank {r}: {e}");
+            assert!(
+                e.contains("Communicator::alloc") || e.contains("mismatched calls"),
+                "count {c}, rank {r}: {e}"
+            );
             assert!(
                 e.contains("peer "),
                 "count {c}, rank {r} names no peer: {e}"
