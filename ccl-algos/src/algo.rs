@@ -779,6 +779,60 @@ mod tests {
         }
     }
 
+    /// Broadcast, allgather and reduce-scatter on one host over shared memory, priced as
+    /// measured (`cost::HOST_COPY_BYTE`, `cost::HOST_ALLGATHER_BYTE`): broadcast in host memory
+    /// at every size; allgather there for small buffers with 2 ranks and at every size with 4
+    /// on 2 CPUs; reduce-scatter over the connections past a few KiB.
+    #[test]
+    fn copies_in_host_memory_are_priced_as_measured() {
+        let shm = TransportProperties {
+            latency: Duration::from_nanos(500),
+            bandwidth: 10.0e9,
+            spin: Duration::from_millis(1),
+            host_memory: true,
+        };
+        let pick = |coll, n: usize, b| {
+            let topo = Topology::from_hosts(&vec!["box".to_string(); n]);
+            let t = crate::cost::on_shared_cpus(shm, n, 2);
+            choose(coll, n, b, &t, &topo)
+        };
+        for n in [2, 4] {
+            for b in [8, 2 << 10, 1 << 20, 32 << 20] {
+                assert_eq!(
+                    pick(Collective::Broadcast, n, b),
+                    Algo::Shm,
+                    "{n} ranks, {b} B"
+                );
+            }
+            assert_eq!(
+                pick(Collective::AllGather, n, 2 << 10),
+                Algo::Shm,
+                "{n} ranks"
+            );
+            for b in [128 << 10, 2 << 20, 32 << 20] {
+                assert_ne!(
+                    pick(Collective::ReduceScatter, n, b),
+                    Algo::Shm,
+                    "{n} ranks, {b} B"
+                );
+            }
+        }
+        for b in [2 << 20, 32 << 20] {
+            assert_ne!(
+                pick(Collective::AllGather, 2, b),
+                Algo::Shm,
+                "2 ranks, {b} B"
+            );
+        }
+        for b in [32 << 10, 2 << 20, 32 << 20] {
+            assert_eq!(
+                pick(Collective::AllGather, 4, b),
+                Algo::Shm,
+                "4 ranks, {b} B"
+            );
+        }
+    }
+
     /// A slow rack uplink: algorithms that cross it less win.
     #[test]
     fn rack_uplink_is_charged() {

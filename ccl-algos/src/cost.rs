@@ -430,28 +430,52 @@ pub fn host_direct(copied: f64, reduced: f64) -> Load {
     }
 }
 
+/// What a byte of broadcast in host memory costs against a byte sent over a connection: the
+/// same, by measurements on this development machine (idle, 25 Nov 2026,
+/// `CCL_ALGO=broadcast:shm` against the automatic choice, the ring, alternating, 6 sweeps each,
+/// docs/algorithms.md): 0.53-0.97x the ring's time at 2 KiB-32 MiB with 2 ranks and 0.57-0.85x
+/// with 4 on 2 CPUs. The root's copy in and the others' copy out move as many bytes through
+/// memory as the ring does, behind fewer steps. [`HOST_BYTE_PENALTY`] had priced them at 4.
+const HOST_COPY_BYTE: f64 = 1.0;
+
+/// The same for allgather in host memory, measured the same way: 0.37-0.81x the ring's time
+/// with 2 ranks up to 512 KiB, but 1.1-1.2x from 2 MiB (1.8x within a sweep of every size), and
+/// 0.56-0.87x pairwise's with 4 ranks on 2 CPUs at 32 KiB-32 MiB. At 1.25 the model keeps the
+/// ring for 2 ranks past a few KiB (a ring byte costs 1.0 there, and host memory's fewer steps
+/// win only on small buffers) and takes host memory for 4 (pairwise's `(n-1)/n` on half the
+/// bandwidth each).
+const HOST_ALLGATHER_BYTE: f64 = 1.25;
+
 /// A collective in host memory that copies the buffer `copies` times one after the other
 /// (broadcast: the root's copy in, then the others' copy out), behind one flag barrier; bytes
-/// at `HOST_BYTE_PENALTY`.
+/// at `HOST_COPY_BYTE`.
 pub fn host_copy(copies: f64) -> Load {
     Load {
         steps: HOST_STEP,
-        link: copies / 2.0 * HOST_BYTE_PENALTY,
+        link: copies / 2.0 * HOST_COPY_BYTE,
         ..Load::default()
     }
 }
 
 /// Allgather (or reduce-scatter, with `reduces`) in host memory: allgather copies its block in
 /// and the others' out, one buffer in all; reduce-scatter copies its whole input in, then
-/// reduces its block out of every slot.
+/// reduces its block out of every slot. Reduce-scatter keeps `HOST_BYTE_PENALTY`: measured as
+/// above, it took 0.38-0.68x the ring's time up to 32 KiB with 2 ranks but 1.1-1.56x from
+/// 128 KiB, and 1.3x pairwise's at 128 KiB-2 MiB with 4.
 pub fn host_blocks(n: usize, reduces: bool) -> Load {
     let nf = n as f64;
     if !reduces {
-        return host_copy(1.0);
+        return Load {
+            steps: HOST_STEP,
+            link: 0.5 * HOST_ALLGATHER_BYTE,
+            ..Load::default()
+        };
     }
     Load {
+        steps: HOST_STEP,
+        link: (1.0 + 1.0 / nf) / 2.0 * HOST_BYTE_PENALTY,
         reduce: (nf - 1.0) / nf,
-        ..host_copy(1.0 + 1.0 / nf)
+        ..Load::default()
     }
 }
 
