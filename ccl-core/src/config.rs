@@ -726,7 +726,8 @@ fn parse_ring_size(v: &str) -> Result<usize> {
 /// took 1090-1210 us for an 8 MiB allreduce with rings of 1M, 1028K, 1.5M, 2M or 3M, and
 /// 470-510 us with 512K, 768K, 896K or 1020K, while the two vCPUs sat on cores that share no
 /// cache (the phase in which the C floor of the one-shot protocol takes 0.75 us); with cores
-/// that share one, 768K still took 7-9% less than 1M from 8 MiB up (docs/performance.md).
+/// that share one, 768K still took 7-12% less than 1M out of place from 8 MiB up (in place at
+/// 8 MiB, 2-4% more; docs/performance.md).
 /// Below a quarter of the L2 the pair waits for each other more often (256K: 3-10% slower than
 /// 512K). Three quarters leaves room for the rest of what the core reads and writes.
 pub fn auto_ring_size(l2: Option<usize>) -> usize {
