@@ -308,7 +308,7 @@ fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs) -> ExitCo
     if let Some(path) = &args.trace {
         // Every rank takes part in gathering the recorders; only rank 0 writes.
         match gather_traces(comm) {
-            Ok(dumps) => files.push((path, plot::chrome_trace(&dumps))),
+            Ok(dumps) => files.push((path, ccl_diag::chrome::trace(&dumps))),
             Err(e) => {
                 eprintln!("ccl-bench: cannot gather the trace: {e}");
                 return ExitCode::FAILURE;
@@ -531,7 +531,7 @@ fn kill_all(children: &mut [Option<Child>]) {
 }
 
 /// Every rank's flight recorder, parsed, in rank order (on every rank).
-fn gather_traces(comm: &Communicator) -> ccl::Result<Vec<serde_json::Value>> {
+fn gather_traces(comm: &Communicator) -> ccl::Result<Vec<ccl_diag::Dump>> {
     let mine = comm.trace_json().into_bytes();
     let n = comm.size();
     let mut lens = vec![0u64; n];
@@ -549,7 +549,7 @@ fn gather_traces(comm: &Communicator) -> ccl::Result<Vec<serde_json::Value>> {
                 ccl::Error::new(
                     ccl::ErrorKind::Internal,
                     format!(
-                        "rank {}: the recorder of rank {r} is not JSON: {e}",
+                        "rank {}: the recorder of rank {r} is not a dump: {e}",
                         comm.rank()
                     ),
                 )

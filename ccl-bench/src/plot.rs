@@ -1,5 +1,4 @@
-//! SVG plots of bus bandwidth against size, one line per run (transport, algorithm, collective),
-//! and Chrome traces of a run, one track per rank.
+//! SVG plots of bus bandwidth against size, one line per run (transport, algorithm, collective).
 
 use std::fmt::Write as _;
 
@@ -390,43 +389,6 @@ fn mark(k: usize, x: f64, y: f64, col: &str) -> String {
     }
 }
 
-/// A Chrome trace (chrome://tracing, Perfetto) from every rank's flight recorder (the JSON that
-/// `Communicator::trace_json` returns): one track (process) per rank, one slice per operation.
-pub fn chrome_trace(dumps: &[serde_json::Value]) -> String {
-    let t0 = dumps
-        .iter()
-        .flat_map(|d| d["entries"].as_array().into_iter().flatten())
-        .filter_map(|e| e["start_us"].as_u64())
-        .min()
-        .unwrap_or(0);
-    let mut events = Vec::new();
-    for d in dumps {
-        let rank = d["rank"].as_u64().unwrap_or(0);
-        events.push(serde_json::json!({
-            "ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-            "args": { "name": format!("rank {rank} ({})", d["host"].as_str().unwrap_or("")) }
-        }));
-        events.push(serde_json::json!({
-            "ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": { "sort_index": rank }
-        }));
-        for e in d["entries"].as_array().into_iter().flatten() {
-            let start = e["start_us"].as_u64().unwrap_or(t0);
-            let end = e["end_us"].as_u64().unwrap_or(start).max(start);
-            events.push(serde_json::json!({
-                "ph": "X",
-                "name": format!("{} {} B", e["name"].as_str().unwrap_or("?"), e["bytes"]),
-                "cat": e["algo"],
-                "pid": rank,
-                "tid": 0,
-                "ts": start - t0,
-                "dur": end - start,
-                "args": { "seq": e["seq"], "algo": e["algo"], "dtype": e["dtype"], "state": e["state"] }
-            }));
-        }
-    }
-    serde_json::json!({ "traceEvents": events, "displayTimeUnit": "ms" }).to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,23 +463,5 @@ mod tests {
             points: vec![(8.0, 1.0), (1024.0, 2.0)],
         }];
         assert!(!svg("x", &s).contains("(log scale)"));
-    }
-
-    #[test]
-    fn chrome_trace_has_a_track_per_rank() {
-        let d = |r: u64| {
-            serde_json::json!({"rank": r, "host": "h", "entries": [
-                {"seq": 1, "name": "allreduce", "bytes": 8, "algo": "ring", "dtype": "float", "state": "done", "start_us": 100 + r, "end_us": 150}
-            ]})
-        };
-        let t: serde_json::Value = serde_json::from_str(&chrome_trace(&[d(0), d(1)])).unwrap();
-        let ev = t["traceEvents"].as_array().unwrap();
-        let pids: std::collections::BTreeSet<u64> = ev
-            .iter()
-            .filter(|e| e["ph"] == "X")
-            .map(|e| e["pid"].as_u64().unwrap())
-            .collect();
-        assert_eq!(pids.len(), 2);
-        assert!(ev.iter().any(|e| e["ph"] == "X" && e["ts"] == 0));
     }
 }

@@ -19,12 +19,13 @@ use crate::bootstrap::{Bootstrap, Monitor, Notice};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::{TopoFile, Topology};
-use crate::trace::{Meta, Recorder};
 use crate::transport::{
     ConnectContext, Endpoint, Handle, HostMemory, Listener, Transport, TransportProperties,
 };
 use crate::wireup::{self, HostId, Record};
 use crate::{ccl_info, ccl_warn, net};
+use ccl_diag::recorder::Recorder;
+use ccl_diag::{Dump, Meta};
 
 pub mod wait;
 
@@ -272,9 +273,9 @@ impl Peers {
             recorder: Mutex::new(Recorder::with_clock(
                 trace_buffer,
                 if trace_counter {
-                    crate::trace::fast_clock()
+                    ccl_diag::recorder::fast_clock()
                 } else {
-                    crate::trace::now_us
+                    ccl_diag::recorder::now_us
                 },
             )),
             slow: Mutex::new(SlowTracker::new(size)),
@@ -291,7 +292,7 @@ impl Peers {
             let weak = Arc::downgrade(&comm);
             m.set_state_source(Box::new(move || {
                 weak.upgrade()
-                    .map_or_else(Vec::new, |c| crate::diag::encode(&c.state_view()))
+                    .map_or_else(Vec::new, |c| ccl_diag::verdict::encode(&c.state_view()))
             }));
             if comm.config.trace_dir.is_some() || comm.config.trace_torch_file.is_some() {
                 let weak = Arc::downgrade(&comm);
@@ -578,14 +579,14 @@ impl Peers {
 
     /// What this rank is doing, for the job's monitor: its last operations and slow-rank
     /// figures.
-    pub fn state_view(&self) -> crate::diag::RankView {
-        let ops = crate::diag::op_views(&self.recorder(), 2);
-        crate::diag::RankView {
+    pub fn state_view(&self) -> ccl_diag::verdict::RankView {
+        let ops = ccl_diag::dump::last_ops(&self.recorder(), 2);
+        ccl_diag::verdict::RankView {
             rank: self.rank,
             host: crate::log::hostname().to_string(),
             pid: std::process::id(),
-            presence: crate::diag::Presence::Answered,
-            now_us: crate::trace::now_us(),
+            presence: ccl_diag::verdict::Presence::Answered,
+            now_us: ccl_diag::recorder::now_us(),
             ops,
             slow: self.slow_peers(),
         }
@@ -599,7 +600,7 @@ impl Peers {
         let (seq, text) = {
             let r = self.recorder();
             let Some(e) = r.entries().last() else { return };
-            if e.state != crate::trace::State::Running
+            if e.state != ccl_diag::recorder::State::Running
                 || self.warned_seq.load(Ordering::Relaxed) >= e.seq
             {
                 return;
@@ -608,7 +609,8 @@ impl Peers {
             let Some(limit) = late_limit(&self.config, usual) else {
                 return;
             };
-            let ran = Duration::from_micros(crate::trace::now_us().saturating_sub(e.start_us));
+            let ran =
+                Duration::from_micros(ccl_diag::recorder::now_us().saturating_sub(e.start_us));
             if ran < limit {
                 return;
             }
@@ -622,7 +624,7 @@ impl Peers {
                     e.name,
                     e.seq,
                     e.algo,
-                    crate::diag::human_bytes(e.bytes),
+                    ccl_diag::verdict::human_bytes(e.bytes),
                     ran.as_secs_f64()
                 ),
             )
@@ -685,9 +687,14 @@ impl Peers {
         self.recorder.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The recorder as JSON (what a dump holds).
+    /// The recorder as a dump, written now for `reason`.
+    pub fn trace_dump(&self, reason: &str) -> Dump {
+        Dump::of(&self.recorder(), &self.trace_meta(reason))
+    }
+
+    /// The recorder as JSON (what a dump file holds).
     pub fn trace_json(&self, reason: &str) -> String {
-        self.recorder().to_json(&self.trace_meta(reason))
+        self.trace_dump(reason).to_json()
     }
 
     fn trace_meta(&self, reason: &str) -> Meta {
@@ -706,8 +713,7 @@ impl Peers {
     pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
         if let Some(prefix) = &self.config.trace_torch_file {
             let path = crate::log::expand_path(prefix).replace("%c", &self.tag);
-            let meta = self.trace_meta(reason);
-            let bytes = crate::torch_fr::pickle(&crate::torch_fr::dump(&self.recorder(), &meta));
+            let bytes = ccl_diag::torch::pickle(&self.trace_dump(reason));
             self.write_dump(
                 std::path::PathBuf::from(format!("{path}{}", self.rank)),
                 &bytes,
@@ -715,8 +721,7 @@ impl Peers {
             );
         }
         let dir = crate::log::expand_path(self.config.trace_dir.as_deref()?);
-        let path =
-            std::path::Path::new(&dir).join(format!("ccl-trace-{}-r{}.json", self.tag, self.rank));
+        let path = std::path::Path::new(&dir).join(Dump::file_name(&self.tag, self.rank));
         self.write_dump(path, self.trace_json(reason).as_bytes(), reason)
     }
 
@@ -728,7 +733,7 @@ impl Peers {
         let outside = self
             .recorder()
             .current()
-            .is_none_or(|e| e.state != crate::trace::State::Running);
+            .is_none_or(|e| e.state != ccl_diag::recorder::State::Running);
         if outside {
             let what = if n.died { "died" } else { "failed" };
             self.dump_trace(&format!(
@@ -880,7 +885,7 @@ impl Peers {
     }
 }
 
-pub use crate::diag::SlowPeer;
+pub use ccl_diag::verdict::SlowPeer;
 
 /// A root that has not acknowledged a failure report within this is taken to be stopped.
 const ROOT_SILENT: Duration = Duration::from_millis(1500);

@@ -5,7 +5,6 @@
 pub mod bootstrap;
 pub mod comm;
 pub mod config;
-pub mod diag;
 pub mod entropy;
 pub mod error;
 pub mod log;
@@ -13,8 +12,6 @@ pub mod net;
 pub mod reduce;
 pub mod test_values;
 pub mod topology;
-pub mod torch_fr;
-pub mod trace;
 pub mod transport;
 pub mod types;
 pub mod wireup;

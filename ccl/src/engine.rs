@@ -14,9 +14,9 @@ use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
 use ccl_core::comm::{Links, Peers};
 use ccl_core::topology::Topology;
-use ccl_core::trace::Begin;
 use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
+use ccl_diag::recorder::Begin;
 
 use crate::registry::Registry;
 use crate::{DataType, Error, ReduceOp, Result};

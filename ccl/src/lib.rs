@@ -172,7 +172,7 @@ impl Communicator {
         let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
             .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
         if config.trace_counter && ccl_shm::clock::calibrate() {
-            ccl_core::trace::set_fast_clock(ccl_shm::clock::now_us);
+            ccl_diag::recorder::set_fast_clock(ccl_shm::clock::now_us);
         }
         let shm = ccl_shm::ShmTransport::new();
         let candidates = transports(&config, rank, &shm)?;

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use ccl_core::comm::{Links, Peers};
 use ccl_core::reduce::{self, Kernels, Order};
-use ccl_core::trace::{self, Begin};
 use ccl_core::transport::{HostMemory, Interest, MemRegion};
 use ccl_core::{DataType, Error, ReduceOp, Result};
+use ccl_diag::recorder::{self as trace, Begin};
 
 use crate::algo::{Algo, Collective};
 use crate::header::{HEADER_LEN, Header, HeaderError, KIND_P2P};

@@ -6,10 +6,10 @@
 //! with the instruction counts of a 2 KiB allreduce between 2 ranks: see docs/performance.md.
 
 use ccl_core::comm::{Links, Peers};
-use ccl_core::trace::Begin;
 use ccl_core::transport::HostMemory;
 use ccl_core::transport::program::{HostCall, Stop};
 use ccl_core::{DataType, Error, ReduceOp, Result};
+use ccl_diag::recorder::Begin;
 
 use super::{
     Buffers, ExecState, Job, OpInfo, Registered, Run, begin_op, check_host_calls, end_op, fail_op,

@@ -7,9 +7,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-#[path = "../trace_tool.rs"]
-mod trace_tool;
-
 const USAGE: &str =
     "usage: ccl-trace DIR                         (the CCL_TRACE_DIR the ranks dumped into)
        ccl-trace --live HOST:PORT --secret S   (a running job's rendezvous and its CCL_SECRET)
@@ -75,9 +72,9 @@ fn main() -> ExitCode {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
     }
-    match trace_tool::read_dir(&PathBuf::from(&args[0])) {
+    match ccl_diag::dump::read_dir(&PathBuf::from(&args[0])) {
         Ok(dumps) => {
-            print!("{}", trace_tool::report(&dumps));
+            print!("{}", ccl_diag::report::report(&dumps));
             ExitCode::SUCCESS
         }
         Err(e) => {

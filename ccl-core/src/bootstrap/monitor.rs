@@ -22,7 +22,7 @@ use super::wire::{self, Frame, FrameKind, Notice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::{ccl_trace, ccl_warn};
 
-/// Describes this rank for a state query ([`crate::diag::encode`]d).
+/// Describes this rank for a state query ([`ccl_diag::verdict::encode`]d).
 pub type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 
 /// Called on the monitor thread with each failure notice as it arrives.

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::wire::{self, Frame, FrameKind, Notice};
-use crate::diag::{self, Presence, RankView};
 use crate::{ccl_trace, ccl_warn};
+use ccl_diag::verdict::{self as diag, Presence, RankView};
 
 /// How long the root waits for every live rank to describe itself. A rank that has not
 /// answered by then is stopped or its process hung: that is the verdict.

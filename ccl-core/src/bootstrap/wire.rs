@@ -45,7 +45,7 @@ pub enum FrameKind {
     Commit = 25,
     /// Root to rank: describe your state (payload: `[u32 query id]`).
     StateQuery = 10,
-    /// Rank to root: `[u32 query id]` then a [`crate::diag::encode`]d view.
+    /// Rank to root: `[u32 query id]` then a [`ccl_diag::verdict::encode`]d view.
     StateReply = 11,
     /// Rank to root: an operation runs late; send the verdict (payload: what to say first).
     VerdictRequest = 12,

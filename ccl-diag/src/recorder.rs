@@ -1,16 +1,17 @@
 //! The flight recorder: the last `CCL_TRACE_BUFFER` operations of a communicator, kept in a ring,
-//! written out as JSON on a failure or `SIGUSR1` (to `CCL_TRACE_DIR`), and read by `ccl-trace`
-//! to say which rank a stuck job waits for.
+//! written out as a [`Dump`](crate::dump::Dump) on a failure or `SIGUSR1` (to `CCL_TRACE_DIR`),
+//! and read by `ccl-trace` to say which rank a stuck job waits for.
 //!
 //! The executor fills an entry when an operation starts and brings it up to date when it
 //! blocks and when it ends; the data path itself touches nothing here, so recording costs
 //! nothing measurable. Slots are reused, so a recorder that has gone round once allocates no more.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustc_hash::FxBuildHasher;
+use serde::{Deserialize, Serialize};
 
 /// Microseconds since the Unix epoch (comparable across the processes of one host, and across
 /// hosts as far as their clocks agree).
@@ -21,7 +22,8 @@ pub fn now_us() -> u64 {
 }
 
 /// Where an operation is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum State {
     Running,
     Done,
@@ -39,7 +41,7 @@ impl State {
 }
 
 /// One peer's side of one operation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerStat {
     pub peer: usize,
     pub to_send: u64,
@@ -122,8 +124,10 @@ pub struct Recorder {
     /// divide nothing.
     newest: usize,
     /// Recent durations per (operation, bytes), for what is usual ([`Recorder::usual_us`]):
-    /// where in `rings` each key's are.
-    durations: HashMap<(&'static str, u64), usize, BuildHasherDefault<Quick>>,
+    /// where in `rings` each key's are. The map is updated at the end of every operation,
+    /// where the standard hasher took over a tenth of a small operation's instructions; the
+    /// keys come from the library, not from outside, so collisions cannot be forced.
+    durations: HashMap<(&'static str, u64), usize, FxBuildHasher>,
     rings: Vec<Durations>,
     /// The key the last operation's duration went to, and its ring: a program calls the same
     /// operation over and over, and then no hashing is needed.
@@ -144,44 +148,6 @@ pub fn set_fast_clock(clock: fn() -> u64) {
 /// The fast clock if one was offered, else [`now_us`].
 pub fn fast_clock() -> fn() -> u64 {
     FAST_CLOCK.get().copied().unwrap_or(now_us)
-}
-
-/// A hasher for the few words of a durations key: the map is updated at the end of every
-/// operation, where the standard hasher took over a tenth of a small operation's instructions.
-/// Keys come from the library, not from outside, so collisions cannot be forced.
-#[derive(Debug, Default)]
-struct Quick(u64);
-
-impl Quick {
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-impl Hasher for Quick {
-    fn write(&mut self, bytes: &[u8]) {
-        for c in bytes.chunks(8) {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-    }
-
-    fn write_u8(&mut self, b: u8) {
-        self.add(u64::from(b));
-    }
-
-    fn write_u64(&mut self, w: u64) {
-        self.add(w);
-    }
-
-    fn write_usize(&mut self, w: usize) {
-        self.add(w as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// The last [`HISTORY`] durations of one kind of operation, microseconds.
@@ -371,98 +337,6 @@ impl Recorder {
         };
         (0..n).map(move |k| &self.slots[(start + k) % n])
     }
-
-    /// The dump: who this is and every entry, as JSON.
-    pub fn to_json(&self, meta: &Meta) -> String {
-        let mut s = String::with_capacity(256 + 256 * self.slots.len());
-        let _ = write!(
-            s,
-            "{{\"format\":\"ccl-trace-1\",\"comm\":{},\"rank\":{},\"size\":{},\"host\":{},\"pid\":{},\"reason\":{},\"time_us\":{},\"entries\":[",
-            json_str(&meta.comm),
-            meta.rank,
-            meta.size,
-            json_str(&meta.host),
-            meta.pid,
-            json_str(&meta.reason),
-            now_us()
-        );
-        for (k, e) in self.entries().enumerate() {
-            if k > 0 {
-                s.push(',');
-            }
-            let _ = write!(
-                s,
-                "{{\"seq\":{},\"name\":{},\"algo\":{},\"dtype\":{},\"op\":{},\"count\":{},\"bytes\":{},\"root\":{},\"state\":\"{}\",\"start_us\":{},\"end_us\":{},\"progress_us\":{},\"waiting_on\":{},\"error\":{},\"peers\":[",
-                e.seq,
-                json_str(e.name),
-                json_str(e.algo),
-                json_str(e.dtype),
-                json_str(e.op),
-                e.count,
-                e.bytes,
-                e.root.map_or("null".to_string(), |r| r.to_string()),
-                e.state.name(),
-                e.start_us,
-                e.end_us,
-                e.progress_us,
-                e.waiting_on.map_or("null".to_string(), |r| r.to_string()),
-                e.error.as_deref().map_or("null".to_string(), json_str),
-            );
-            for (j, p) in e.peers.iter().enumerate() {
-                if j > 0 {
-                    s.push(',');
-                }
-                let _ = write!(
-                    s,
-                    "{{\"peer\":{},\"to_send\":{},\"sent\":{},\"to_recv\":{},\"received\":{},\"arrived\":{},\"waited_us\":{},\"late_us\":{}}}",
-                    p.peer,
-                    p.to_send,
-                    p.sent,
-                    p.to_recv,
-                    p.received,
-                    p.arrived,
-                    p.waited_us,
-                    p.late_us
-                );
-            }
-            s.push_str("]}");
-        }
-        s.push_str("]}");
-        s
-    }
-}
-
-/// Who wrote a dump.
-#[derive(Clone, Debug)]
-pub struct Meta {
-    /// Identifies the communicator across ranks.
-    pub comm: String,
-    pub rank: usize,
-    pub size: usize,
-    pub host: String,
-    pub pid: u32,
-    pub reason: String,
-}
-
-/// A JSON string literal.
-pub fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            '\r' => o.push_str("\\r"),
-            '\t' => o.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
 }
 
 #[cfg(test)]
@@ -491,22 +365,6 @@ mod tests {
         }
         let seqs: Vec<u64> = r.entries().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![3, 4, 5]);
-        r.begin(b(6), std::iter::empty());
-        r.current().unwrap().waiting_on = Some(2);
-        let j = r.to_json(&Meta {
-            comm: "c\"x".into(),
-            rank: 0,
-            size: 3,
-            host: "h".into(),
-            pid: 1,
-            reason: "test".into(),
-        });
-        assert!(
-            j.contains("\"waiting_on\":2")
-                && j.contains("\"state\":\"running\"")
-                && j.contains("c\\\"x"),
-            "{j}"
-        );
         let off = Recorder::new(0);
         assert!(!off.enabled());
         assert_eq!(off.entries().count(), 0);

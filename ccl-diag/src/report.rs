@@ -1,129 +1,18 @@
-//! `ccl-trace`: reads the flight-recorder dumps of every rank (`CCL_TRACE_DIR`) and says where a
-//! stuck or failed job stands: the last operation each rank reached, which ranks never entered
-//! the operation the others are stuck in, which peer each rank was waiting for, and, following
+//! What `ccl-trace DIR` prints: from the flight-recorder dumps of every rank, where a stuck or
+//! failed job stands: the last operation each rank reached, which ranks never entered the
+//! operation the others are stuck in, which peer each rank was waiting for, and, following
 //! those waits, the rank(s) the job is waiting on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::Path;
 
-use ccl_core::diag::{OpView, Presence, RankView, Verdict};
-use ccl_core::trace::State;
-use serde::Deserialize;
-
-#[derive(Debug, Deserialize)]
-pub struct Dump {
-    pub comm: String,
-    pub rank: usize,
-    pub size: usize,
-    pub host: String,
-    pub pid: u32,
-    pub reason: String,
-    #[serde(default)]
-    pub time_us: u64,
-    pub entries: Vec<Entry>,
-}
-
-#[derive(Debug, Deserialize, Clone)]
-pub struct Entry {
-    pub seq: u64,
-    pub name: String,
-    pub algo: String,
-    pub bytes: u64,
-    pub state: String,
-    pub start_us: u64,
-    pub end_us: u64,
-    #[serde(default)]
-    pub progress_us: u64,
-    pub waiting_on: Option<usize>,
-    pub error: Option<String>,
-    pub peers: Vec<PeerStat>,
-}
-
-#[derive(Debug, Deserialize, Clone)]
-pub struct PeerStat {
-    pub peer: usize,
-    pub to_send: u64,
-    pub sent: u64,
-    pub to_recv: u64,
-    pub received: u64,
-    pub arrived: bool,
-    pub waited_us: u64,
-    pub late_us: i64,
-}
-
-/// Reads every `ccl-trace-*.json` in `dir`.
-pub fn read_dir(dir: &Path) -> Result<Vec<Dump>, String> {
-    let mut out = Vec::new();
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-    for ent in rd.flatten() {
-        let p = ent.path();
-        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !(name.starts_with("ccl-trace-") && name.ends_with(".json")) {
-            continue;
-        }
-        let text =
-            std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-        let d: Dump = serde_json::from_str(&text)
-            .map_err(|e| format!("{} is not a ccl trace dump: {e}", p.display()))?;
-        out.push(d);
-    }
-    if out.is_empty() {
-        return Err(format!("no ccl-trace-*.json dumps in {}", dir.display()));
-    }
-    Ok(out)
-}
-
-/// A dump as the shared analysis sees it.
-fn view(d: &Dump) -> RankView {
-    let state = |s: &str| match s {
-        "running" => State::Running,
-        "done" => State::Done,
-        _ => State::Failed,
-    };
-    RankView {
-        rank: d.rank,
-        host: d.host.clone(),
-        pid: d.pid,
-        presence: Presence::Answered,
-        now_us: d.time_us,
-        ops: d
-            .entries
-            .iter()
-            .map(|e| OpView {
-                seq: e.seq,
-                name: e.name.clone(),
-                algo: e.algo.clone(),
-                bytes: e.bytes,
-                state: state(&e.state),
-                start_us: e.start_us,
-                end_us: e.end_us,
-                progress_us: e.progress_us,
-                waiting_on: e.waiting_on,
-                peers: e
-                    .peers
-                    .iter()
-                    .map(|p| ccl_core::trace::PeerStat {
-                        peer: p.peer,
-                        to_send: p.to_send,
-                        sent: p.sent,
-                        to_recv: p.to_recv,
-                        received: p.received,
-                        arrived: p.arrived,
-                        waited_us: p.waited_us,
-                        late_us: p.late_us,
-                    })
-                    .collect(),
-            })
-            .collect(),
-        slow: Vec::new(),
-    }
-}
+use crate::dump::Dump;
+use crate::verdict::{self, Presence, RankView, Verdict};
 
 /// The dumps of one communicator as views, with the ranks that left none marked so.
 fn views(dumps: &[&Dump]) -> (Vec<RankView>, usize) {
     let size = dumps.iter().map(|d| d.size).max().unwrap_or(0);
-    let mut vs: Vec<RankView> = dumps.iter().map(|d| view(d)).collect();
+    let mut vs: Vec<RankView> = dumps.iter().map(|d| RankView::from_dump(d)).collect();
     for r in 0..size {
         if !dumps.iter().any(|d| d.rank == r) {
             vs.push(RankView::absent(r, "", 0, Presence::NoDump));
@@ -135,7 +24,7 @@ fn views(dumps: &[&Dump]) -> (Vec<RankView>, usize) {
 /// Analyses the dumps of one communicator (the same analysis the job's monitor runs live).
 pub fn analyse(dumps: &[&Dump]) -> Verdict {
     let (vs, size) = views(dumps);
-    ccl_core::diag::analyse(&vs, size)
+    verdict::analyse(&vs, size)
 }
 
 fn list(s: &BTreeSet<usize>) -> String {
@@ -191,7 +80,14 @@ pub fn report(dumps: &[Dump]) -> String {
             };
             let mut line = format!(
                 "  rank {} ({}:{}): {} #{} ({}, {} bytes) {}{dur}",
-                d.rank, d.host, d.pid, e.name, e.seq, e.algo, e.bytes, e.state
+                d.rank,
+                d.host,
+                d.pid,
+                e.name,
+                e.seq,
+                e.algo,
+                e.bytes,
+                e.state.name()
             );
             if let Some(p) = e.waiting_on {
                 let ps = e.peers.iter().find(|x| x.peer == p);
@@ -248,6 +144,8 @@ pub fn report(dumps: &[Dump]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dump::Op;
+    use crate::recorder::{PeerStat, State};
 
     fn dump(rank: usize, seq: u64, waiting_on: Option<usize>, arrived: &[(usize, bool)]) -> Dump {
         Dump {
@@ -258,12 +156,17 @@ mod tests {
             pid: 1,
             reason: "timeout".into(),
             time_us: 3,
-            entries: vec![Entry {
+            format: String::new(),
+            entries: vec![Op {
                 seq,
                 name: "allreduce".into(),
                 algo: "ring".into(),
+                dtype: "float".into(),
+                op: "sum".into(),
+                count: 256,
                 bytes: 1024,
-                state: "failed".into(),
+                root: None,
+                state: State::Failed,
                 start_us: 1,
                 end_us: 2,
                 progress_us: 1,
@@ -313,7 +216,7 @@ mod tests {
         // Rank 2 stopped inside #7 and left no dump; rank 3 waits for it there, rank 0 (still in
         // #7) waits for 3, and rank 1, already in #8, waits for 0.
         let mut r1 = dump(1, 8, Some(0), &[(0, false)]);
-        r1.entries[0].state = "running".into();
+        r1.entries[0].state = State::Running;
         let ds = [
             dump(0, 7, Some(3), &[(3, true)]),
             r1,

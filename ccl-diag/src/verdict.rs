@@ -11,10 +11,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use crate::trace::{Entry, PeerStat, Recorder, State};
+use serde::{Deserialize, Serialize};
+
+use crate::dump::{Dump, Op};
+use crate::recorder::State;
 
 /// A peer that the slow-rank report named.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlowPeer {
     pub peer: usize,
     /// Mean lateness over the last window, microseconds.
@@ -23,44 +26,8 @@ pub struct SlowPeer {
     pub ops: u64,
 }
 
-/// One operation as a rank sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpView {
-    pub seq: u64,
-    pub name: String,
-    pub algo: String,
-    pub bytes: u64,
-    pub state: State,
-    pub start_us: u64,
-    pub end_us: u64,
-    /// When something last moved in it (0: unknown).
-    pub progress_us: u64,
-    pub waiting_on: Option<usize>,
-    pub peers: Vec<PeerStat>,
-}
-
-/// The last `n` operations of `rec`, oldest first.
-pub fn op_views(rec: &Recorder, n: usize) -> Vec<OpView> {
-    let all: Vec<&Entry> = rec.entries().collect();
-    all[all.len().saturating_sub(n)..]
-        .iter()
-        .map(|e| OpView {
-            seq: e.seq,
-            name: e.name.to_string(),
-            algo: e.algo.to_string(),
-            bytes: e.bytes,
-            state: e.state,
-            start_us: e.start_us,
-            end_us: e.end_us,
-            progress_us: e.progress_us,
-            waiting_on: e.waiting_on,
-            peers: e.peers.clone(),
-        })
-        .collect()
-}
-
 /// Whether a rank could tell what it is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Presence {
     /// It answered (or left a dump).
     Answered,
@@ -74,7 +41,7 @@ pub enum Presence {
 }
 
 /// One rank: who it is and its latest operations, oldest first.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankView {
     pub rank: usize,
     pub host: String,
@@ -82,7 +49,7 @@ pub struct RankView {
     pub presence: Presence,
     /// Its clock when it answered (microseconds since the epoch).
     pub now_us: u64,
-    pub ops: Vec<OpView>,
+    pub ops: Vec<Op>,
     pub slow: Vec<SlowPeer>,
 }
 
@@ -100,12 +67,25 @@ impl RankView {
         }
     }
 
-    fn latest(&self) -> Option<&OpView> {
+    /// What a rank's dump says.
+    pub fn from_dump(d: &Dump) -> RankView {
+        RankView {
+            rank: d.rank,
+            host: d.host.clone(),
+            pid: d.pid,
+            presence: Presence::Answered,
+            now_us: d.time_us,
+            ops: d.entries.clone(),
+            slow: Vec::new(),
+        }
+    }
+
+    fn latest(&self) -> Option<&Op> {
         self.ops.iter().max_by_key(|o| o.seq)
     }
 
     /// The newest operation this rank has not finished: where it waits, if it waits.
-    fn open(&self) -> Option<&OpView> {
+    fn open(&self) -> Option<&Op> {
         self.ops
             .iter()
             .filter(|e| e.state != State::Done)
@@ -299,7 +279,7 @@ fn link(
 }
 
 /// How long `e` of `v` had gone without progress when `v` answered (or when `e` ended).
-fn idle_s(v: &RankView, e: &OpView) -> f64 {
+fn idle_s(v: &RankView, e: &Op) -> f64 {
     let at = if e.progress_us > 0 {
         e.progress_us
     } else {
@@ -587,183 +567,34 @@ pub fn live_report(views: &[RankView], size: usize) -> String {
 /// A wait shorter than this, seconds, is the job at work, not a hang.
 const MOVING_S: f64 = 1.0;
 
-// The wire form of a RankView, what a rank answers the monitor: little-endian integers, strings
-// with a u16 length. Decoding checks every length, so a bad reply is an error, never a panic.
-
+/// Operations a rank sends the monitor: the ones a verdict can be about.
 const MAX_OPS: usize = 16;
-const MAX_PEERS: usize = 1 << 16;
 
-fn put_str(b: &mut Vec<u8>, s: &str) {
-    let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
-    b.extend_from_slice(&(s.len() as u16).to_le_bytes());
-    b.extend_from_slice(s);
-}
-
-/// Encodes `v` (at most the last 16 operations).
+/// The wire form of a view, what a rank answers the monitor (at most its last [`MAX_OPS`]
+/// operations).
 pub fn encode(v: &RankView) -> Vec<u8> {
-    let mut b = Vec::with_capacity(256);
-    b.extend_from_slice(&(v.rank as u32).to_le_bytes());
-    put_str(&mut b, &v.host);
-    b.extend_from_slice(&v.pid.to_le_bytes());
-    b.extend_from_slice(&v.now_us.to_le_bytes());
-    let ops = &v.ops[v.ops.len().saturating_sub(MAX_OPS)..];
-    b.push(ops.len() as u8);
-    for e in ops {
-        b.extend_from_slice(&e.seq.to_le_bytes());
-        put_str(&mut b, &e.name);
-        put_str(&mut b, &e.algo);
-        b.extend_from_slice(&e.bytes.to_le_bytes());
-        b.push(match e.state {
-            State::Running => 0,
-            State::Done => 1,
-            State::Failed => 2,
-        });
-        for t in [e.start_us, e.end_us, e.progress_us] {
-            b.extend_from_slice(&t.to_le_bytes());
-        }
-        b.extend_from_slice(&e.waiting_on.map_or(u32::MAX, |p| p as u32).to_le_bytes());
-        let peers = &e.peers[..e.peers.len().min(MAX_PEERS)];
-        b.extend_from_slice(&(peers.len() as u32).to_le_bytes());
-        for p in peers {
-            b.extend_from_slice(&(p.peer as u32).to_le_bytes());
-            for x in [p.to_send, p.sent, p.to_recv, p.received, p.waited_us] {
-                b.extend_from_slice(&x.to_le_bytes());
-            }
-            b.extend_from_slice(&p.late_us.to_le_bytes());
-            b.push(u8::from(p.arrived));
-        }
-    }
-    let slow = &v.slow[..v.slow.len().min(MAX_PEERS)];
-    b.extend_from_slice(&(slow.len() as u32).to_le_bytes());
-    for s in slow {
-        b.extend_from_slice(&(s.peer as u32).to_le_bytes());
-        b.extend_from_slice(&s.mean_late_us.to_le_bytes());
-        b.extend_from_slice(&s.ops.to_le_bytes());
-    }
-    b
+    let cut = RankView {
+        ops: v.ops[v.ops.len().saturating_sub(MAX_OPS)..].to_vec(),
+        ..v.clone()
+    };
+    serde_json::to_vec(&cut).expect("a view is plain data")
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.b.len() < n {
-            return Err("state reply cut short".into());
-        }
-        let (h, t) = self.b.split_at(n);
-        self.b = t;
-        Ok(h)
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, String> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    fn str(&mut self) -> Result<String, String> {
-        let n = self.u16()? as usize;
-        Ok(String::from_utf8_lossy(self.take(n)?).into_owned())
-    }
-    fn count(&mut self, max: usize) -> Result<usize, String> {
-        let n = self.u32()? as usize;
-        if n > max {
-            return Err(format!("state reply claims {n} entries"));
-        }
-        Ok(n)
-    }
-}
-
-/// Decodes [`encode`]'s output; the result is marked as answered.
+/// Reads [`encode`]'s output; the result is marked as answered. A bad reply is an error, never
+/// a panic.
 pub fn decode(b: &[u8]) -> Result<RankView, String> {
-    let mut r = Reader { b };
-    let rank = r.u32()? as usize;
-    let host = r.str()?;
-    let pid = r.u32()?;
-    let now_us = r.u64()?;
-    let n_ops = r.u8()? as usize;
-    if n_ops > MAX_OPS {
-        return Err(format!("state reply claims {n_ops} operations"));
+    let mut v: RankView = serde_json::from_slice(b).map_err(|e| format!("bad state reply: {e}"))?;
+    if v.ops.len() > MAX_OPS {
+        return Err(format!("state reply claims {} operations", v.ops.len()));
     }
-    let mut ops = Vec::with_capacity(n_ops);
-    for _ in 0..n_ops {
-        let seq = r.u64()?;
-        let name = r.str()?;
-        let algo = r.str()?;
-        let bytes = r.u64()?;
-        let state = match r.u8()? {
-            0 => State::Running,
-            1 => State::Done,
-            2 => State::Failed,
-            s => return Err(format!("unknown operation state {s}")),
-        };
-        let (start_us, end_us, progress_us) = (r.u64()?, r.u64()?, r.u64()?);
-        let waiting_on = match r.u32()? {
-            u32::MAX => None,
-            p => Some(p as usize),
-        };
-        let n_peers = r.count(MAX_PEERS)?;
-        let mut peers = Vec::with_capacity(n_peers.min(1024));
-        for _ in 0..n_peers {
-            let peer = r.u32()? as usize;
-            let (to_send, sent, to_recv, received, waited_us) =
-                (r.u64()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
-            let late_us = r.u64()? as i64;
-            let arrived = r.u8()? != 0;
-            peers.push(PeerStat {
-                peer,
-                to_send,
-                sent,
-                to_recv,
-                received,
-                arrived,
-                waited_us,
-                late_us,
-            });
-        }
-        ops.push(OpView {
-            seq,
-            name,
-            algo,
-            bytes,
-            state,
-            start_us,
-            end_us,
-            progress_us,
-            waiting_on,
-            peers,
-        });
-    }
-    let n_slow = r.count(MAX_PEERS)?;
-    let mut slow = Vec::with_capacity(n_slow.min(1024));
-    for _ in 0..n_slow {
-        slow.push(SlowPeer {
-            peer: r.u32()? as usize,
-            mean_late_us: r.u64()? as i64,
-            ops: r.u64()?,
-        });
-    }
-    Ok(RankView {
-        rank,
-        host,
-        pid,
-        presence: Presence::Answered,
-        now_us,
-        ops,
-        slow,
-    })
+    v.presence = Presence::Answered;
+    Ok(v)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recorder::PeerStat;
 
     fn peer(peer: usize, arrived: bool, sent: u64, received: u64) -> PeerStat {
         PeerStat {
@@ -791,11 +622,16 @@ mod tests {
             pid: 100 + rank as u32,
             presence: Presence::Answered,
             now_us: 10_000_000,
-            ops: vec![OpView {
+            ops: vec![Op {
                 seq,
                 name: "allreduce".into(),
                 algo: "ring".into(),
+                dtype: "float".into(),
+                op: "sum".into(),
+                count: 1 << 20,
                 bytes: 4 << 20,
+                root: None,
+                error: None,
                 state,
                 start_us: 1_000_000,
                 end_us: 0,
