@@ -567,7 +567,7 @@ pub fn cost(
     Some(LinkCosts::new(t, topo).time(&load, bytes as f64))
 }
 
-/// Whether a communicator whose transports are `t` (as [`crate::cost::properties_of`] gives them:
+/// Whether a communicator whose transports are `t` (as `ccl`'s `Peers::cost_properties` gives them:
 /// `host_memory` when the ranks of every host share a segment) and whose ranks are placed as
 /// `topo` says can run `algo`: `shm` needs every rank on one host, `hiershm` ranks on several
 /// hosts and host memory on every one; the others need nothing.

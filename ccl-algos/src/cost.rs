@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use ccl_core::comm::Peers;
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 
@@ -54,15 +53,6 @@ pub fn on_shared_cpus(
         bandwidth: p.bandwidth * cpus as f64 / ranks_here as f64,
         ..p
     }
-}
-
-/// The transport's properties as the cost model sees them on `comm`'s machine.
-pub fn properties_of(comm: &Peers) -> TransportProperties {
-    on_shared_cpus(
-        comm.transport_properties(),
-        comm.ranks_on_host(),
-        comm.machine_cpus(),
-    )
 }
 
 pub(crate) fn log2_floor(n: usize) -> usize {

@@ -15,8 +15,6 @@ pub mod binary_tree;
 pub mod broadcast;
 pub mod cost;
 pub mod direct;
-pub mod exec;
-pub mod header;
 pub mod host;
 pub mod local;
 pub mod overrides;

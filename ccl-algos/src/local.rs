@@ -26,7 +26,7 @@ pub struct LocalPlan {
 
 /// One step; regions are in elements, host slots as `(host rank, region)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Step {
+pub enum Step {
     /// The caller's input (or any caller buffer) into this rank's slot.
     CopyIn {
         src: Region,
@@ -110,12 +110,12 @@ impl LocalPlan {
         })
     }
 
-    pub(crate) fn steps(&self, second_half: bool) -> &[Step] {
+    pub fn steps(&self, second_half: bool) -> &[Step] {
         &self.halves[usize::from(second_half)]
     }
 
     /// [`steps`](LocalPlan::steps) in bytes: the same steps at the same places.
-    pub(crate) fn program(&self, second_half: bool) -> &HostProgram {
+    pub fn program(&self, second_half: bool) -> &HostProgram {
         &self.programs[usize::from(second_half)]
     }
 }

@@ -17,6 +17,7 @@
 //! or misplaced data: the check costs 48 bytes per pair of ranks, which travel with the data.
 
 use ccl_core::ReduceOp;
+use ccl_core::hash::Fnv1a;
 
 use crate::algo::Collective;
 use crate::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
@@ -69,16 +70,10 @@ pub struct VShape {
 /// A fingerprint of a counts array that no two different arrays of the sizes in use share by
 /// accident (FNV-1a over the 8-byte counts, then a final mix).
 pub fn fingerprint(counts: &[usize]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &c in counts {
-        for b in (c as u64).to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
+    counts
+        .iter()
+        .fold(Fnv1a::new(), |h, &c| h.bytes(&(c as u64).to_le_bytes()))
+        .finish_mixed()
 }
 
 /// `counts` packed back to back, or placed at `displs`, as blocks; checks the lengths of both

@@ -79,7 +79,7 @@ pub const cclNumOps: cclRedOp_t = 8;
 /// `CCL_SPLIT_NOCOLOR`.
 pub const CCL_SPLIT_NOCOLOR: c_int = -1;
 /// `CCL_UNIQUE_ID_BYTES`.
-pub const CCL_UNIQUE_ID_BYTES: usize = ccl_core::bootstrap::UNIQUE_ID_BYTES;
+pub const CCL_UNIQUE_ID_BYTES: usize = ccl::UNIQUE_ID_BYTES;
 
 /// `cclUniqueId`: 128 opaque bytes, passed by value.
 #[repr(C)]

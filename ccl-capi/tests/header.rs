@@ -215,10 +215,7 @@ fn constants_match() {
             assert!(r.contains_key(name), "{name} is in the header only");
         }
     }
-    assert_eq!(
-        h["CCL_UNIQUE_ID_BYTES"],
-        ccl_core::bootstrap::UNIQUE_ID_BYTES as i64
-    );
+    assert_eq!(h["CCL_UNIQUE_ID_BYTES"], ccl::UNIQUE_ID_BYTES as i64);
     // The version macros are the crate's version.
     let v = |k: &str| h[k].to_string();
     assert_eq!(

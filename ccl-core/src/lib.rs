@@ -1,12 +1,20 @@
-//! Core of ccl: element types and reduce kernels, errors, configuration, bootstrap, and the
-//! transport abstraction with its non-RDMA implementations.
+//! Core of ccl: what every transport and every layer above needs, and nothing of the runtime.
+//!
+//! - element types and reduce kernels ([`types`], [`reduce`]), errors ([`error`]);
+//! - every `CCL_*` setting in one place ([`config`]), logging ([`log`]);
+//! - the job's topology ([`topology`]) and ECMP entropy ([`entropy`]);
+//! - sockets with deadlines ([`net`]) and the one hash ([`hash`]);
+//! - the transport abstraction ([`transport`]: `Transport`, `Endpoint`, `MemRegion`), its TCP
+//!   and in-process implementations, and the Endpoint conformance suite every transport runs
+//!   (feature `conformance`).
+//!
+//! It builds and tests anywhere (no libibverbs).
 #![deny(unsafe_code)]
 
-pub mod bootstrap;
-pub mod comm;
 pub mod config;
 pub mod entropy;
 pub mod error;
+pub mod hash;
 pub mod log;
 pub mod net;
 pub mod reduce;
@@ -14,9 +22,7 @@ pub mod test_values;
 pub mod topology;
 pub mod transport;
 pub mod types;
-pub mod wireup;
 
-pub use bootstrap::UniqueId;
 pub use config::Config;
 pub use error::{Error, ErrorKind, Result};
 /// The `half` crate, whose `f16` and `bf16` are element types.

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::hash::Fnv1a;
 
 /// Counts the cost model reads on every call, computed once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -292,20 +293,17 @@ impl Topology {
 
     /// A fingerprint of everything that shapes schedules, so ranks can check they agree.
     pub fn fingerprint(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |x: u64| {
-            h ^= x;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        };
+        let mut h = Fnv1a::new();
         for r in 0..self.size() {
-            eat(self.host[r] as u64);
-            eat(self.rack[r] as u64);
-            eat(self.zone[r] as u64);
-            eat(self.link[r].unwrap_or(0));
+            h = h
+                .word(self.host[r] as u64)
+                .word(self.rack[r] as u64)
+                .word(self.zone[r] as u64)
+                .word(self.link[r].unwrap_or(0));
         }
-        eat(self.rack_uplink.unwrap_or(0));
-        eat(self.zone_uplink.unwrap_or(0));
-        h
+        h.word(self.rack_uplink.unwrap_or(0))
+            .word(self.zone_uplink.unwrap_or(0))
+            .finish()
     }
 }
 
@@ -462,12 +460,7 @@ impl TopoFile {
             self.rack_uplink.unwrap_or(0),
             self.zone_uplink.unwrap_or(0)
         ));
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in canon.bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h.max(1)
+        crate::hash::fnv1a(canon.as_bytes()).max(1)
     }
 
     /// The topology of a world whose ranks report host names `hosts`. Every rank must be

@@ -6,13 +6,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind, Registered};
+use crate::peers::{Links, Peers};
 use ccl_algos::algo::{self, Algo, Collective};
-use ccl_algos::cost;
-use ccl_algos::exec::{self, Buffers, ExecState, ExtraBuf, Job, OpInfo, OpKind, Registered};
 use ccl_algos::local::LocalPlan;
 use ccl_algos::overrides::Overrides;
 use ccl_algos::schedule::{Schedule, Shape};
-use ccl_core::comm::{Links, Peers};
 use ccl_core::topology::Topology;
 use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
@@ -197,7 +196,7 @@ impl Engine {
         Engine {
             has_shared,
             registry,
-            model: cost::properties_of(&peers),
+            model: peers.cost_properties(),
             peers,
             overrides: Mutex::new(overrides),
             overrides_gen: AtomicU64::new(0),

@@ -5,7 +5,7 @@
 //! right" cannot deadlock however large they are. Operations with the same peer match in the
 //! order they were added, on both sides.
 
-use ccl_algos::exec::{ExtraBuf, OpInfo, OpKind};
+use crate::exec::{ExtraBuf, OpInfo, OpKind};
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule};
 
 use crate::engine::Execution;

@@ -51,26 +51,30 @@
 use std::sync::Arc;
 
 use ccl_algos::overrides::Overrides;
-use ccl_core::bootstrap::Bootstrap;
-use ccl_core::bootstrap::env::Launch;
+use ccl_bootstrap::Bootstrap;
+use ccl_bootstrap::env::Launch;
 use ccl_core::ccl_info;
-use ccl_core::comm::Peers;
 use ccl_core::config::TransportKind;
 use ccl_core::transport::Transport;
 use ccl_core::transport::local::LocalTransport;
 use ccl_core::transport::tcp::TcpTransport;
+use peers::Peers;
 
 pub use ccl_algos::algo::{Algo, BufferLens, Collective};
+pub use ccl_bootstrap::{UNIQUE_ID_BYTES, UniqueId};
 pub use ccl_core::config::Config;
-pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result, UniqueId};
+pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result};
 
 mod engine;
+mod exec;
 mod group;
 mod order;
+mod peers;
 pub mod recover;
 mod registry;
 mod split;
 mod vcoll;
+mod wireup;
 /// Page-aligned memory (huge pages when the system has them), as [`Buffer`] uses; for callers
 /// that allocate memory to register later (the C ABI's `cclMemAlloc`).
 pub use ccl_shm::pages::Pages;
@@ -269,7 +273,7 @@ impl Communicator {
     /// Peers the slow-rank report named in its last window: ranks that entered operations
     /// `CCL_SLOW_MS` or more after this one on average, two windows of `CCL_SLOW_WINDOW`
     /// operations in a row (also logged at warn level).
-    pub fn slow_peers(&self) -> Vec<ccl_core::comm::SlowPeer> {
+    pub fn slow_peers(&self) -> Vec<ccl_diag::verdict::SlowPeer> {
         self.engine.peers.slow_peers()
     }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ccl_core::comm::Peers;
+use crate::peers::Peers;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::{Error, Result};

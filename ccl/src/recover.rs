@@ -159,7 +159,7 @@ impl Communicator {
     /// Makes the unique id of a grown communicator on `root` and gives it to every rank (a
     /// collective): pass it to the new processes and to [`grow`](Self::grow).
     pub fn grow_id(&self, root: usize) -> Result<UniqueId> {
-        let mut bytes = [0u8; ccl_core::bootstrap::UNIQUE_ID_BYTES];
+        let mut bytes = [0u8; ccl_bootstrap::UNIQUE_ID_BYTES];
         if self.rank() == root {
             let id = UniqueId::new_at(self.engine.peers.local_ip(), self.config())?;
             bytes.copy_from_slice(id.as_bytes());

@@ -1,7 +1,6 @@
 //! `Communicator::split` (NCCL's `ncclCommSplit`, MPI's `MPI_Comm_split`).
 
-use ccl_core::UniqueId;
-use ccl_core::bootstrap::UNIQUE_ID_BYTES;
+use ccl_bootstrap::{UNIQUE_ID_BYTES, UniqueId};
 
 use crate::{Communicator, Error, Result};
 

@@ -8,8 +8,8 @@
 //! what it must agree on in the operation header it exchanges anyway (`ccl_algos::vcoll`), so
 //! counts that disagree between ranks are an error naming the peer, not a hang.
 
+use crate::exec::{OpInfo, OpKind};
 use ccl_algos::algo::{self, Collective};
-use ccl_algos::exec::{OpInfo, OpKind};
 use ccl_algos::vcoll::VShape;
 
 use crate::engine::{Engine, Execution};

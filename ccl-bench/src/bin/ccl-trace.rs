@@ -30,14 +30,14 @@ fn live_target(args: &[String]) -> Result<(std::net::SocketAddr, [u8; 32]), Stri
     }
     match (addr, secret, id) {
         (None, None, Some(hex)) => {
-            let id = ccl_core::UniqueId::from_hex(&hex).map_err(|e| e.to_string())?;
+            let id = ccl_bootstrap::UniqueId::from_hex(&hex).map_err(|e| e.to_string())?;
             Ok((id.root_addr(), id.secret()))
         }
         (Some(a), Some(s), None) => {
             let addr = a
                 .parse()
                 .map_err(|_| format!("{a} is not a numeric HOST:PORT address"))?;
-            Ok((addr, ccl_core::bootstrap::env::expand_secret(s.as_bytes())))
+            Ok((addr, ccl_bootstrap::env::expand_secret(s.as_bytes())))
         }
         _ => Err("--live needs either HOST:PORT and --secret, or --id".into()),
     }
@@ -57,7 +57,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        return match ccl_core::bootstrap::live_query(addr, &secret, Duration::from_secs(10)) {
+        return match ccl_bootstrap::live_query(addr, &secret, Duration::from_secs(10)) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

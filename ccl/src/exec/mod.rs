@@ -10,7 +10,7 @@
 //! one it receives, so mismatched calls fail with both calls described.
 //!
 //! When a pass makes no progress the executor says what it waits for from each peer, and the
-//! communicator waits (spin over all peers, then sleep: `ccl_core::comm::wait`). The rules "how
+//! communicator waits (spin over all peers, then sleep: `crate::peers::wait`). The rules "how
 //! much of this send may go now" and "may this receive take bytes now" are written once
 //! (`Run::send_now`, `Run::receive_now`) and used both to move and to say what to wait for,
 //! so the executor never sleeps when it could move. A wait that sees no progress for
@@ -23,16 +23,17 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use ccl_core::comm::{Links, Peers};
+use crate::peers::{Links, Peers};
 use ccl_core::reduce::{self, Kernels, Order};
 use ccl_core::transport::{HostMemory, Interest, MemRegion};
 use ccl_core::{DataType, Error, ReduceOp, Result};
 use ccl_diag::recorder::{self as trace, Begin};
 
-use crate::algo::{Algo, Collective};
-use crate::header::{HEADER_LEN, Header, HeaderError, KIND_P2P};
-use crate::local::LocalPlan;
-use crate::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
+use ccl_algos::algo::{Algo, Collective};
+mod header;
+use ccl_algos::local::LocalPlan;
+use ccl_algos::schedule::{Action, Buf, Combine, OpId, Region, Schedule};
+use header::{HEADER_LEN, Header, HeaderError, KIND_P2P};
 
 mod plan;
 
@@ -769,7 +770,7 @@ struct Run<'r, 'b> {
     /// This rank's post count when the operation began: a schedule's waits count from it.
     host_base: u64,
     /// The slot size (elements) when the operation runs on the other halves of the slots from
-    /// the ones its schedule names (`crate::host::swap_half`).
+    /// the ones its schedule names (`ccl_algos::host::swap_half`).
     host_swap: Option<usize>,
     /// Whether this rank has told the host which operation it is in.
     announced: bool,
@@ -833,7 +834,7 @@ impl Run<'_, '_> {
     /// half of their slot.
     fn at(&self, r: &Region) -> Region {
         match self.host_swap {
-            Some(slot) => crate::host::swap_half(*r, slot),
+            Some(slot) => ccl_algos::host::swap_half(*r, slot),
             None => *r,
         }
     }
@@ -1631,7 +1632,7 @@ impl Run<'_, '_> {
             return Err(e);
         }
         if idle < self.comm.spin_window() {
-            // With a CPU per rank, plain busy-polling (see `ccl_core::comm::wait` for why it
+            // With a CPU per rank, plain busy-polling (see `crate::peers::wait` for why it
             // does not yield). With more ranks than CPUs, the rank awaited may need this very
             // CPU: polling between yields hands it over at once, where sleeping would cost a
             // wake-up per step (4 ranks on 2 CPUs: 60-100 us per 8 B allreduce).
@@ -1735,8 +1736,7 @@ impl Run<'_, '_> {
                 continue;
             }
             // Its next operation there is this rank's next one too.
-            let theirs =
-                Header::from_host_desc(h.desc(i, self.st.host_ops), crate::algo::Algo::Shm.id());
+            let theirs = Header::from_host_desc(h.desc(i, self.st.host_ops), Algo::Shm.id());
             if self.receive_header(pi)? {
                 return Ok(true);
             }

@@ -29,9 +29,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::wire::{self, Frame, FrameKind, ShrinkDecision, ShrinkRequest};
-use super::{Root, UniqueId, random_secret};
-use crate::ccl_warn;
+use crate::id::{UniqueId, random_secret};
+use crate::rendezvous::Root;
+use crate::wire::{self, Frame, FrameKind, ShrinkDecision, ShrinkRequest};
+use ccl_core::ccl_warn;
 
 /// Set to a message when the new communicator's root must give up admitting (a member died).
 pub(super) type Abandon = Arc<Mutex<Option<String>>>;
@@ -260,17 +261,17 @@ impl Recovery {
     }
 
     /// A root beside this one, and the handle that makes it give up.
-    fn new_root(&self) -> crate::Result<(UniqueId, Abandon)> {
+    fn new_root(&self) -> ccl_core::Result<(UniqueId, Abandon)> {
         let listener = TcpListener::bind(SocketAddr::new(self.addr.ip(), 0)).map_err(|e| {
-            crate::Error::io(
-                crate::ErrorKind::System,
+            ccl_core::Error::io(
+                ccl_core::ErrorKind::System,
                 format!("listening on {}", self.addr.ip()),
                 e,
             )
         })?;
-        let at = listener
-            .local_addr()
-            .map_err(|e| crate::Error::io(crate::ErrorKind::System, "new rendezvous address", e))?;
+        let at = listener.local_addr().map_err(|e| {
+            ccl_core::Error::io(ccl_core::ErrorKind::System, "new rendezvous address", e)
+        })?;
         let id = UniqueId::for_address(at, random_secret()?);
         let abandon: Abandon = Arc::new(Mutex::new(None));
         Root::spawn_with(listener, id.secret(), self.timeout, Some(abandon.clone()))?;

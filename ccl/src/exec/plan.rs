@@ -5,7 +5,7 @@
 //! that blocking, its deadline and what a stuck operation reports stay in one place. Measured
 //! with the instruction counts of a 2 KiB allreduce between 2 ranks: see docs/performance.md.
 
-use ccl_core::comm::{Links, Peers};
+use crate::peers::{Links, Peers};
 use ccl_core::transport::HostMemory;
 use ccl_core::transport::program::{HostCall, Stop};
 use ccl_core::{DataType, Error, ReduceOp, Result};
@@ -15,8 +15,8 @@ use super::{
     Buffers, ExecState, Job, OpInfo, Registered, Run, begin_op, check_host_calls, end_op, fail_op,
     header_of, host_desc, no_host, shares_cpus, unlike,
 };
-use crate::local::{LocalPlan, Step};
-use crate::schedule::Schedule;
+use ccl_algos::local::{LocalPlan, Step};
+use ccl_algos::schedule::Schedule;
 
 /// An operation whose schedule compiled to a [`LocalPlan`] for this rank, with its buffers.
 #[derive(Debug)]

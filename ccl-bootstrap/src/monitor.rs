@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use super::Bootstrap;
-use super::wire::{self, Frame, FrameKind, Notice};
-use crate::error::{Error, ErrorKind, Result};
-use crate::{ccl_trace, ccl_warn};
+use crate::rendezvous::Bootstrap;
+use crate::wire::{self, Frame, FrameKind, Notice};
+use ccl_core::error::{Error, ErrorKind, Result};
+use ccl_core::{ccl_trace, ccl_warn};
 
 /// Describes this rank for a state query ([`ccl_diag::verdict::encode`]d).
 pub type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
@@ -35,7 +35,7 @@ impl Bootstrap {
     pub fn into_monitor(mut self) -> Result<Monitor> {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut who = std::process::id().to_le_bytes().to_vec();
-        who.extend_from_slice(crate::log::hostname().as_bytes());
+        who.extend_from_slice(ccl_core::log::hostname().as_bytes());
         wire::write_frame(
             &mut self.stream,
             &Frame::new(FrameKind::Monitor, who),

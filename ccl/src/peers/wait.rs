@@ -20,8 +20,8 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::{Links, Peers};
-use crate::error::{Error, ErrorKind, Result};
-use crate::transport::{HostMemory, Interest};
+use ccl_core::error::{Error, ErrorKind, Result};
+use ccl_core::transport::{HostMemory, Interest};
 
 /// The longest one sleep lasts, so that the caller's deadline is looked at again.
 const RECHECK: Duration = Duration::from_millis(100);

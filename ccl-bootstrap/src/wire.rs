@@ -7,8 +7,8 @@
 use std::net::TcpStream;
 use std::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::net;
+use ccl_core::error::{Error, Result};
+use ccl_core::net;
 
 /// Largest payload accepted (allgather of connection handles stays far below).
 pub const MAX_FRAME: usize = 64 << 20;

@@ -15,7 +15,7 @@
 
 use ccl_core::{DataType, ReduceOp};
 
-use crate::algo::{Algo, Collective};
+use ccl_algos::algo::{Algo, Collective};
 
 pub const HEADER_LEN: usize = 48;
 const MAGIC: [u8; 2] = *b"CH";

@@ -20,11 +20,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{Bootstrap, Root, UniqueId, check_rank, random_secret};
-use crate::ccl_info;
-use crate::config::Config;
-use crate::error::{Error, ErrorKind, Result};
-use crate::net;
+use crate::id::{UniqueId, random_secret};
+use crate::rendezvous::{Bootstrap, Root, check_rank};
+use ccl_core::ccl_info;
+use ccl_core::config::Config;
+use ccl_core::error::{Error, ErrorKind, Result};
+use ccl_core::hash::Fnv1a;
+use ccl_core::net;
 
 /// Where ranks meet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,10 +336,8 @@ fn job_key(lookup: &dyn Fn(&str) -> Option<String>) -> String {
 pub fn expand_secret(s: &[u8]) -> [u8; 32] {
     let mut out = [0u8; 32];
     for (lane, chunk) in out.chunks_mut(8).enumerate() {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ (lane as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        for &b in s {
-            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        let seed = (lane as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let h = Fnv1a::seeded(seed).bytes(s).finish();
         chunk.copy_from_slice(&h.to_le_bytes());
     }
     out

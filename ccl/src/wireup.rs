@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::wire;
-use crate::error::{Error, ErrorKind, Result};
-use crate::transport::{ConnectContext, Endpoint, Handle, Listener, Scope, Transport};
+use ccl_bootstrap::wire;
+use ccl_core::error::{Error, ErrorKind, Result};
+use ccl_core::transport::{ConnectContext, Endpoint, Handle, Listener, Scope, Transport};
 
 /// Where a rank runs, as far as sharing memory goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +38,7 @@ impl HostId {
     pub fn current() -> HostId {
         use std::os::unix::fs::MetadataExt;
         HostId {
-            name: crate::log::hostname().to_string(),
+            name: ccl_core::log::hostname().to_string(),
             boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default(),
@@ -462,8 +462,8 @@ mod tests {
         fn scope(&self) -> Scope {
             self.1
         }
-        fn properties(&self) -> crate::transport::TransportProperties {
-            crate::transport::TransportProperties {
+        fn properties(&self) -> ccl_core::transport::TransportProperties {
+            ccl_core::transport::TransportProperties {
                 latency: Duration::ZERO,
                 bandwidth: 1.0,
                 spin: Duration::ZERO,

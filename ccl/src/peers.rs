@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use crate::bootstrap::{Bootstrap, Monitor, Notice};
-use crate::config::Config;
-use crate::error::{Error, ErrorKind, Result};
-use crate::topology::{TopoFile, Topology};
-use crate::transport::{
+use crate::wireup::{self, HostId, Record};
+use ccl_bootstrap::{Bootstrap, Monitor, Notice};
+use ccl_core::config::Config;
+use ccl_core::error::{Error, ErrorKind, Result};
+use ccl_core::topology::{TopoFile, Topology};
+use ccl_core::transport::{
     ConnectContext, Endpoint, Handle, HostMemory, Listener, Transport, TransportProperties,
 };
-use crate::wireup::{self, HostId, Record};
-use crate::{ccl_info, ccl_warn, net};
+use ccl_core::{ccl_info, ccl_warn, net};
 use ccl_diag::recorder::Recorder;
 use ccl_diag::{Dump, Meta};
 
@@ -74,7 +74,7 @@ pub struct Peers {
     transport_name: String,
     peer_transports: Vec<Option<&'static str>>,
     summary: String,
-    transport_props: crate::transport::TransportProperties,
+    transport_props: ccl_core::transport::TransportProperties,
     /// CPUs of this machine (0: unknown).
     cpus: usize,
     hosts: Vec<String>,
@@ -340,8 +340,18 @@ impl Peers {
         &self.summary
     }
 
+    /// The transport's properties as the cost model sees them on this rank's machine: what the
+    /// transport says of itself, adjusted for ranks that share the CPUs.
+    pub fn cost_properties(&self) -> ccl_core::transport::TransportProperties {
+        ccl_algos::cost::on_shared_cpus(
+            self.transport_properties(),
+            self.ranks_on_host(),
+            self.machine_cpus(),
+        )
+    }
+
     /// What the transport says of itself (the cost model adjusts it for shared CPUs).
-    pub fn transport_properties(&self) -> crate::transport::TransportProperties {
+    pub fn transport_properties(&self) -> ccl_core::transport::TransportProperties {
         self.transport_props
     }
 
@@ -435,7 +445,7 @@ impl Peers {
             .unwrap_or_default()
     }
 
-    /// Asks the job's root which ranks survive a shrink (see `ccl_core::bootstrap`'s recovery):
+    /// Asks the job's root which ranks survive a shrink (see `ccl_bootstrap`'s recovery):
     /// the members of the new communicator, as ranks of this one, and its unique id. A rank that
     /// asks again (the new communicator failed to form) joins the next round. Revokes this communicator here
     /// first: nothing more runs on it.
@@ -443,7 +453,7 @@ impl Peers {
         &self,
         exclude: &[usize],
         deadline: std::time::Instant,
-    ) -> Result<(Vec<usize>, crate::UniqueId)> {
+    ) -> Result<(Vec<usize>, ccl_bootstrap::UniqueId)> {
         self.record(Error::new(ErrorKind::Revoked, "the communicator was shrunk").rank(self.rank));
         self.abort.raise();
         let Some(m) = &self.monitor else {
@@ -456,7 +466,7 @@ impl Peers {
         let d = m.shrink(round, exclude, self.size, deadline)?;
         self.shrink_round.store(d.round, Ordering::Release);
 
-        let id = crate::UniqueId::from_bytes(&d.id).map_err(|e| {
+        let id = ccl_bootstrap::UniqueId::from_bytes(&d.id).map_err(|e| {
             Error::remote(format!(
                 "the rendezvous sent a bad unique id for the shrunk communicator: {e}"
             ))
@@ -490,7 +500,7 @@ impl Peers {
         let notice = m.wait(ROOT_SILENT).or_else(|| {
             let alive = m.acks() > acks || e.kind() == ErrorKind::Remote;
             if alive && !m.root_gone() {
-                m.wait(crate::bootstrap::GATHER + VERDICT_SLACK)
+                m.wait(ccl_bootstrap::GATHER + VERDICT_SLACK)
             } else {
                 None
             }
@@ -583,7 +593,7 @@ impl Peers {
         let ops = ccl_diag::dump::last_ops(&self.recorder(), 2);
         ccl_diag::verdict::RankView {
             rank: self.rank,
-            host: crate::log::hostname().to_string(),
+            host: ccl_core::log::hostname().to_string(),
             pid: std::process::id(),
             presence: ccl_diag::verdict::Presence::Answered,
             now_us: ccl_diag::recorder::now_us(),
@@ -702,7 +712,7 @@ impl Peers {
             comm: self.tag.clone(),
             rank: self.rank,
             size: self.size,
-            host: crate::log::hostname().to_string(),
+            host: ccl_core::log::hostname().to_string(),
             pid: std::process::id(),
             reason: reason.to_string(),
         }
@@ -712,7 +722,7 @@ impl Peers {
     /// `CCL_TRACE_TORCH_FILE`, those that are set; returns the file written to `CCL_TRACE_DIR`.
     pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
         if let Some(prefix) = &self.config.trace_torch_file {
-            let path = crate::log::expand_path(prefix).replace("%c", &self.tag);
+            let path = ccl_core::log::expand_path(prefix).replace("%c", &self.tag);
             let bytes = ccl_diag::torch::pickle(&self.trace_dump(reason));
             self.write_dump(
                 std::path::PathBuf::from(format!("{path}{}", self.rank)),
@@ -720,7 +730,7 @@ impl Peers {
                 reason,
             );
         }
-        let dir = crate::log::expand_path(self.config.trace_dir.as_deref()?);
+        let dir = ccl_core::log::expand_path(self.config.trace_dir.as_deref()?);
         let path = std::path::Path::new(&dir).join(Dump::file_name(&self.tag, self.rank));
         self.write_dump(path, self.trace_json(reason).as_bytes(), reason)
     }
@@ -729,7 +739,7 @@ impl Peers {
     /// operations: it learns of the failure only at its next call, and a rank in its own code
     /// is often the one the job waits for, whose dump (without the operation the others are
     /// in) an analyser needs most. A rank inside an operation dumps when that operation fails.
-    fn dump_outside_operations(&self, n: &crate::bootstrap::Notice) {
+    fn dump_outside_operations(&self, n: &ccl_bootstrap::Notice) {
         let outside = self
             .recorder()
             .current()
@@ -874,11 +884,6 @@ impl Peers {
             .clone()
     }
 
-    /// The identifier of this communicator shared by its ranks.
-    pub fn tag(&self) -> &str {
-        &self.tag
-    }
-
     /// The next collective sequence number (1, 2, ...).
     pub fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
@@ -970,7 +975,7 @@ fn exchange_records(
     fp: u64,
 ) -> Result<Vec<Record>> {
     let record = Record {
-        runs_root: crate::bootstrap::root_is_local(bootstrap.root()),
+        runs_root: ccl_bootstrap::root_is_local(bootstrap.root()),
         topo_fp: fp,
         host: HostId::current(),
         offers: candidates
@@ -1106,14 +1111,14 @@ fn in_use(
 
 /// The transport with the lowest bandwidth among those in use (what bounds an algorithm whose
 /// steps cross every kind of link), with the longest spin any of them wants.
-fn slowest(used: &[&Arc<dyn Transport>]) -> Option<crate::transport::TransportProperties> {
+fn slowest(used: &[&Arc<dyn Transport>]) -> Option<ccl_core::transport::TransportProperties> {
     let spin = used.iter().map(|t| t.properties().spin).max()?;
     used.iter()
         .map(|t| t.properties())
         .min_by(|a, b| a.bandwidth.total_cmp(&b.bandwidth))
         // A rank waits on peers of every transport at once: it spins as long as the one that
         // wants it longest.
-        .map(|p| crate::transport::TransportProperties { spin, ..p })
+        .map(|p| ccl_core::transport::TransportProperties { spin, ..p })
 }
 
 /// `tcp`, or `shm+tcp` when pairs use different transports (in preference order).
@@ -1127,9 +1132,7 @@ fn transport_label(used: &[&Arc<dyn Transport>], candidates: &[Arc<dyn Transport
 /// A short name for a communicator, the same on all its ranks: a hash of its secret (which it
 /// does not reveal).
 fn comm_tag(secret: &[u8; 32]) -> String {
-    let h = secret.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    });
+    let h = ccl_core::hash::fnv1a(secret);
     format!("{h:016x}")
 }
 

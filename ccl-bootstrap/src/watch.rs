@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
-use super::wire::{self, Frame, FrameKind, Notice};
-use crate::{ccl_trace, ccl_warn};
+use crate::wire::{self, Frame, FrameKind, Notice};
+use ccl_core::{ccl_trace, ccl_warn};
 use ccl_diag::verdict::{self as diag, Presence, RankView};
 
 /// How long the root waits for every live rank to describe itself. A rank that has not
@@ -96,7 +96,7 @@ pub(super) struct Watch<'a> {
     recent: Option<(Instant, (String, Option<usize>))>,
     query_id: u32,
     /// Revocation and the shrink rounds ([`super::recovery`]).
-    recovery: super::recovery::Recovery,
+    recovery: crate::recovery::Recovery,
 }
 
 impl<'a> Watch<'a> {
@@ -138,7 +138,7 @@ impl<'a> Watch<'a> {
             verdict: None,
             recent: None,
             query_id: 0,
-            recovery: super::recovery::Recovery::new(n, addr, timeout),
+            recovery: crate::recovery::Recovery::new(n, addr, timeout),
         }
     }
 
@@ -446,7 +446,7 @@ impl<'a> Watch<'a> {
             };
             let c = self.clients.swap_remove(i);
             let ok = wire::query_secret(&frame)
-                .is_some_and(|s| crate::transport::handshake::secrets_equal(&s, &self.secret));
+                .is_some_and(|s| ccl_core::transport::handshake::secrets_equal(&s, &self.secret));
             if !ok {
                 ccl_warn!(
                     None,
@@ -478,11 +478,11 @@ pub fn live_query(
     root: SocketAddr,
     secret: &[u8; 32],
     timeout: Duration,
-) -> crate::error::Result<String> {
-    use crate::error::Error;
+) -> ccl_core::error::Result<String> {
+    use ccl_core::error::Error;
     let deadline = Instant::now() + timeout;
     let what = || format!("live query to the job's rendezvous at {root}");
-    let mut s = crate::net::connect_by(root, deadline, &what)?;
+    let mut s = ccl_core::net::connect_by(root, deadline, &what)?;
     wire::write_frame(&mut s, &wire::query(secret), deadline).map_err(|e| e.context(what()))?;
     let f = wire::read_frame(&mut s, deadline, &|| "waiting for the answer".to_string())
         .map_err(|e| {

@@ -1,0 +1,45 @@
+//! Bootstrap: how the ranks of a communicator find each other before any data moves, and the
+//! job-wide services that run over the same connections afterwards.
+//!
+//! - [`UniqueId`] (128 bytes, like NCCL's): a magic, a random secret and the address of a
+//!   **root**, the rendezvous server thread that admits exactly `size` ranks presenting the
+//!   secret and relays allgather rounds among them ([`rendezvous`]).
+//! - [`env`]: the rendezvous from launcher variables (torchrun, Open MPI, PMI, Slurm), so jobs
+//!   start unchanged under the launchers users already run.
+//! - After set-up the root stays on as the **job monitor** (`watch` on the root's side,
+//!   [`Monitor`] on each rank's): it sees a rank's process end, passes failures on to every
+//!   rank, asks the live ranks for their state to name the culprit of a hang (the analysis is
+//!   `ccl-diag`'s), answers `ccl-trace --live`, and runs the agreement of a shrink
+//!   (`recovery`).
+//!
+//! The root lives in whichever process created the id: the application's rank 0 (NCCL's model,
+//! the id then travels by MPI, a file or a framework's store), the benchmark launcher, or rank 0
+//! itself when the rendezvous comes from launcher variables. Every read and write is bounded by a
+//! deadline and every connection must present the secret.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ccl_bootstrap::{Bootstrap, UniqueId};
+//!
+//! // One process makes the id (and runs the root); every rank gets it somehow.
+//! let id = UniqueId::new()?;
+//! let mut b = Bootstrap::connect(&id, 0, 1, Duration::from_secs(30))?;
+//! let all = b.allgather(b"my address")?;
+//! assert_eq!(all.len(), 1);
+//! # Ok::<(), ccl_core::Error>(())
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod env;
+mod id;
+mod monitor;
+mod recovery;
+pub mod rendezvous;
+mod watch;
+pub mod wire;
+
+pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
+pub use monitor::Monitor;
+pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, root_is_local};
+pub use watch::{GATHER, live_query};
+pub use wire::Notice;
