@@ -1,0 +1,343 @@
+//! Failure: the sticky error, abort, the failure notices the monitor passes on, revoke and
+//! shrink, and the verdict that explains an error.
+
+use super::*;
+
+/// A root that has not acknowledged a failure report within this is taken to be stopped.
+pub(super) const ROOT_SILENT: Duration = Duration::from_millis(1500);
+
+/// Beyond the root's gathering deadline, what passing the verdict on may take on a loaded
+/// machine.
+pub(super) const VERDICT_SLACK: Duration = Duration::from_millis(1500);
+
+/// `verdict: ...; ` before a message, when there is a verdict.
+pub(super) fn verdict_prefix(v: &str) -> String {
+    if v.is_empty() {
+        String::new()
+    } else {
+        format!("verdict: {v}; ")
+    }
+}
+
+/// How long an operation may run before the early warning (`None`: never): `CCL_LATE_WARN_MS`
+/// when set to a number, else (`auto`) ten times the recent median of the same operation and
+/// size, at least `CCL_LATE_WARN_FLOOR_MS`; half the timeout while there is no median yet.
+pub(super) fn late_limit(config: &Config, usual_us: Option<u64>) -> Option<Duration> {
+    let floor = Duration::from_millis(config.late_warn_floor_ms);
+    match config.late_warn_ms {
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => Some(match usual_us {
+            Some(u) => (Duration::from_micros(u) * 10).max(floor),
+            None => (config.timeout / 2).max(floor),
+        }),
+    }
+}
+
+impl Peers {
+    /// Fails the communicator and ends every wait at once. Safe to call more than once and from
+    /// any thread. The other ranks hear of it and fail too, instead of waiting for this one.
+    pub fn abort(&self) {
+        self.fail(Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(self.rank));
+        self.abort.raise();
+    }
+
+    pub(super) fn notice_error(&self, n: &Notice) -> Error {
+        let what = if n.died { "died" } else { "failed" };
+        Error::remote(format!(
+            "{}rank {} {what}: {}",
+            verdict_prefix(&n.verdict),
+            n.rank,
+            n.message
+        ))
+        .rank(self.rank)
+        // A rank is no peer of its own: on the receiving end of a stalled link it is the
+        // culprit the verdict names first.
+        .peer(n.culprit.filter(|&c| c != self.rank).unwrap_or(n.rank))
+    }
+
+    /// Fails with the first failure notice that has arrived, if any, or with the revocation.
+    pub(super) fn check_notices(&self) -> Result<()> {
+        let Some(m) = &self.monitor else {
+            return Ok(());
+        };
+        if let Some(n) = m.poll() {
+            return Err(self.record(self.notice_error(&n)));
+        }
+        if let Some(n) = m.revoked() {
+            let e = Error::new(ErrorKind::Revoked, n.message).rank(self.rank);
+            return Err(self.record(e));
+        }
+        Ok(())
+    }
+
+    /// Revokes the communicator on every rank: this rank's operations, pending and future, fail
+    /// at once with [`ErrorKind::Revoked`], and the root tells every other rank, whose operations
+    /// then fail the same way. Unlike a failure, a revocation is no error of this rank's: the
+    /// survivors of a failure revoke so that no rank keeps waiting, then shrink.
+    pub fn revoke(&self) {
+        self.record(
+            Error::new(ErrorKind::Revoked, "this rank revoked the communicator").rank(self.rank),
+        );
+        if let Some(m) = &self.monitor {
+            m.revoke();
+        }
+        self.abort.raise();
+    }
+
+    /// The ranks the job's root has reported failed or dead so far (a rank that failed on its
+    /// own, e.g. by timing out, reports itself; one that vanished is reported by the root).
+    pub fn failed_ranks(&self) -> Vec<usize> {
+        self.monitor
+            .as_ref()
+            .map(|m| m.failed_ranks())
+            .unwrap_or_default()
+    }
+
+    /// Asks the job's root which ranks survive a shrink (see `ccl_bootstrap`'s recovery):
+    /// the members of the new communicator, as ranks of this one, and its unique id. A rank that
+    /// asks again (the new communicator failed to form) joins the next round. Revokes this communicator here
+    /// first: nothing more runs on it.
+    pub fn shrink_agree(
+        &self,
+        exclude: &[usize],
+        deadline: std::time::Instant,
+    ) -> Result<(Vec<usize>, ccl_bootstrap::UniqueId)> {
+        self.record(Error::new(ErrorKind::Revoked, "the communicator was shrunk").rank(self.rank));
+        self.abort.raise();
+        let Some(m) = &self.monitor else {
+            return Err(Error::invalid_usage(
+                "cannot shrink a communicator of one rank (it has no rendezvous to agree through)",
+            )
+            .rank(self.rank));
+        };
+        let round = self.shrink_round.load(Ordering::Acquire);
+        let d = m.shrink(round, exclude, self.size, deadline)?;
+        self.shrink_round.store(d.round, Ordering::Release);
+
+        let id = ccl_bootstrap::UniqueId::from_bytes(&d.id).map_err(|e| {
+            Error::remote(format!(
+                "the rendezvous sent a bad unique id for the shrunk communicator: {e}"
+            ))
+            .rank(self.rank)
+        })?;
+        Ok((d.members, id))
+    }
+
+    /// A transport error or a timeout often only shows the neighbour that gave up after the
+    /// real failure (in a ring, rank 0 sees rank 3 close because rank 3 saw rank 2 die). Reports
+    /// this rank's own failure to the job's monitor, waits (with deadlines) for its notice of
+    /// the first failure, which carries the monitor's verdict on which rank the job waits for,
+    /// and puts that verdict first in the error, with what was seen here.
+    pub fn explain(&self, e: Error) -> Error {
+        if !matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout) {
+            return e;
+        }
+        // Already explained (a notice failed this communicator while it waited).
+        if let Some(first) = self.error() {
+            return first;
+        }
+        let Some(m) = &self.monitor else { return e };
+        if e.kind() == ErrorKind::Timeout {
+            // This rank's own failure: the monitor needs it to start the verdict.
+            m.report(&e.to_string());
+        }
+        let acks = m.acks();
+        // The root acknowledges a report at once and gathers the verdict within GATHER; a root
+        // that does not even acknowledge is stopped or hung itself. A peer that closed its
+        // connection (Remote) was seen by the others too: some rank's report is on its way.
+        let notice = m.wait(ROOT_SILENT).or_else(|| {
+            let alive = m.acks() > acks || e.kind() == ErrorKind::Remote;
+            if alive && !m.root_gone() {
+                m.wait(ccl_bootstrap::GATHER + VERDICT_SLACK)
+            } else {
+                None
+            }
+        });
+        // A peer that returned from a revoked communicator and closed is no failure of its own.
+        if notice.is_none()
+            && let Some(n) = m.revoked()
+        {
+            return Error::new(
+                ErrorKind::Revoked,
+                format!("{} (seen here as: {})", n.message, e.message()),
+            )
+            .rank(self.rank);
+        }
+        match notice {
+            Some(n) if n.rank == self.rank => Error::new(
+                e.kind(),
+                format!("{}{}", verdict_prefix(&n.verdict), e.message()),
+            )
+            .rank(self.rank)
+            .peer(
+                n.culprit
+                    .filter(|&c| c != self.rank)
+                    .or(e.peer_id())
+                    .unwrap_or(self.rank),
+            ),
+            // Even a notice from the neighbour that closed carries its own cause, which leads on
+            // to the rank that failed first.
+            Some(n) => {
+                let first = self.notice_error(&n);
+                Error::remote(format!(
+                    "{} (seen here as: {})",
+                    first.message(),
+                    e.message()
+                ))
+                .rank(self.rank)
+                .peer(first.peer_id().unwrap_or(n.rank))
+            }
+            // No notice can come when the root itself went: then the rank running it ended.
+            None if m.root_gone() && self.root_host.is_some_and(|h| h != self.rank) => {
+                let h = self.root_host.expect("checked");
+                Error::remote(format!(
+                    "verdict: the job is stuck behind {}, which died (its process ended: the job's rendezvous, which it ran, closed); seen here as: {}",
+                    self.who(h),
+                    e.message()
+                ))
+                .rank(self.rank)
+                .peer(h)
+            }
+            None if m.acks() == acks && self.root_host.is_some_and(|h| h != self.rank) => {
+                let h = self.root_host.expect("checked");
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "verdict: the job is stuck behind {}, which does not answer (stopped, or its process is hung): the job's monitor runs in its process and did not acknowledge this rank's report within {:.1} s; {}",
+                        self.who(h),
+                        ROOT_SILENT.as_secs_f64(),
+                        e.message()
+                    ),
+                )
+                .rank(self.rank)
+                .peer(h)
+            }
+            None => e,
+        }
+    }
+
+    /// Tells the root whether this rank's part of the communicator of the last shrink round
+    /// formed, and returns whether every member's did (only then may it be used; otherwise ask
+    /// again with [`shrink_agree`](Self::shrink_agree)).
+    pub fn shrink_formed(&self, ok: bool, deadline: std::time::Instant) -> Result<bool> {
+        let m = self.monitor.as_ref().ok_or_else(|| {
+            Error::internal("a shrink's outcome without a rendezvous").rank(self.rank)
+        })?;
+        m.formed(self.shrink_round.load(Ordering::Acquire), ok, deadline)
+    }
+
+    /// `rank R (host:pid)`.
+    pub(super) fn who(&self, r: usize) -> String {
+        format!(
+            "rank {r} ({}:{})",
+            self.hosts.get(r).map_or("?", |h| h.as_str()),
+            self.pids.get(r).copied().unwrap_or(0)
+        )
+    }
+
+    /// What this rank is doing, for the job's monitor: its last operations and slow-rank
+    /// figures.
+    pub fn state_view(&self) -> ccl_diag::verdict::RankView {
+        let ops = ccl_diag::dump::last_ops(&self.recorder(), 2);
+        ccl_diag::verdict::RankView {
+            rank: self.rank,
+            host: ccl_core::log::hostname().to_string(),
+            pid: std::process::id(),
+            presence: ccl_diag::verdict::Presence::Answered,
+            now_us: ccl_diag::recorder::now_us(),
+            ops,
+            slow: self.slow_peers(),
+        }
+    }
+
+    /// Called while this rank waits: when the current operation has run much longer than
+    /// usual (`CCL_LATE_WARN_MS`), asks the job's monitor once for the verdict, which the
+    /// monitor thread logs as a warning.
+    pub fn warn_if_late(&self) {
+        let Some(m) = &self.monitor else { return };
+        let (seq, text) = {
+            let r = self.recorder();
+            let Some(e) = r.entries().last() else { return };
+            if e.state != ccl_diag::recorder::State::Running
+                || self.warned_seq.load(Ordering::Relaxed) >= e.seq
+            {
+                return;
+            }
+            let usual = r.usual_us(e.name, e.bytes);
+            let Some(limit) = late_limit(&self.config, usual) else {
+                return;
+            };
+            let ran =
+                Duration::from_micros(ccl_diag::recorder::now_us().saturating_sub(e.start_us));
+            if ran < limit {
+                return;
+            }
+            let usual = usual.map_or(String::new(), |u| {
+                format!(" (usually {:.1} ms)", u as f64 / 1e3)
+            });
+            (
+                e.seq,
+                format!(
+                    "late operation: {} #{} ({}, {}) has run {:.1} s{usual}; verdict",
+                    e.name,
+                    e.seq,
+                    e.algo,
+                    ccl_diag::verdict::human_bytes(e.bytes),
+                    ran.as_secs_f64()
+                ),
+            )
+        };
+        self.warned_seq.store(seq, Ordering::Relaxed);
+        m.request_verdict(&text);
+    }
+
+    /// The first error this communicator failed with, if any.
+    pub fn error(&self) -> Option<Error> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `Ok` unless the communicator has failed; then the original error.
+    pub fn check(&self) -> Result<()> {
+        match self.error() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Records `e` as the communicator's error unless one is already recorded; returns the
+    /// recorded one. Errors stick: a collective that failed part-way leaves peers and buffers in
+    /// an unknown state, so nothing more may run.
+    pub fn fail(&self, e: Error) -> Error {
+        let first = self.record(e.clone());
+        // Only this rank's own failure is news for the others; one learned from a notice is
+        // already known to them, and so is a revocation.
+        if first.to_string() == e.to_string()
+            && e.kind() != ErrorKind::Revoked
+            && let Some(m) = &self.monitor
+        {
+            m.report(&e.to_string());
+        }
+        first
+    }
+
+    /// Records `e` as the communicator's error unless one is already recorded (without telling
+    /// the other ranks); returns the recorded one.
+    pub(super) fn record(&self, e: Error) -> Error {
+        let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        match &*g {
+            Some(first) => first.clone(),
+            None => {
+                ccl_warn!(Some(self.rank), "communicator failed: {e}");
+                *g = Some(e.clone());
+                self.failed.store(true, Ordering::Release);
+                drop(g);
+                self.dump_trace(&e.to_string());
+                e
+            }
+        }
+    }
+}
