@@ -6,6 +6,9 @@
 //! [`symbolic`] executor, cached, and run by the one [`exec`]utor over any transport.
 #![forbid(unsafe_code)]
 
+#[macro_use]
+mod wire_enum;
+
 pub mod algo;
 pub mod allgather;
 pub mod allreduce;
@@ -13,6 +16,7 @@ pub mod alltoall;
 pub mod barrier;
 pub mod binary_tree;
 pub mod broadcast;
+pub mod collective;
 pub mod cost;
 pub mod direct;
 pub mod host;

@@ -19,7 +19,7 @@
 use ccl_core::ReduceOp;
 use ccl_core::hash::Fnv1a;
 
-use crate::algo::Collective;
+use crate::collective::Collective;
 use crate::schedule::{Action, Buf, Combine, Region, Schedule, Shape};
 use crate::{alltoall, reduce_scatter};
 
