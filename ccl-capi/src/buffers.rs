@@ -3,7 +3,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use ccl::{Collective, Communicator, DataType, ReduceOp};
+use ccl::{Collective, Communicator, Counts, DataType, ReduceOp};
 
 use crate::error::Fail;
 
@@ -145,6 +145,26 @@ impl Prepared {
             op: ReduceOp::Sum,
             root: 0,
         }
+    }
+}
+
+/// A per-rank collective's arguments, checked and ready for `Communicator::collective_v_bytes`.
+#[derive(Debug)]
+pub(crate) struct PreparedV {
+    pub(crate) counts: Counts,
+    /// `None`: in place.
+    pub(crate) send: Option<RawIn>,
+    pub(crate) recv: OutBuf,
+    pub(crate) dtype: DataType,
+    pub(crate) op: ReduceOp,
+}
+
+impl PreparedV {
+    /// Runs it to completion on the caller's thread.
+    pub fn run(mut self, c: &Communicator) -> Result<(), Fail> {
+        let send = self.send.as_ref().map(|s| s.as_ref());
+        c.collective_v_bytes(&self.counts, send, self.recv.as_mut(), self.dtype, self.op)?;
+        Ok(())
     }
 }
 

@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use ccl::Communicator;
 
-use crate::buffers::{OutBuf, Prepared, RawIn, RawOut, bytes_of, check_region, dtype_of};
+use crate::buffers::{
+    OutBuf, Prepared, PreparedV, RawIn, RawOut, bytes_of, check_region, dtype_of,
+};
 use crate::error::{Fail, guard};
 use crate::handles::{comm_from, comm_live};
-use crate::vcolls::PreparedV;
 use crate::{cclComm_t, cclDataType_t, cclResult_t};
 
 enum Op {

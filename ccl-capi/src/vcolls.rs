@@ -7,30 +7,10 @@ use std::ffi::{c_int, c_void};
 use ccl::{Communicator, Counts, DataType, ReduceOp};
 
 use crate::buffers::ranges;
-use crate::buffers::{OutBuf, RawIn, RawOut, bytes_of, check_region, dtype_of, op_of};
+use crate::buffers::{OutBuf, PreparedV, RawIn, RawOut, bytes_of, check_region, dtype_of, op_of};
 use crate::error::{Fail, guard, out};
 use crate::handles::{Tracked, comm_from, insert_request};
 use crate::{cclComm_t, cclDataType_t, cclRedOp_t, cclRequest_t, cclResult_t, group};
-
-/// A per-rank collective's arguments, checked and ready for `Communicator::collective_v_bytes`.
-#[derive(Debug)]
-pub(crate) struct PreparedV {
-    counts: Counts,
-    /// `None`: in place.
-    send: Option<RawIn>,
-    recv: OutBuf,
-    dtype: DataType,
-    op: ReduceOp,
-}
-
-impl PreparedV {
-    /// Runs it to completion on the caller's thread.
-    pub fn run(mut self, c: &Communicator) -> Result<(), Fail> {
-        let send = self.send.as_ref().map(|s| s.as_ref());
-        c.collective_v_bytes(&self.counts, send, self.recv.as_mut(), self.dtype, self.op)?;
-        Ok(())
-    }
-}
 
 /// Copies an array of `n` counts or displacements; NULL is `None` (allowed for displacements).
 fn array(
