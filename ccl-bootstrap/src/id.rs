@@ -2,13 +2,9 @@
 //! (NCCL's `ncclUniqueId`), naming the root's address and the job's secret.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use ccl_core::config::Config;
 use ccl_core::error::{Error, ErrorKind, Result};
-use ccl_core::net;
-
-use crate::rendezvous::Root;
 
 /// Size of a unique id in bytes (NCCL's `NCCL_UNIQUE_ID_BYTES`).
 pub const UNIQUE_ID_BYTES: usize = 128;
@@ -55,32 +51,6 @@ pub fn random_secret() -> Result<[u8; 32]> {
 }
 
 impl UniqueId {
-    /// Creates an id and starts its root in this process, listening on an address chosen by
-    /// `CCL_SOCKET_IFNAME` (default: the first non-loopback interface, else loopback).
-    pub fn new() -> Result<UniqueId> {
-        let cfg = Config::from_env()?;
-        let ip = net::pick_local_ip(cfg.socket_ifname.as_deref())?;
-        UniqueId::new_at(ip, &cfg)
-    }
-
-    /// Creates an id whose root listens on `ip` (port chosen by the OS), e.g. loopback for a job
-    /// on one host. The root stops `cfg.timeout` after creation if not every rank has arrived.
-    pub fn new_at(ip: IpAddr, cfg: &Config) -> Result<UniqueId> {
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| {
-            Error::io(
-                ErrorKind::System,
-                format!("bootstrap root: cannot listen on {ip}"),
-                e,
-            )
-        })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
-        let id = UniqueId::for_address(addr, random_secret()?);
-        Root::spawn(listener, id.secret(), cfg.timeout)?;
-        Ok(id)
-    }
-
     /// An id naming an existing root at `addr` with `secret`; starts nothing.
     pub fn for_address(addr: SocketAddr, secret: [u8; 32]) -> UniqueId {
         let mut b = [0u8; UNIQUE_ID_BYTES];

@@ -30,12 +30,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::id::{UniqueId, random_secret};
-use crate::rendezvous::Root;
 use crate::wire::{self, Frame, FrameKind, ShrinkDecision, ShrinkRequest};
 use ccl_core::ccl_warn;
 
 /// Set to a message when the new communicator's root must give up admitting (a member died).
 pub(super) type Abandon = Arc<Mutex<Option<String>>>;
+
+/// Starts a root on a listener (the rendezvous's `Root::spawn_with`, passed in so that this
+/// module, which the root's watch runs, does not reach back up to the root).
+pub(super) type SpawnRoot =
+    fn(TcpListener, [u8; 32], Duration, Option<Abandon>) -> ccl_core::Result<()>;
 
 /// What the root knows of shrinking while it watches a communicator.
 pub(super) struct Recovery {
@@ -43,6 +47,7 @@ pub(super) struct Recovery {
     /// Where new roots listen (the address of this one).
     addr: SocketAddr,
     timeout: Duration,
+    spawn_root: SpawnRoot,
     revoked: bool,
     /// Shrink rounds decided so far.
     round: u32,
@@ -68,11 +73,17 @@ struct Forming {
 pub(super) type Out = (usize, Frame);
 
 impl Recovery {
-    pub(super) fn new(size: usize, addr: SocketAddr, timeout: Duration) -> Recovery {
+    pub(super) fn new(
+        size: usize,
+        addr: SocketAddr,
+        timeout: Duration,
+        spawn_root: SpawnRoot,
+    ) -> Recovery {
         Recovery {
             size,
             addr,
             timeout,
+            spawn_root,
             revoked: false,
             round: 0,
             expected: vec![true; size],
@@ -274,7 +285,7 @@ impl Recovery {
         })?;
         let id = UniqueId::for_address(at, random_secret()?);
         let abandon: Abandon = Arc::new(Mutex::new(None));
-        Root::spawn_with(listener, id.secret(), self.timeout, Some(abandon.clone()))?;
+        (self.spawn_root)(listener, id.secret(), self.timeout, Some(abandon.clone()))?;
         Ok((id, abandon))
     }
 }

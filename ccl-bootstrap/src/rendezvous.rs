@@ -14,13 +14,43 @@
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use ccl_core::config::Config;
 use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::net;
 use ccl_core::{ccl_info, ccl_trace, ccl_warn};
 
-use crate::id::UniqueId;
+use crate::id::{UniqueId, random_secret};
 use crate::wire::{self, Frame, FrameKind};
 use crate::{recovery, watch};
+
+/// Ids whose root runs in this process: making one starts its root.
+impl UniqueId {
+    /// Creates an id and starts its root in this process, listening on an address chosen by
+    /// `CCL_SOCKET_IFNAME` (default: the first non-loopback interface, else loopback).
+    pub fn new() -> Result<UniqueId> {
+        let cfg = Config::from_env()?;
+        let ip = net::pick_local_ip(cfg.socket_ifname.as_deref())?;
+        UniqueId::new_at(ip, &cfg)
+    }
+
+    /// Creates an id whose root listens on `ip` (port chosen by the OS), e.g. loopback for a job
+    /// on one host. The root stops `cfg.timeout` after creation if not every rank has arrived.
+    pub fn new_at(ip: IpAddr, cfg: &Config) -> Result<UniqueId> {
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| {
+            Error::io(
+                ErrorKind::System,
+                format!("bootstrap root: cannot listen on {ip}"),
+                e,
+            )
+        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
+        let id = UniqueId::for_address(addr, random_secret()?);
+        Root::spawn(listener, id.secret(), cfg.timeout)?;
+        Ok(id)
+    }
+}
 
 /// The root: admits `size` ranks, relays allgather rounds, ends when every rank said goodbye.
 pub(crate) struct Root {
@@ -262,6 +292,7 @@ impl Root {
                         self.secret,
                         self.addr,
                         self.timeout,
+                        Root::spawn_with,
                     )
                     .run();
                     return Ok(());
@@ -598,7 +629,6 @@ pub fn check_rank(rank: usize, size: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ccl_core::config::Config;
     use std::net::Ipv4Addr;
 
     fn cfg(timeout_ms: u64) -> Config {

@@ -106,6 +106,7 @@ impl<'a> Watch<'a> {
         secret: [u8; 32],
         addr: SocketAddr,
         timeout: Duration,
+        spawn_root: crate::recovery::SpawnRoot,
     ) -> Watch<'a> {
         let n = streams.len();
         let ranks = streams
@@ -138,7 +139,7 @@ impl<'a> Watch<'a> {
             verdict: None,
             recent: None,
             query_id: 0,
-            recovery: crate::recovery::Recovery::new(n, addr, timeout),
+            recovery: crate::recovery::Recovery::new(n, addr, timeout, spawn_root),
         }
     }
 
