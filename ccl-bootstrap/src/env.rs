@@ -20,6 +20,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
 use crate::rendezvous::{Bootstrap, Root, check_rank};
 use ccl_core::ccl_info;

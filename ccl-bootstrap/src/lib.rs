@@ -30,6 +30,9 @@
 //! ```
 #![forbid(unsafe_code)]
 
+/// The log subsystem of everything here.
+const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Bootstrap;
+
 pub mod env;
 mod id;
 mod monitor;

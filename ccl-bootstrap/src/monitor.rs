@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use crate::LOG_SUBSYS;
 use crate::rendezvous::Bootstrap;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::error::{Error, ErrorKind, Result};

@@ -29,6 +29,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
 use crate::wire::{self, Frame, FrameKind, ShrinkDecision, ShrinkRequest};
 use ccl_core::ccl_warn;

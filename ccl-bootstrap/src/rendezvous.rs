@@ -19,6 +19,7 @@ use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::net;
 use ccl_core::{ccl_info, ccl_trace, ccl_warn};
 
+use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
 use crate::wire::{self, Frame, FrameKind};
 use crate::{recovery, watch};

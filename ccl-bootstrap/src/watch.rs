@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
+use crate::LOG_SUBSYS;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::{ccl_trace, ccl_warn};
 use ccl_diag::verdict::{self as diag, Presence, RankView};

@@ -4,10 +4,12 @@
 //! Settings are process-wide (read on first use, or set with [`set_level`]) because log lines
 //! come from threads that belong to no single communicator (bootstrap roots, listeners).
 //!
-//! The subsystem of a line follows from the module that writes it, so call sites only give a
-//! level: `bootstrap` (rendezvous), `net` (transports), `coll` (algorithms and the executor),
-//! `topo` (topology), `init` (everything else: communicator set-up, settings). Warnings are shown
-//! whatever `CCL_DEBUG_SUBSYS` says.
+//! Every module that logs names its subsystem: the macros read the `LOG_SUBSYS` constant in
+//! scope where they are called (a module's own, or its crate's brought in with
+//! `use crate::LOG_SUBSYS`), so a module without one does not compile and moving a file never
+//! relabels its lines. The subsystems: `bootstrap` (rendezvous, the job monitor), `net`
+//! (transports), `coll` (the executor), `topo` (topology), `init` (communicator set-up,
+//! settings, recovery). Warnings are shown whatever `CCL_DEBUG_SUBSYS` says.
 
 use std::fs::File;
 use std::io::Write;
@@ -49,21 +51,6 @@ impl Subsys {
             Subsys::Net => "net",
             Subsys::Coll => "coll",
             Subsys::Topo => "topo",
-        }
-    }
-
-    /// The subsystem of a module path (`module_path!()`).
-    pub fn of(module: &str) -> Subsys {
-        if module.contains("bootstrap") {
-            Subsys::Bootstrap
-        } else if module.contains("transport") || module.starts_with("ccl_ibverbs") {
-            Subsys::Net
-        } else if module.contains("topology") {
-            Subsys::Topo
-        } else if module.starts_with("ccl_algos") {
-            Subsys::Coll
-        } else {
-            Subsys::Init
         }
     }
 }
@@ -148,10 +135,10 @@ pub fn enabled(l: LogLevel) -> bool {
     l != LogLevel::None && l <= level()
 }
 
-/// Whether messages at `l` from `module` are shown.
+/// Whether messages at `l` from `subsys` are shown.
 #[inline]
-pub fn enabled_in(l: LogLevel, module: &str) -> bool {
-    enabled(l) && (l == LogLevel::Warn || subsys_mask() & (1 << Subsys::of(module) as u32) != 0)
+pub fn enabled_in(l: LogLevel, subsys: Subsys) -> bool {
+    enabled(l) && (l == LogLevel::Warn || subsys_mask() & (1 << subsys as u32) != 0)
 }
 
 /// This host's name, computed once (used in log prefixes and topology).
@@ -198,7 +185,7 @@ fn sink() -> &'static Mutex<Option<File>> {
 }
 
 /// Writes one line; use the `ccl_warn!`/`ccl_info!`/`ccl_trace!` macros instead.
-pub fn write(l: LogLevel, module: &str, rank: Option<usize>, args: std::fmt::Arguments<'_>) {
+pub fn write(l: LogLevel, subsys: Subsys, rank: Option<usize>, args: std::fmt::Arguments<'_>) {
     let tag = match l {
         LogLevel::Warn => "WARN",
         LogLevel::Info => "INFO",
@@ -210,7 +197,7 @@ pub fn write(l: LogLevel, module: &str, rank: Option<usize>, args: std::fmt::Arg
         None => format!("{}:{}", hostname(), std::process::id()),
     };
     // One write call per line so lines from concurrent ranks do not interleave.
-    let line = format!("{who} CCL {tag} {} {args}\n", Subsys::of(module).name());
+    let line = format!("{who} CCL {tag} {} {args}\n", subsys.name());
     let mut g = sink().lock().unwrap_or_else(|p| p.into_inner());
     match g.as_mut() {
         Some(f) => {
@@ -222,12 +209,13 @@ pub fn write(l: LogLevel, module: &str, rank: Option<usize>, args: std::fmt::Arg
     }
 }
 
-/// Logs at warn level: `ccl_warn!(Some(rank), "format", args...)`.
+/// Logs at warn level: `ccl_warn!(Some(rank), "format", args...)`, labelled with the
+/// `LOG_SUBSYS` in scope at the call.
 #[macro_export]
 macro_rules! ccl_warn {
     ($rank:expr, $($arg:tt)*) => {
         if $crate::log::enabled($crate::config::LogLevel::Warn) {
-            $crate::log::write($crate::config::LogLevel::Warn, module_path!(), $rank, format_args!($($arg)*))
+            $crate::log::write($crate::config::LogLevel::Warn, LOG_SUBSYS, $rank, format_args!($($arg)*))
         }
     };
 }
@@ -236,8 +224,8 @@ macro_rules! ccl_warn {
 #[macro_export]
 macro_rules! ccl_info {
     ($rank:expr, $($arg:tt)*) => {
-        if $crate::log::enabled_in($crate::config::LogLevel::Info, module_path!()) {
-            $crate::log::write($crate::config::LogLevel::Info, module_path!(), $rank, format_args!($($arg)*))
+        if $crate::log::enabled_in($crate::config::LogLevel::Info, LOG_SUBSYS) {
+            $crate::log::write($crate::config::LogLevel::Info, LOG_SUBSYS, $rank, format_args!($($arg)*))
         }
     };
 }
@@ -246,8 +234,8 @@ macro_rules! ccl_info {
 #[macro_export]
 macro_rules! ccl_trace {
     ($rank:expr, $($arg:tt)*) => {
-        if $crate::log::enabled_in($crate::config::LogLevel::Trace, module_path!()) {
-            $crate::log::write($crate::config::LogLevel::Trace, module_path!(), $rank, format_args!($($arg)*))
+        if $crate::log::enabled_in($crate::config::LogLevel::Trace, LOG_SUBSYS) {
+            $crate::log::write($crate::config::LogLevel::Trace, LOG_SUBSYS, $rank, format_args!($($arg)*))
         }
     };
 }
@@ -258,12 +246,6 @@ mod tests {
 
     #[test]
     fn subsystems() {
-        assert_eq!(Subsys::of("ccl_core::bootstrap::env"), Subsys::Bootstrap);
-        assert_eq!(Subsys::of("ccl_core::transport::tcp"), Subsys::Net);
-        assert_eq!(Subsys::of("ccl_ibverbs::endpoint"), Subsys::Net);
-        assert_eq!(Subsys::of("ccl_algos::exec"), Subsys::Coll);
-        assert_eq!(Subsys::of("ccl_core::topology"), Subsys::Topo);
-        assert_eq!(Subsys::of("ccl"), Subsys::Init);
         let m = parse_subsys("net,coll");
         assert_eq!(m, (1 << Subsys::Net as u32) | (1 << Subsys::Coll as u32));
         let x = parse_subsys("^net");

@@ -16,6 +16,7 @@ use ccl_core::transport::{ConnectContext, Endpoint, Interest};
 use ccl_core::{Error, ErrorKind, Result};
 use nix::poll::{PollFd, PollTimeout};
 
+use crate::LOG_SUBSYS;
 use crate::device::mtu_bytes;
 use crate::endpoint::{IbEndpoint, Remote};
 use crate::port::IbDevice;

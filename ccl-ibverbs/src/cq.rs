@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use crate::LOG_SUBSYS;
 use crate::device::Context;
 use crate::error::{VerbsError, errno_error, last_os_error};
 

@@ -6,6 +6,7 @@ use std::sync::{Arc, OnceLock};
 
 use rdma_sys::*;
 
+use crate::LOG_SUBSYS;
 use crate::error::{VerbsError, errno_error, last_os_error};
 
 /// `ibv_port_attr.link_layer` values.

@@ -49,6 +49,7 @@ use ccl_core::transport::{ConnectContext, Endpoint, Interest, MemRegion};
 use ccl_core::{Error, Result};
 use nix::poll::PollFlags;
 
+use crate::LOG_SUBSYS;
 use crate::cq::{Completion, POLL_BATCH};
 use crate::mr::UserMr;
 use crate::qp::{POST_BATCH, WriteImm};

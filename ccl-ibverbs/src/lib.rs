@@ -92,6 +92,9 @@
 //! from registered memory or stages (see the `endpoint` module). Each connection counts what it
 //! moved with and without a copy; [`traffic`] sums the connections that closed.
 
+/// The log subsystem of everything here.
+const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Net;
+
 mod connect;
 pub mod cq;
 pub mod device;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use crate::LOG_SUBSYS;
 use crate::error::{VerbsError, last_os_error};
 use crate::pd::Pd;
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use crate::LOG_SUBSYS;
 use crate::device::Context;
 use crate::error::{VerbsError, last_os_error};
 

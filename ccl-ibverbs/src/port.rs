@@ -11,6 +11,7 @@ use std::sync::Arc;
 use ccl_core::config::{Config, IbConfig};
 use ccl_core::{Error, Result, ccl_info};
 
+use crate::LOG_SUBSYS;
 use crate::device::{Context, LINK_LAYER_ETHERNET, PortAttr, mtu_bytes};
 use crate::pd::Pd;
 use crate::sysfs::{self, GidEntry, HcaFilter, PortInfo, SYSFS_ROOT};

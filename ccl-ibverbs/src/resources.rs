@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::LOG_SUBSYS;
 use crate::cq::{CompChannel, Completion, Cq, POLL_BATCH};
 use crate::error::VerbsError;
 use crate::mr::RegisteredBuf;

@@ -43,6 +43,9 @@
 //! - **A dead peer is noticed.** Each pair keeps its set-up socket open; the kernel closes it
 //!   when the process ends, however it ends, which wakes a rank waiting on that peer.
 
+/// The log subsystem of everything here.
+const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Net;
+
 pub mod arena;
 pub mod clock;
 pub mod fdpass;

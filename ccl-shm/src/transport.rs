@@ -27,6 +27,7 @@ use ccl_core::transport::{
 use ccl_core::{Error, ErrorKind, Result, ccl_trace, net};
 use nix::poll::PollFlags;
 
+use crate::LOG_SUBSYS;
 use crate::arena::{Arena, PeerArena};
 use crate::fdpass;
 use crate::host::HostSegment;

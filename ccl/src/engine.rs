@@ -2,6 +2,9 @@
 //! thread, and the one path every operation takes: check the arguments, pick the algorithm,
 //! fetch or build the schedule, execute it.
 
+/// Operations log as `coll`.
+const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Coll;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -48,6 +48,9 @@
 //!   matching arguments on every rank, as with NCCL and MPI.
 //! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
 
+/// Communicator set-up and recovery log as `init`; the executor and the engine as `coll`.
+const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Init;
+
 use std::sync::Arc;
 
 use ccl_algos::overrides::Overrides;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use crate::LOG_SUBSYS;
 use crate::wireup::{self, HostId, Record};
 use ccl_bootstrap::{Bootstrap, Monitor, Notice};
 use ccl_core::config::Config;

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use ccl_core::ErrorKind;
 use ccl_core::ccl_warn;
 
+use crate::LOG_SUBSYS;
 use crate::{Communicator, Error, Result, UniqueId};
 
 impl Communicator {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::ConnectContext;
+use super::LOG_SUBSYS;
 use crate::ccl_warn;
 use crate::error::{Error, ErrorKind, Result};
 use crate::net;

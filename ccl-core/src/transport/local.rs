@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::LOG_SUBSYS;
 use super::handshake::secrets_equal;
 use super::{ConnectContext, Endpoint, Handle, Interest, Listener, Transport, TransportProperties};
 use crate::ccl_warn;

@@ -21,6 +21,9 @@
 //! the descriptors from [`wait_fds`](Endpoint::wait_fds), so idle ranks do not burn the cores that
 //! their peers (or a software RDMA device) need.
 
+/// The log subsystem of every transport.
+const LOG_SUBSYS: crate::log::Subsys = crate::log::Subsys::Net;
+
 pub mod conformance;
 pub mod handshake;
 pub mod local;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::PollFlags;
 
+use super::LOG_SUBSYS;
 use super::handshake::{self, Acceptor, Magic};
 use super::{ConnectContext, Endpoint, Handle, Interest, Listener, Transport, TransportProperties};
 use crate::ccl_trace;

@@ -20,6 +20,9 @@
 //! The executor allocates nothing on the way through a collective except when it is about to
 //! sleep (the poll set), and reuses its state between calls.
 
+/// Operations log as `coll`.
+const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Coll;
+
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
