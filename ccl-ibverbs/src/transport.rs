@@ -15,7 +15,7 @@ use ccl_core::transport::tcp::{self, TcpTransport};
 use ccl_core::transport::{
     ConnectContext, Endpoint, Handle, Listener, MemRegion, Transport, TransportProperties,
 };
-use ccl_core::{Error, ErrorKind, Result};
+use ccl_core::{Error, Result};
 
 use crate::connect::establish;
 use crate::mr::UserMr;
@@ -88,14 +88,7 @@ impl Transport for IbTransport {
         handle: &Handle,
         deadline: Instant,
     ) -> Result<Box<dyn Endpoint>> {
-        let addr = wire::decode_handle(handle).map_err(|m| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("bad ib connection handle: {m}"),
-            )
-            .rank(ctx.rank)
-            .peer(peer)
-        })?;
+        let addr = wire::decode_handle(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
         let side = self
             .tcp
             .connect(ctx, peer, &tcp::encode_handle(addr), deadline)?;

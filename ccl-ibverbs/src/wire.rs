@@ -4,13 +4,15 @@
 
 use std::net::SocketAddr;
 
-use ccl_core::transport::Handle;
-use ccl_core::transport::tcp;
+use ccl_core::Result;
+use ccl_core::transport::{Handle, HandleFormat, decode_addr, encode_addr};
 
-/// First bytes of an ib handle.
-pub const HANDLE_MAGIC: [u8; 3] = *b"CIB";
-/// Handle layout version; bumped on any change.
-pub const HANDLE_VERSION: u8 = 1;
+/// Handles: the address of the listener's side channel (a TCP socket).
+pub const HANDLE: HandleFormat = HandleFormat {
+    transport: "ib",
+    magic: b"CIB",
+    version: 2,
+};
 /// First bytes of the QP information message (the last byte is the version).
 pub const INFO_MAGIC: [u8; 8] = *b"CCLIBQ\x00\x01";
 /// Most data QPs per connection (`CCL_IB_QPS_PER_CONN`).
@@ -22,31 +24,12 @@ pub const MAX_PIECE: usize = (1 << 24) - 1;
 
 /// Encodes the listener's side-channel address as an ib handle.
 pub fn encode_handle(addr: SocketAddr) -> Handle {
-    let inner = tcp::encode_handle(addr);
-    let mut b = Vec::with_capacity(4 + inner.as_bytes().len());
-    b.extend_from_slice(&HANDLE_MAGIC);
-    b.push(HANDLE_VERSION);
-    b.extend_from_slice(inner.as_bytes());
-    Handle::new(&b).expect("ib handle fits in 128 bytes")
+    HANDLE.encode(&encode_addr(addr))
 }
 
 /// Decodes a handle from [`encode_handle`].
-pub fn decode_handle(h: &Handle) -> Result<SocketAddr, String> {
-    let b = h.as_bytes();
-    if b.len() < 4 || b[..3] != HANDLE_MAGIC {
-        return Err(
-            "not an ib connection handle (wrong magic; do all ranks use the same transport?)"
-                .into(),
-        );
-    }
-    if b[3] != HANDLE_VERSION {
-        return Err(format!(
-            "ib handle version {} but this build speaks {HANDLE_VERSION} (mixed library versions?)",
-            b[3]
-        ));
-    }
-    let inner = Handle::new(&b[4..]).map_err(|e| e.to_string())?;
-    tcp::decode_handle(&inner).map_err(|e| format!("ib handle: {}", e.message()))
+pub fn decode_handle(h: &Handle) -> Result<SocketAddr> {
+    decode_addr(HANDLE.decode(h)?).ok_or_else(|| HANDLE.malformed("not an address"))
 }
 
 /// A queue pair's address: number and initial packet sequence number.
@@ -316,44 +299,13 @@ mod tests {
     fn handle_round_trip_and_garbage() {
         let a: SocketAddr = "192.0.2.1:4567".parse().unwrap();
         let h = encode_handle(a);
-        assert!(h.as_bytes().len() <= 128);
         assert_eq!(decode_handle(&h).unwrap(), a);
         let a6: SocketAddr = "[fd00::9]:1".parse().unwrap();
         assert_eq!(decode_handle(&encode_handle(a6)).unwrap(), a6);
         // A TCP handle is refused with a hint.
-        let e = decode_handle(&tcp::encode_handle(a)).unwrap_err();
-        assert!(e.contains("same transport"), "{e}");
-        let mut b = h.as_bytes().to_vec();
-        b[3] = 7;
-        assert!(
-            decode_handle(&Handle::new(&b).unwrap())
-                .unwrap_err()
-                .contains("version 7")
-        );
-        // Truncations and corruptions never panic.
-        let good = h.as_bytes();
-        for n in 0..good.len() {
-            let _ = decode_handle(&Handle::new(&good[..n]).unwrap());
-        }
-        for i in 0..good.len() {
-            for v in [0u8, 1, 4, 6, 0x7f, 0xff] {
-                let mut c = good.to_vec();
-                c[i] = v;
-                let _ = decode_handle(&Handle::new(&c).unwrap());
-            }
-        }
-        let mut x = 0x1234_5678u32;
-        for len in 0..=128 {
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 17;
-                    x ^= x << 5;
-                    x as u8
-                })
-                .collect();
-            let _ = decode_handle(&Handle::new(&bytes).unwrap());
-        }
+        let e = decode_handle(&ccl_core::transport::tcp::encode_handle(a)).unwrap_err();
+        assert!(e.to_string().contains("same transport"), "{e}");
+        assert!(decode_handle(&HANDLE.encode(b"\x04")).is_err());
     }
 
     #[test]

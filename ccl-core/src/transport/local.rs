@@ -19,7 +19,10 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use super::LOG_SUBSYS;
 use super::handshake::secrets_equal;
-use super::{ConnectContext, Endpoint, Handle, Interest, Listener, Transport, TransportProperties};
+use super::{
+    ConnectContext, Endpoint, Handle, HandleFormat, Interest, Listener, Transport,
+    TransportProperties,
+};
 use crate::ccl_warn;
 use crate::error::{Error, ErrorKind, Result};
 use crate::net;
@@ -27,8 +30,12 @@ use crate::net;
 /// Capacity of each direction of a connection. Small enough that large transfers exercise back
 /// pressure in tests.
 pub const RING_BYTES: usize = 256 << 10;
-const HANDLE_MAGIC: [u8; 2] = *b"CL";
-const HANDLE_VERSION: u8 = 1;
+/// Handles: the listener's process and its number there.
+const FORMAT: HandleFormat = HandleFormat {
+    transport: "in-process",
+    magic: b"CL",
+    version: 2,
+};
 
 /// The in-process transport.
 #[derive(Debug, Default, Clone, Copy)]
@@ -158,28 +165,24 @@ fn lock_registry() -> MutexGuard<'static, HashMap<u64, Arc<Slot>>> {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 fn encode_handle(id: u64) -> Handle {
-    let mut b = Vec::with_capacity(15);
-    b.extend_from_slice(&HANDLE_MAGIC);
-    b.push(HANDLE_VERSION);
+    let mut b = Vec::with_capacity(12);
     b.extend_from_slice(&std::process::id().to_le_bytes());
     b.extend_from_slice(&id.to_le_bytes());
-    Handle::new(&b).expect("local handle fits")
+    FORMAT.encode(&b)
 }
 
 fn decode_handle(h: &Handle) -> Result<u64> {
-    let b = h.as_bytes();
-    if b.len() != 15 || b[..2] != HANDLE_MAGIC || b[2] != HANDLE_VERSION {
-        return Err(Error::invalid_argument(
-            "bad in-process connection handle (do all ranks use the same transport?)",
-        ));
-    }
-    let pid = u32::from_le_bytes(b[3..7].try_into().expect("fixed"));
+    let b = FORMAT.decode(h)?;
+    let (Some((pid, id)), 12) = (b.split_first_chunk::<4>(), b.len()) else {
+        return Err(FORMAT.malformed("wrong length"));
+    };
+    let pid = u32::from_le_bytes(*pid);
     if pid != std::process::id() {
         return Err(Error::invalid_argument(format!(
             "the in-process transport connects threads of one process, but this handle comes from pid {pid} (use CCL_TRANSPORT=tcp across processes)"
         )));
     }
-    Ok(u64::from_le_bytes(b[7..15].try_into().expect("fixed")))
+    Ok(u64::from_le_bytes(id.try_into().expect("12 - 4 bytes")))
 }
 
 impl Transport for LocalTransport {

@@ -31,6 +31,7 @@ pub mod program;
 pub mod tcp;
 
 use std::fmt;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
@@ -70,6 +71,82 @@ impl Handle {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len as usize]
     }
+}
+
+/// The layout every transport's handle shares: a magic naming the transport, a version, then the
+/// transport's own bytes. Checking the first two in one place means every transport refuses a
+/// handle of another transport, or of another version of the library, in the same words.
+#[derive(Clone, Copy, Debug)]
+pub struct HandleFormat {
+    /// The transport as errors name it (`TCP`, `shared-memory`, ...).
+    pub transport: &'static str,
+    pub magic: &'static [u8],
+    /// Changes whenever the body's layout does.
+    pub version: u8,
+}
+
+impl HandleFormat {
+    /// A handle of this format around `body` (a transport's bodies are a few dozen bytes).
+    pub fn encode(&self, body: &[u8]) -> Handle {
+        let mut b = Vec::with_capacity(self.magic.len() + 1 + body.len());
+        b.extend_from_slice(self.magic);
+        b.push(self.version);
+        b.extend_from_slice(body);
+        Handle::new(&b).expect("a transport's handle fits in MAX_HANDLE_LEN bytes")
+    }
+
+    /// The body of `h`, or an error saying why `h` is not a handle of this format.
+    pub fn decode<'h>(&self, h: &'h Handle) -> Result<&'h [u8]> {
+        let b = h.as_bytes();
+        let m = self.magic.len();
+        if b.len() <= m || &b[..m] != self.magic {
+            return Err(self.malformed(
+                "not one of its handles (wrong magic; do all ranks use the same transport?)",
+            ));
+        }
+        if b[m] != self.version {
+            return Err(self.malformed(&format!(
+                "version {} but this build speaks {} (mixed library versions?)",
+                b[m], self.version
+            )));
+        }
+        Ok(&b[m + 1..])
+    }
+
+    /// The error for a handle of this format whose body makes no sense.
+    pub fn malformed(&self, why: &str) -> Error {
+        Error::invalid_argument(format!("bad {} connection handle: {why}", self.transport))
+    }
+}
+
+/// A socket address as handle bytes: family (4 or 6), port (big endian), address.
+pub fn encode_addr(addr: SocketAddr) -> Vec<u8> {
+    let mut b = Vec::with_capacity(19);
+    match addr.ip() {
+        IpAddr::V4(v4) => {
+            b.push(4);
+            b.extend_from_slice(&addr.port().to_be_bytes());
+            b.extend_from_slice(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            b.push(6);
+            b.extend_from_slice(&addr.port().to_be_bytes());
+            b.extend_from_slice(&v6.octets());
+        }
+    }
+    b
+}
+
+/// Reads [`encode_addr`]'s bytes (all of `b`); `None` when they are anything else.
+pub fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
+    let (&family, rest) = b.split_first()?;
+    let (port, ip) = rest.split_first_chunk::<2>()?;
+    let ip = match (family, ip.len()) {
+        (4, 4) => IpAddr::from(<[u8; 4]>::try_from(ip).ok()?),
+        (6, 16) => IpAddr::from(<[u8; 16]>::try_from(ip).ok()?),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, u16::from_be_bytes(*port)))
 }
 
 impl fmt::Debug for Handle {
@@ -387,5 +464,57 @@ pub trait Endpoint: Send {
 impl fmt::Debug for dyn Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Endpoint(peer {})", self.peer())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F: HandleFormat = HandleFormat {
+        transport: "test",
+        magic: b"CX",
+        version: 3,
+    };
+
+    #[test]
+    fn handles_round_trip_and_others_are_refused() {
+        let h = F.encode(b"body");
+        assert_eq!(F.decode(&h).unwrap(), b"body");
+        let other = HandleFormat { magic: b"CY", ..F };
+        let e = F.decode(&other.encode(b"body")).unwrap_err().to_string();
+        assert!(
+            e.contains("bad test connection handle") && e.contains("same transport"),
+            "{e}"
+        );
+        let newer = HandleFormat { version: 4, ..F };
+        let e = F.decode(&newer.encode(b"")).unwrap_err().to_string();
+        assert!(e.contains("version 4 but this build speaks 3"), "{e}");
+        assert!(F.decode(&Handle::new(b"CX").unwrap()).is_err());
+        assert!(F.decode(&Handle::new(&[]).unwrap()).is_err());
+    }
+
+    #[test]
+    fn addresses_round_trip_and_garbage_is_refused() {
+        for a in ["10.1.2.3:4567", "[fd00::9]:1", "0.0.0.0:0"] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(decode_addr(&encode_addr(a)), Some(a));
+        }
+        let good = encode_addr("127.0.0.1:80".parse().unwrap());
+        // Every truncation and every single-byte corruption is an address or `None`, never a
+        // panic; a wrong family or length is `None`.
+        for n in 0..good.len() {
+            assert_eq!(decode_addr(&good[..n]), None);
+        }
+        for i in 0..good.len() {
+            for v in [0u8, 1, 4, 6, 0xff] {
+                let mut c = good.clone();
+                c[i] = v;
+                let _ = decode_addr(&c);
+            }
+        }
+        let mut long = good.clone();
+        long.push(0);
+        assert_eq!(decode_addr(&long), None);
     }
 }
