@@ -4,6 +4,7 @@ use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use rdma_sys::*;
 
 use crate::LOG_SUBSYS;
@@ -37,19 +38,14 @@ impl CompChannel {
             ctx: ctx.clone(),
         };
         let fd = c.raw_fd();
-        // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL only change its flags.
-        let rc = unsafe {
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            if fl < 0 {
-                fl
-            } else {
-                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK)
-            }
-        };
-        if rc < 0 {
+        let nonblocking = fcntl(fd, FcntlArg::F_GETFL).and_then(|fl| {
+            let fl = OFlag::from_bits_retain(fl) | OFlag::O_NONBLOCK;
+            fcntl(fd, FcntlArg::F_SETFL(fl))
+        });
+        if let Err(e) = nonblocking {
             return Err(VerbsError::CreateCompChannel {
                 device: ctx.name().to_string(),
-                source: std::io::Error::last_os_error(),
+                source: e.into(),
             });
         }
         Ok(Arc::new(c))

@@ -9,9 +9,11 @@
 //! again at the same address would keep the old pinned pages in a cached registration and the
 //! device would send stale data, silently. See the crate documentation on zero copy.
 
+use std::num::NonZeroUsize;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use nix::sys::mman::{MapFlags, ProtFlags, mmap_anonymous, munmap};
 use rdma_sys::*;
 
 use crate::LOG_SUBSYS;
@@ -40,27 +42,24 @@ impl RegisteredBuf {
     pub fn new(pd: &Arc<Pd>, len: usize, remote_write: bool) -> Result<RegisteredBuf, VerbsError> {
         let page = 4096;
         let len = len.max(1).div_ceil(page) * page;
+        let size = NonZeroUsize::new(len).expect("at least one page");
         // SAFETY:
         // - Anonymous private mapping with no address hint: the kernel picks a fresh range,
         //   nothing existing is replaced.
-        // - The result is checked against MAP_FAILED before use and unmapped once in Drop.
+        // - It is unmapped once, in Drop (or below when registration fails).
         let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
+            mmap_anonymous(
+                None,
+                size,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE,
             )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(VerbsError::Alloc {
-                len,
-                source: std::io::Error::last_os_error(),
-            });
         }
-        let ptr = NonNull::new(p.cast::<u8>()).expect("mmap never returns null on success");
+        .map_err(|e| VerbsError::Alloc {
+            len,
+            source: e.into(),
+        })?;
+        let ptr = p.cast::<u8>();
         let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
         if remote_write {
             access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
@@ -69,11 +68,11 @@ impl RegisteredBuf {
         // - `pd` is a live protection domain (kept alive by the Arc stored below).
         // - `ptr..ptr+len` is a mapping we own for the life of the registration: Drop
         //   deregisters before it unmaps.
-        let mr = unsafe { ibv_reg_mr(pd.as_ptr(), p, len, access.0 as i32) };
+        let mr = unsafe { ibv_reg_mr(pd.as_ptr(), p.as_ptr(), len, access.0 as i32) };
         let Some(mr) = NonNull::new(mr) else {
             let source = last_os_error();
             // SAFETY: the mapping above, not registered, not referenced by anything else.
-            unsafe { libc::munmap(p, len) };
+            let _ = unsafe { munmap(p, len) };
             return Err(VerbsError::RegMr { len, source });
         };
         Ok(RegisteredBuf {
@@ -128,7 +127,7 @@ impl Drop for RegisteredBuf {
         }
         // SAFETY: the mapping from `new`, no longer registered; no reference into it outlives
         // `self`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
     }
 }
 
