@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use ccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
 use ccl_core::config::{TransportKind, parse_size};
+use ccl_diag::human_bytes;
 use clap::{Args, Parser, Subcommand};
 
 use harness::{Bench, Plan, Row};
@@ -717,7 +718,7 @@ impl Medians {
                 .filter(|&(i, _)| Some(i) != self.auto)
                 .filter_map(|(i, c)| c.as_ref().map(|(t, _)| (i, *t)))
                 .min_by(|a, b| a.1.total_cmp(&b.1));
-            let _ = write!(out, "| {} |", size_name(*size));
+            let _ = write!(out, "| {} |", human_bytes(*size as u64));
             for (i, c) in cols.iter().enumerate() {
                 match c {
                     Some((t, _)) if best.is_some_and(|b| b.0 == i) => {
@@ -775,15 +776,6 @@ impl Medians {
         };
         format!(" {algo} | {picked} | {:.2} |", t / b)
     }
-}
-
-fn size_name(b: usize) -> String {
-    for (u, s) in [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if b >= s && b % s == 0 {
-            return format!("{} {u}", b / s);
-        }
-    }
-    format!("{b} B")
 }
 
 /// `ccl-bench plot OUT.svg A.json B.json ...`

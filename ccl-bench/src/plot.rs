@@ -29,16 +29,6 @@ pub fn style(i: usize) -> (&'static str, &'static str, usize) {
     )
 }
 
-fn size_label(b: f64) -> String {
-    let b = b as u64;
-    for (u, s) in [("G", 1u64 << 30), ("M", 1 << 20), ("K", 1 << 10)] {
-        if b >= s && b % s == 0 {
-            return format!("{}{u}", b / s);
-        }
-    }
-    format!("{b}")
-}
-
 fn num_label(v: f64) -> String {
     if v == 0.0 {
         return "0".into();
@@ -233,7 +223,7 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
             let mut v = Vec::new();
             while (e as f64) <= x1 + 1e-9 {
                 let x = 2f64.powi(e as i32);
-                v.push((x, size_label(x)));
+                v.push((x, ccl_diag::human_bytes(x as u64)));
                 e += step;
             }
             v
@@ -409,7 +399,7 @@ mod tests {
             ],
         );
         assert_eq!(s.matches("<polyline").count(), 2);
-        assert!(s.contains("&lt;4 ranks&gt;") && s.contains("1M") && s.ends_with("</svg>\n"));
+        assert!(s.contains("&lt;4 ranks&gt;") && s.contains("1 MiB") && s.ends_with("</svg>\n"));
         // Empty input still gives a valid picture.
         assert!(svg("x", &[]).contains("</svg>"));
     }

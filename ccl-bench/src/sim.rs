@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use ccl_diag::human_bytes;
 use ccl_sim::{Fabric, Hashing, Placement, Ports, Report, Source};
 use clap::Args;
 
@@ -256,7 +257,7 @@ fn line_label(r: &Report, x: &str, vary: &Vary) -> String {
         parts.push(format!("{} QP", r.qps));
     }
     if vary.size && x != "size" {
-        parts.push(crate::size_name(r.bytes));
+        parts.push(human_bytes(r.bytes as u64));
     }
     if parts.is_empty() {
         parts.push(r.algo.clone());
@@ -381,7 +382,7 @@ fn run_inner(a: &SimArgs) -> Result<(), String> {
             r.hashing_name(),
             format!("{}:1", r.rack_oversub),
             r.seed,
-            crate::size_name(r.bytes),
+            human_bytes(r.bytes as u64),
             r.time_us,
             r.busbw_gbs,
             r.model_us.map_or("-".into(), |m| format!("{m:.1}")),
@@ -445,7 +446,7 @@ fn choice_table(reports: &[Report]) -> String {
         let _ = writeln!(
             out,
             "| {ranks} | {fab} | {} | {:.1} | {} | {pick} | {} |",
-            crate::size_name(*bytes),
+            human_bytes(*bytes as u64),
             best.time_us,
             best.algo,
             ratio.map_or("(not simulated)".into(), |x| format!("{x:.2}"))

@@ -24,8 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ccl_core::{Error, Result};
+use ccl_diag::human_bytes;
 
-use crate::mem::{Mapping, MemFile, PAGE, human};
+use crate::mem::{Mapping, MemFile, PAGE};
 
 const MAGIC: [u8; 8] = *b"CCLARENA";
 
@@ -128,7 +129,7 @@ impl Arena {
             return Err(Error::invalid_argument(format!(
                 "CCL_SHM_ARENA_BYTES={len} is too small for a shared-memory arena (more than {} \
                  needed; 0 turns arenas off)",
-                human(HEAD)
+                human_bytes(HEAD as u64)
             )));
         }
         let file = MemFile::create_sparse(
@@ -188,8 +189,8 @@ impl Arena {
         {
             return Err(Error::invalid_usage(format!(
                 "alloc of {} from shared memory: the host has {} available (MemAvailable)",
-                human(pages),
-                human(avail)
+                human_bytes(pages as u64),
+                human_bytes(avail as u64)
             )));
         }
         let (off, idx) = {
@@ -200,9 +201,9 @@ impl Arena {
                     "alloc of {} from the shared-memory arena: its largest free range is {} \
                      ({} of CCL_SHM_ARENA_BYTES={} in use; raise it, or CCL_SHM_DISABLE=1 for \
                      private memory)",
-                    human(pages),
-                    human(largest),
-                    human(st.used),
+                    human_bytes(pages as u64),
+                    human_bytes(largest as u64),
+                    human_bytes(st.used as u64),
                     self.len()
                 )));
             };

@@ -15,6 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
 use ccl_core::{Error, ErrorKind, Result};
+use ccl_diag::human_bytes;
 use nix::errno::Errno;
 use nix::fcntl::{FallocateFlags, FcntlArg, SealFlag, fallocate, fcntl};
 use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
@@ -70,7 +71,7 @@ impl MemFile {
                 ErrorKind::System,
                 format!(
                     "shared memory: cannot size a memory file to {} ({setting} sets it)",
-                    human(len)
+                    human_bytes(len as u64)
                 ),
                 e.into(),
             )
@@ -101,7 +102,7 @@ impl MemFile {
                 format!(
                     "shared memory: cannot allocate {} (the host or this container is short of \
                      memory; {setting})",
-                    human(len)
+                    human_bytes(len as u64)
                 ),
                 e.into(),
             )),
@@ -150,18 +151,6 @@ impl MemFile {
 
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
-    }
-}
-
-/// "1.5 MiB"-style sizes for messages.
-pub fn human(bytes: usize) -> String {
-    let b = bytes as f64;
-    if bytes >= 1 << 30 {
-        format!("{:.1} GiB", b / (1u64 << 30) as f64)
-    } else if bytes >= 1 << 20 {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    } else {
-        format!("{:.1} KiB", b / 1024.0)
     }
 }
 

@@ -163,7 +163,7 @@ fn alloc_beyond_the_arena_or_memory_is_a_clear_error() {
     });
     for (e, _, again) in &out {
         assert!(
-            e.contains("CCL_SHM_ARENA_BYTES") && e.contains("6.0 MiB"),
+            e.contains("CCL_SHM_ARENA_BYTES") && e.contains("6 MiB"),
             "{e}"
         );
         assert!(again);
@@ -174,10 +174,7 @@ fn alloc_beyond_the_arena_or_memory_is_a_clear_error() {
         comm.alloc::<u8>(1 << 41).unwrap_err().to_string()
     });
     for e in &out {
-        assert!(
-            e.contains("MemAvailable") && e.contains("2048.0 GiB"),
-            "{e}"
-        );
+        assert!(e.contains("MemAvailable") && e.contains("2 TiB"), "{e}");
     }
 }
 

@@ -283,7 +283,7 @@ impl Peers {
                     e.name,
                     e.seq,
                     e.algo,
-                    ccl_diag::verdict::human_bytes(e.bytes),
+                    ccl_diag::human_bytes(e.bytes),
                     ran.as_secs_f64()
                 ),
             )
