@@ -12,7 +12,8 @@
 #     every dtype, op, placement and root), the registered-buffer sweep (zero-copy sends and
 #     receives: every collective and algorithm, 2 and 3 ranks, bit for bit against plain
 #     buffers; ranks mixing registered and plain; received bytes counted in place) and
-#     ccl-ibverbs' endpoint tests (grants larger and smaller than a send);
+#     ccl-ibverbs' endpoint tests (the Endpoint conformance suite every transport runs, with
+#     1 and 4 QPs, round-robin and split; grants larger and smaller than a send);
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
 #     run a checked allreduce over rxe between the two "hosts", then two ranks in each VM
 #     (shared memory inside each, verbs across) a checked hiershm allreduce with odd

@@ -1,5 +1,7 @@
-//! The [`Endpoint`] contract as checks every transport runs in its tests (in-process, TCP and
-//! shared memory here and in `ccl-shm`; verbs in `ccl-ibverbs`, on a device).
+//! The [`Endpoint`] contract as checks every transport runs in its tests: the in-process and TCP
+//! transports below, shared memory in `ccl-shm`'s tests, verbs in `ccl-ibverbs`'s (on a device,
+//! in the SoftRoCE VM). Built for this crate's own tests and, with the `conformance` feature,
+//! for the transport crates' tests, which enable it in their dev-dependencies.
 //!
 //! Each check takes a function making a connected pair and panics, naming what broke, when the
 //! transport breaks the contract:
@@ -383,4 +385,21 @@ pub fn run_all(pair: &dyn Fn() -> Pair) {
     back_pressure(pair);
     waiting(pair);
     peer_gone(pair);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::local::LocalTransport;
+    use crate::transport::tcp::TcpTransport;
+
+    #[test]
+    fn local_meets_the_endpoint_contract() {
+        run_all(&|| connect_pair(&LocalTransport::new(), &Config::default()));
+    }
+
+    #[test]
+    fn tcp_meets_the_endpoint_contract() {
+        run_all(&|| connect_pair(&TcpTransport::new(), &Config::default()));
+    }
 }

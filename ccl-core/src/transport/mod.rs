@@ -24,6 +24,7 @@
 /// The log subsystem of every transport.
 const LOG_SUBSYS: crate::log::Subsys = crate::log::Subsys::Net;
 
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod handshake;
 pub mod local;
