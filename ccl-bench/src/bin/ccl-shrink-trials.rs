@@ -17,6 +17,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ccl::{Communicator, Config, ReduceOp, UniqueId};
+use clap::Parser;
 
 /// Environment variable that makes this program a rank.
 const WORKER: &str = "SHRINK_TRIAL_SEED";
@@ -52,49 +53,46 @@ fn main() -> ExitCode {
     }
 }
 
+/// Randomised trials of surviving a rank's death (see the crate doc of this program).
+#[derive(Debug, Parser)]
+#[command(name = "ccl-shrink-trials")]
 struct Opts {
+    /// Trials to run.
+    #[arg(long, default_value_t = 10)]
     trials: usize,
-    np_min: usize,
-    np_max: usize,
+    /// Fewest ranks in a trial.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
+    np_min: u64,
+    /// Most ranks in a trial.
+    #[arg(long, default_value_t = 8)]
+    np_max: u64,
+    /// The ranks' transport.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "shm"])]
     transport: String,
+    /// CCL_TIMEOUT of the ranks, seconds.
+    #[arg(long = "timeout", default_value_t = 10)]
     timeout_s: u64,
-    seed: u64,
+    /// Seed of the trials' random choices (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Every how many trials a second rank is killed during the shrink (0: never).
+    #[arg(long, default_value_t = 4)]
     second_every: usize,
 }
 
-fn parse() -> Result<Opts, String> {
-    let mut o = Opts {
-        trials: 10,
-        np_min: 4,
-        np_max: 8,
-        transport: "tcp".into(),
-        timeout_s: 10,
-        seed: now_ns() as u64 | 1,
-        second_every: 4,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
-        let num = |v: String| v.parse::<u64>().map_err(|e| format!("{a} {v}: {e}"));
-        match a.as_str() {
-            "--trials" => o.trials = num(val()?)? as usize,
-            "--np-min" => o.np_min = num(val()?)? as usize,
-            "--np-max" => o.np_max = num(val()?)? as usize,
-            "--transport" => o.transport = val()?,
-            "--timeout" => o.timeout_s = num(val()?)?,
-            "--seed" => o.seed = num(val()?)? | 1,
-            "--second-every" => o.second_every = num(val()?)? as usize,
-            "-h" | "--help" => return Err(String::new()),
-            _ => return Err(format!("unknown argument {a}")),
-        }
-    }
-    if o.np_min < 2 || o.np_max < o.np_min {
-        return Err(format!(
-            "need 2 <= --np-min <= --np-max, got {} and {}",
+fn parse() -> Result<Opts, ExitCode> {
+    let mut o = Opts::try_parse().map_err(|e| {
+        let _ = e.print();
+        ExitCode::from(if e.use_stderr() { 2 } else { 0 })
+    })?;
+    if o.np_max < o.np_min {
+        eprintln!(
+            "ccl-shrink-trials: need --np-min <= --np-max, got {} and {}",
             o.np_min, o.np_max
-        ));
+        );
+        return Err(ExitCode::from(2));
     }
+    o.seed = Some(o.seed.unwrap_or(now_ns() as u64) | 1);
     Ok(o)
 }
 
@@ -109,24 +107,17 @@ struct Trial {
 fn launcher() -> ExitCode {
     let o = match parse() {
         Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("ccl-shrink-trials: {e}");
-            }
-            eprintln!(
-                "usage: ccl-shrink-trials [--trials N] [--np-min N] [--np-max N] [--transport tcp|shm] [--timeout S] [--seed N] [--second-every K]"
-            );
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    let mut rng = Rng(o.seed);
+    let seed = o.seed.expect("set by parse");
+    let mut rng = Rng(seed);
     println!(
         "# {} trials, {}-{} ranks over {}, CCL_TIMEOUT={} s, seed {}",
-        o.trials, o.np_min, o.np_max, o.transport, o.timeout_s, o.seed
+        o.trials, o.np_min, o.np_max, o.transport, o.timeout_s, seed
     );
     let mut times = Vec::new();
     for t in 0..o.trials {
-        let n = o.np_min + rng.below((o.np_max - o.np_min + 1) as u64) as usize;
+        let n = (o.np_min + rng.below(o.np_max - o.np_min + 1)) as usize;
         let second = o.second_every > 0 && t % o.second_every == o.second_every - 1;
         match trial(&o, &mut rng, n, second) {
             Ok(tr) => {
