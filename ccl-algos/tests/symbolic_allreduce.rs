@@ -69,10 +69,15 @@ fn two_rank(build: impl Fn(usize) -> Schedule) -> Vec<Schedule> {
     (0..2).map(build).collect()
 }
 
-/// The checker itself must catch broken schedules, or the tests above prove nothing.
+// The checker itself must catch broken schedules, or the tests above prove nothing.
+
+fn setup(in_place: bool, rendezvous: bool) -> Setup {
+    Setup::allreduce(2, 4, in_place, ReduceOp::Sum, rendezvous)
+}
+
+/// Sending a buffer while reducing into it, without waiting for the send.
 #[test]
-fn checker_catches_broken_schedules() {
-    let setup = |in_place, rendezvous| Setup::allreduce(2, 4, in_place, ReduceOp::Sum, rendezvous);
+fn checker_catches_a_write_after_read_hazard() {
     // Both ranks send their buffer and reduce the incoming data into it in place, without waiting
     // for their own send: a write-after-read hazard.
     let bad = two_rank(|r| {
@@ -110,9 +115,12 @@ fn checker_catches_broken_schedules() {
         errs.iter().any(|e| e.contains("ran before earlier op")),
         "{errs:?}"
     );
+}
 
-    // The same with the hazard fixed by a dependency deadlocks without buffering: each rank
-    // waits for its send to finish before it receives.
+/// Each rank waiting for its send to finish before it receives.
+#[test]
+fn checker_catches_a_deadlock_without_buffering() {
+    // The hazard above fixed by a dependency.
     let waits = two_rank(|r| {
         let mut s = Schedule::new("waits");
         let whole = Region::new(Buf::Recv, 0, 4);
@@ -142,8 +150,11 @@ fn checker_catches_broken_schedules() {
     assert!(simulate(&waits, &setup(true, false), 1).is_ok());
     let e = simulate(&waits, &setup(true, true), 1).unwrap_err();
     assert!(e.contains("deadlock without buffering"), "{e}");
+}
 
-    // A schedule whose ranks reduce in different orders is not bit-identical.
+/// Results that are not bit-identical on every rank.
+#[test]
+fn checker_catches_ranks_reducing_in_different_orders() {
     let unordered = two_rank(|r| {
         let mut s = Schedule::new("unordered");
         let src = Region::new(Buf::Send, 0, 4);
@@ -167,8 +178,11 @@ fn checker_catches_broken_schedules() {
     });
     let e = simulate(&unordered, &setup(false, false), 1).unwrap_err();
     assert!(e.contains("not bit-identical"), "{e}");
+}
 
-    // Reducing the wrong elements together is caught.
+/// Reducing elements of different indices together.
+#[test]
+fn checker_catches_wrong_elements_reduced_together() {
     let shifted = two_rank(|r| {
         let mut s = Schedule::new("shifted");
         s.push(
@@ -198,8 +212,11 @@ fn checker_catches_broken_schedules() {
     });
     let e = simulate(&shifted, &setup(false, false), 1).unwrap_err();
     assert!(e.contains("reduced element"), "{e}");
+}
 
-    // A missing contribution is caught.
+/// A rank that never hears from the others.
+#[test]
+fn checker_catches_a_missing_contribution() {
     let lonely = two_rank(|_| {
         let mut s = Schedule::new("lonely");
         s.push(

@@ -128,78 +128,175 @@ fn lin_ticks(hi: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Draws `series` on one chart. Every series has its own colour/dash/marker; the legend sits
-/// inside the picture, below the plot, in as many rows as it needs (the picture grows to fit).
-// Long: one picture drawn top to bottom (layout, grid and tick labels, lines, legend); every
-// part uses the same scales and layout numbers.
-pub fn chart(c: &Chart, series: &[Series]) -> String {
-    let w = 900.0;
-    let (l, r, t, b) = (80.0, 30.0, 44.0, 56.0);
-    let ph = 420.0;
-    // Legend: columns as wide as the longest label allows, rows as many as needed.
-    let longest = series
-        .iter()
-        .map(|s| s.label.chars().count())
-        .max()
-        .unwrap_or(0);
-    let col_w = (longest as f64 * 7.0 + 46.0).clamp(120.0, w - l - r);
-    let cols = (((w - l - r) / col_w).floor() as usize).max(1);
-    let rows = series.len().div_ceil(cols);
-    let legend_h = if series.is_empty() {
-        0.0
-    } else {
-        rows as f64 * 18.0 + 12.0
-    };
-    let h = t + ph + b + legend_h;
-    let pts: Vec<(f64, f64)> = series
+/// Where everything goes on one chart: the picture's size, the plot's box and the scales.
+struct Frame {
+    w: f64,
+    h: f64,
+    /// Left, top and bottom margins around the plot.
+    l: f64,
+    t: f64,
+    b: f64,
+    /// The plot's width and height.
+    pw: f64,
+    ph: f64,
+    x: Axis,
+    x_log: bool,
+    y_log: bool,
+    /// The axes' ranges, in scale units (log2 or log10 of the value, or the value).
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+    /// The legend's columns and their width.
+    cols: usize,
+    col_w: f64,
+}
+
+impl Frame {
+    /// Lays out a chart of `series`: columns of the legend as wide as the longest label allows
+    /// and as many rows as needed (the picture grows to fit), axes that span the finite points.
+    fn new(c: &Chart, series: &[Series]) -> Frame {
+        let (w, l, r, t, b, ph) = (900.0, 80.0, 30.0, 44.0, 56.0, 420.0);
+        let longest = series
+            .iter()
+            .map(|s| s.label.chars().count())
+            .max()
+            .unwrap_or(0);
+        let col_w = (longest as f64 * 7.0 + 46.0).clamp(120.0, w - l - r);
+        let cols = (((w - l - r) / col_w).floor() as usize).max(1);
+        let legend_h = if series.is_empty() {
+            0.0
+        } else {
+            series.len().div_ceil(cols) as f64 * 18.0 + 12.0
+        };
+        let pts: Vec<(f64, f64)> = finite(series).collect();
+        let x_log = matches!(c.x, Axis::Bytes | Axis::Number { log: true });
+        let (mut xmin, mut xmax) = pts
+            .iter()
+            .map(|p| p.0)
+            .filter(|x| !x_log || *x > 0.0)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |a, x| {
+                (a.0.min(x), a.1.max(x))
+            });
+        if !xmin.is_finite() {
+            (xmin, xmax) = (1.0, 2.0);
+        }
+        if xmax <= xmin {
+            xmax = if x_log { xmin * 2.0 } else { xmin + 1.0 };
+        }
+        let ypos: Vec<f64> = pts.iter().map(|p| p.1).filter(|y| *y > 0.0).collect();
+        let (ymin, ymax) = ypos
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |a, &y| (a.0.min(y), a.1.max(y)));
+        let y_log = c
+            .y_log
+            .unwrap_or(ymin.is_finite() && ymax / ymin > 30.0 && ypos.len() == pts.len());
+        let (x0, x1) = match c.x {
+            Axis::Bytes => (xmin.log2(), xmax.log2()),
+            Axis::Number { log: true } => (xmin.log10(), xmax.log10()),
+            Axis::Number { log: false } => (xmin.min(0.0), xmax),
+        };
+        let (y0, y1) = if y_log && ymin.is_finite() {
+            (
+                ymin.log10().floor(),
+                ymax.log10().ceil().max(ymin.log10().floor() + 1.0),
+            )
+        } else {
+            (0.0, if ymax > 0.0 { ymax * 1.1 } else { 1.0 })
+        };
+        Frame {
+            w,
+            h: t + ph + b + legend_h,
+            l,
+            t,
+            b,
+            pw: w - l - r,
+            ph,
+            x: c.x,
+            x_log,
+            y_log,
+            x0,
+            x1,
+            y0,
+            y1,
+            cols,
+            col_w,
+        }
+    }
+
+    fn bottom(&self) -> f64 {
+        self.t + self.ph
+    }
+
+    /// The picture's x of value `x`.
+    fn px(&self, x: f64) -> f64 {
+        let fx = match self.x {
+            Axis::Bytes => x.log2(),
+            Axis::Number { log: true } => x.log10(),
+            Axis::Number { log: false } => x,
+        };
+        self.l + (fx - self.x0) / (self.x1 - self.x0) * self.pw
+    }
+
+    /// The picture's y of value `y`.
+    fn py(&self, y: f64) -> f64 {
+        let fy = if self.y_log { y.max(1e-300).log10() } else { y };
+        self.bottom() - (fy - self.y0) / (self.y1 - self.y0) * self.ph
+    }
+
+    /// Whether a point can be drawn on these axes (log axes have no place for 0 or less).
+    fn shows(&self, p: (f64, f64)) -> bool {
+        (!self.x_log || p.0 > 0.0) && (!self.y_log || p.1 > 0.0)
+    }
+
+    /// The x ticks and their labels: powers of two for sizes, the values themselves when there
+    /// are few (QPs 1, 2, 4, 8, 16; rank counts), else 1-2-5 or decades.
+    fn x_ticks(&self, series: &[Series]) -> Vec<(f64, String)> {
+        match self.x {
+            Axis::Bytes => {
+                let step = (((self.x1 - self.x0) / 12.0).ceil() as i64).max(1);
+                let mut e = (self.x0.ceil() as i64).div_euclid(step) * step;
+                if (e as f64) < self.x0 {
+                    e += step;
+                }
+                let mut v = Vec::new();
+                while (e as f64) <= self.x1 + 1e-9 {
+                    let x = 2f64.powi(e as i32);
+                    v.push((x, ccl_diag::human_bytes(x as u64)));
+                    e += step;
+                }
+                v
+            }
+            Axis::Number { log: true } => {
+                let mut seen: Vec<f64> = finite(series).map(|p| p.0).filter(|x| *x > 0.0).collect();
+                seen.sort_by(|a, b| a.total_cmp(b));
+                seen.dedup();
+                if seen.len() > 12 {
+                    seen = log_ticks(self.x0, self.x1);
+                }
+                seen.into_iter().map(|x| (x, num_label(x))).collect()
+            }
+            Axis::Number { log: false } => lin_ticks(self.x1)
+                .into_iter()
+                .map(|x| (x, num_label(x)))
+                .collect(),
+        }
+    }
+}
+
+/// The finite points of every series.
+fn finite(series: &[Series]) -> impl Iterator<Item = (f64, f64)> + '_ {
+    series
         .iter()
         .flat_map(|s| s.points.iter().copied())
         .filter(|p| p.0.is_finite() && p.1.is_finite())
-        .collect();
-    let x_log = matches!(c.x, Axis::Bytes | Axis::Number { log: true });
-    let xs: Vec<f64> = pts
-        .iter()
-        .map(|p| p.0)
-        .filter(|x| !x_log || *x > 0.0)
-        .collect();
-    let (mut xmin, mut xmax) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |a, &x| {
-        (a.0.min(x), a.1.max(x))
-    });
-    if !xmin.is_finite() {
-        (xmin, xmax) = (1.0, 2.0);
-    }
-    if xmax <= xmin {
-        xmax = if x_log { xmin * 2.0 } else { xmin + 1.0 };
-    }
-    let ypos: Vec<f64> = pts.iter().map(|p| p.1).filter(|y| *y > 0.0).collect();
-    let (ymin, ymax) = ypos
-        .iter()
-        .fold((f64::INFINITY, 0.0f64), |a, &y| (a.0.min(y), a.1.max(y)));
-    let y_log = c
-        .y_log
-        .unwrap_or(ymin.is_finite() && ymax / ymin > 30.0 && ypos.len() == pts.len());
-    let (x0, x1) = match c.x {
-        Axis::Bytes => (xmin.log2(), xmax.log2()),
-        Axis::Number { log: true } => (xmin.log10(), xmax.log10()),
-        Axis::Number { log: false } => (xmin.min(0.0), xmax),
-    };
-    let (y0, y1) = if y_log && ymin.is_finite() {
-        (
-            ymin.log10().floor(),
-            ymax.log10().ceil().max(ymin.log10().floor() + 1.0),
-        )
-    } else {
-        (0.0, if ymax > 0.0 { ymax * 1.1 } else { 1.0 })
-    };
-    let fx = |x: f64| match c.x {
-        Axis::Bytes => x.log2(),
-        Axis::Number { log: true } => x.log10(),
-        Axis::Number { log: false } => x,
-    };
-    let fy = |y: f64| if y_log { y.max(1e-300).log10() } else { y };
-    let (pw, plot_bottom) = (w - l - r, t + ph);
-    let px = |x: f64| l + (fx(x) - x0) / (x1 - x0) * pw;
-    let py = |y: f64| plot_bottom - (fy(y) - y0) / (y1 - y0) * ph;
+}
+
+/// Draws `series` on one chart. Every series has its own colour/dash/marker; the legend sits
+/// inside the picture, below the plot, in as many rows as it needs (the picture grows to fit).
+pub fn chart(c: &Chart, series: &[Series]) -> String {
+    let f = Frame::new(c, series);
+    let (w, h) = (f.w, f.h);
     let mut s = String::new();
     let _ = write!(
         s,
@@ -209,64 +306,40 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
     let _ = write!(
         s,
         r#"<text x="{}" y="24" font-size="15" text-anchor="middle">{}</text>"#,
-        l + pw / 2.0,
+        f.l + f.pw / 2.0,
         esc(&c.title)
     );
-    // Vertical grid and x labels.
-    let xticks: Vec<(f64, String)> = match c.x {
-        Axis::Bytes => {
-            let step = (((x1 - x0) / 12.0).ceil() as i64).max(1);
-            let mut e = (x0.ceil() as i64).div_euclid(step) * step;
-            if (e as f64) < x0 {
-                e += step;
-            }
-            let mut v = Vec::new();
-            while (e as f64) <= x1 + 1e-9 {
-                let x = 2f64.powi(e as i32);
-                v.push((x, ccl_diag::human_bytes(x as u64)));
-                e += step;
-            }
-            v
-        }
-        Axis::Number { log: true } => {
-            // Few distinct values (QPs 1, 2, 4, 8, 16; rank counts): tick exactly those.
-            let mut seen: Vec<f64> = xs.clone();
-            seen.sort_by(|a, b| a.total_cmp(b));
-            seen.dedup();
-            if seen.len() <= 12 {
-                seen.into_iter().map(|x| (x, num_label(x))).collect()
-            } else {
-                log_ticks(x0, x1)
-                    .into_iter()
-                    .map(|x| (x, num_label(x)))
-                    .collect()
-            }
-        }
-        Axis::Number { log: false } => lin_ticks(x1)
-            .into_iter()
-            .map(|x| (x, num_label(x)))
-            .collect(),
-    };
-    for (x, label) in &xticks {
-        let xx = px(*x);
+    axes(&mut s, &f, c, series);
+    for (i, se) in series.iter().enumerate() {
+        line(&mut s, &f, i, se);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The grid, the tick labels, the plot's box and the axis labels.
+fn axes(s: &mut String, f: &Frame, c: &Chart, series: &[Series]) {
+    let (l, t, pw, bottom) = (f.l, f.t, f.pw, f.bottom());
+    for (x, label) in &f.x_ticks(series) {
+        let xx = f.px(*x);
         let _ = write!(
             s,
-            r##"<line x1="{xx:.1}" y1="{t}" x2="{xx:.1}" y2="{plot_bottom}" stroke="#ddd"/>"##
+            r##"<line x1="{xx:.1}" y1="{t}" x2="{xx:.1}" y2="{bottom}" stroke="#ddd"/>"##
         );
         let _ = write!(
             s,
             r#"<text x="{xx:.1}" y="{}" text-anchor="middle">{}</text>"#,
-            plot_bottom + 16.0,
+            bottom + 16.0,
             esc(label)
         );
     }
-    let yticks = if y_log {
-        log_ticks(y0, y1)
+    let yticks = if f.y_log {
+        log_ticks(f.y0, f.y1)
     } else {
-        lin_ticks(y1)
+        lin_ticks(f.y1)
     };
     for y in yticks {
-        let yy = py(y);
+        let yy = f.py(y);
         let _ = write!(
             s,
             r##"<line x1="{l}" y1="{yy:.1}" x2="{}" y2="{yy:.1}" stroke="#eee"/>"##,
@@ -282,16 +355,17 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
     }
     let _ = write!(
         s,
-        r##"<rect x="{l}" y="{t}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>"##
+        r##"<rect x="{l}" y="{t}" width="{pw}" height="{}" fill="none" stroke="#333"/>"##,
+        f.ph
     );
     let _ = write!(
         s,
         r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
         l + pw / 2.0,
-        plot_bottom + 36.0,
+        bottom + 36.0,
         esc(&c.x_label)
     );
-    let yl = if y_log {
+    let yl = if f.y_log {
         format!("{} (log scale)", c.y_label)
     } else {
         c.y_label.clone()
@@ -299,52 +373,51 @@ pub fn chart(c: &Chart, series: &[Series]) -> String {
     let _ = write!(
         s,
         r#"<text x="18" y="{0}" text-anchor="middle" transform="rotate(-90 18 {0})">{1}</text>"#,
-        t + ph / 2.0,
+        t + f.ph / 2.0,
         esc(&yl)
     );
-    for (i, se) in series.iter().enumerate() {
-        let (col, dash, marker) = style(i);
-        let path: Vec<(f64, f64)> = se
-            .points
-            .iter()
-            .filter(|p| p.0.is_finite() && p.1.is_finite())
-            .filter(|p| (!x_log || p.0 > 0.0) && (!y_log || p.1 > 0.0))
-            .map(|&(x, y)| (px(x), py(y)))
-            .collect();
-        let dash_attr = if dash.is_empty() {
-            String::new()
-        } else {
-            format!(r#" stroke-dasharray="{dash}""#)
-        };
-        let pts: Vec<String> = path.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
-        let _ = write!(
-            s,
-            r#"<polyline fill="none" stroke="{col}" stroke-width="2"{dash_attr} points="{}"/>"#,
-            pts.join(" ")
-        );
-        for &(x, y) in &path {
-            s.push_str(&mark(marker, x, y, col));
-        }
-        // Legend entry: row-major under the plot.
-        let (row, colm) = (i / cols, i % cols);
-        let lx = l + colm as f64 * col_w;
-        let ly = plot_bottom + b + 6.0 + row as f64 * 18.0;
-        let _ = write!(
-            s,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{col}" stroke-width="2.5"{dash_attr}/>"#,
-            lx + 30.0
-        );
-        s.push_str(&mark(marker, lx + 15.0, ly, col));
-        let _ = write!(
-            s,
-            r#"<text x="{}" y="{}">{}</text>"#,
-            lx + 36.0,
-            ly + 4.0,
-            esc(&se.label)
-        );
+}
+
+/// Series `i`'s line with its markers, and its legend entry (row-major under the plot).
+fn line(s: &mut String, f: &Frame, i: usize, se: &Series) {
+    let (col, dash, marker) = style(i);
+    let path: Vec<(f64, f64)> = se
+        .points
+        .iter()
+        .copied()
+        .filter(|p| p.0.is_finite() && p.1.is_finite() && f.shows(*p))
+        .map(|(x, y)| (f.px(x), f.py(y)))
+        .collect();
+    let dash_attr = if dash.is_empty() {
+        String::new()
+    } else {
+        format!(r#" stroke-dasharray="{dash}""#)
+    };
+    let pts: Vec<String> = path.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+    let _ = write!(
+        s,
+        r#"<polyline fill="none" stroke="{col}" stroke-width="2"{dash_attr} points="{}"/>"#,
+        pts.join(" ")
+    );
+    for &(x, y) in &path {
+        s.push_str(&mark(marker, x, y, col));
     }
-    s.push_str("</svg>\n");
-    s
+    let (row, colm) = (i / f.cols, i % f.cols);
+    let lx = f.l + colm as f64 * f.col_w;
+    let ly = f.bottom() + f.b + 6.0 + row as f64 * 18.0;
+    let _ = write!(
+        s,
+        r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{col}" stroke-width="2.5"{dash_attr}/>"#,
+        lx + 30.0
+    );
+    s.push_str(&mark(marker, lx + 15.0, ly, col));
+    let _ = write!(
+        s,
+        r#"<text x="{}" y="{}">{}</text>"#,
+        lx + 36.0,
+        ly + 4.0,
+        esc(&se.label)
+    );
 }
 
 /// A small marker of shape `k` at (x, y).

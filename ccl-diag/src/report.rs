@@ -34,6 +34,70 @@ fn list(s: &BTreeSet<usize>) -> String {
         .join(", ")
 }
 
+/// What dump `d` says of its rank: its last operation, the peer it waited for, the peer it
+/// waited longest for, and why it stopped.
+fn rank_lines(out: &mut String, d: &Dump, v: &Verdict) {
+    let last = d.entries.iter().max_by_key(|e| e.seq);
+    let Some(e) = last else {
+        let _ = writeln!(
+            out,
+            "  rank {} ({}:{}): no operation recorded",
+            d.rank, d.host, d.pid
+        );
+        return;
+    };
+    let dur = if e.end_us > e.start_us {
+        format!(" after {:.3} s", (e.end_us - e.start_us) as f64 / 1e6)
+    } else {
+        String::new()
+    };
+    let mut line = format!(
+        "  rank {} ({}:{}): {} #{} ({}, {} bytes) {}{dur}",
+        d.rank,
+        d.host,
+        d.pid,
+        e.name,
+        e.seq,
+        e.algo,
+        e.bytes,
+        e.state.name()
+    );
+    if let Some(p) = e.waiting_on {
+        let ps = e.peers.iter().find(|x| x.peer == p);
+        let detail = match ps {
+            Some(ps) if !ps.arrived => " (it never sent this operation's header)".to_string(),
+            Some(ps) => {
+                format!(" ({} of {} bytes from it arrived)", ps.received, ps.to_recv)
+            }
+            None => String::new(),
+        };
+        let _ = write!(line, ", waiting for peer {p}{detail}");
+    }
+    if e.seq < v.stuck_seq {
+        line.push_str(&format!(" -- never entered #{}", v.stuck_seq));
+    }
+    let _ = writeln!(out, "{line}");
+    let slowest = e
+        .peers
+        .iter()
+        .filter(|p| p.waited_us > 0)
+        .max_by_key(|p| p.waited_us);
+    if let Some(p) = slowest {
+        let _ = writeln!(
+            out,
+            "      waited {:.1} ms for peer {} (it entered {:.1} ms {}; {} of {} bytes sent to it)",
+            p.waited_us as f64 / 1e3,
+            p.peer,
+            p.late_us.unsigned_abs() as f64 / 1e3,
+            if p.late_us >= 0 { "later" } else { "earlier" },
+            p.sent,
+            p.to_send
+        );
+    }
+    let why = e.error.as_deref().unwrap_or(&d.reason);
+    let _ = writeln!(out, "      {why}");
+}
+
 /// The human-readable report over all dumps.
 pub fn report(dumps: &[Dump]) -> String {
     let mut by_comm: BTreeMap<&str, Vec<&Dump>> = BTreeMap::new();
@@ -64,67 +128,7 @@ pub fn report(dumps: &[Dump]) -> String {
         let mut sorted: Vec<&&Dump> = ds.iter().collect();
         sorted.sort_by_key(|d| d.rank);
         for d in sorted {
-            let last = d.entries.iter().max_by_key(|e| e.seq);
-            let Some(e) = last else {
-                let _ = writeln!(
-                    out,
-                    "  rank {} ({}:{}): no operation recorded",
-                    d.rank, d.host, d.pid
-                );
-                continue;
-            };
-            let dur = if e.end_us > e.start_us {
-                format!(" after {:.3} s", (e.end_us - e.start_us) as f64 / 1e6)
-            } else {
-                String::new()
-            };
-            let mut line = format!(
-                "  rank {} ({}:{}): {} #{} ({}, {} bytes) {}{dur}",
-                d.rank,
-                d.host,
-                d.pid,
-                e.name,
-                e.seq,
-                e.algo,
-                e.bytes,
-                e.state.name()
-            );
-            if let Some(p) = e.waiting_on {
-                let ps = e.peers.iter().find(|x| x.peer == p);
-                let detail = match ps {
-                    Some(ps) if !ps.arrived => {
-                        " (it never sent this operation's header)".to_string()
-                    }
-                    Some(ps) => {
-                        format!(" ({} of {} bytes from it arrived)", ps.received, ps.to_recv)
-                    }
-                    None => String::new(),
-                };
-                let _ = write!(line, ", waiting for peer {p}{detail}");
-            }
-            if e.seq < v.stuck_seq {
-                line.push_str(&format!(" -- never entered #{}", v.stuck_seq));
-            }
-            let _ = writeln!(out, "{line}");
-            let slowest = e
-                .peers
-                .iter()
-                .filter(|p| p.waited_us > 0)
-                .max_by_key(|p| p.waited_us);
-            if let Some(p) = slowest {
-                let _ = writeln!(
-                    out,
-                    "      waited {:.1} ms for peer {} (it entered {:.1} ms {}; {} of {} bytes sent to it)",
-                    p.waited_us as f64 / 1e3,
-                    p.peer,
-                    p.late_us.unsigned_abs() as f64 / 1e3,
-                    if p.late_us >= 0 { "later" } else { "earlier" },
-                    p.sent,
-                    p.to_send
-                );
-            }
-            let why = e.error.as_deref().unwrap_or(&d.reason);
-            let _ = writeln!(out, "      {why}");
+            rank_lines(&mut out, d, &v);
         }
         if !v.never_arrived.is_empty() {
             let _ = writeln!(

@@ -170,18 +170,41 @@ pub fn built(f: &Fabric, name: &str, bytes: usize) -> Result<Program, String> {
 
 /// Turns every rank's schedule into a program: each send matched with the receive at its peer
 /// that takes the same place in the wire order, dependencies and streams carried over, the
-/// per-peer wire order and each rank's order of local ops made explicit.
-// Long: three passes over every rank's ops (sends and locals, then receives matched to
-// sends, then dependencies), each needing the ids the one before assigned.
+/// per-peer wire order and each rank's order of local ops made explicit. Three passes, each
+/// needing the ids the one before assigned.
 pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
-    let n = scheds.len();
     let mut p = Program {
-        ranks: n,
+        ranks: scheds.len(),
         source: "built",
         ..Program::default()
     };
+    let (mut refs, conn) = sends_and_locals(scheds, &mut p)?;
+    match_receives(scheds, &mut p, &mut refs, &conn)?;
+    dependencies(scheds, &mut p, &refs);
+    for f in &mut p.flows {
+        f.deps.sort_unstable_by_key(|d| match *d {
+            Dep::Sent(x) => (0, x),
+            Dep::Arrived(x) => (1, x),
+            Dep::Local(x) => (2, x),
+        });
+        f.deps.dedup();
+    }
+    p.check()?;
+    Ok(p)
+}
+
+/// Messages each rank sends each peer, in wire order: `(from, to)` -> flows.
+type Connections = HashMap<(u32, u32), Vec<u32>>;
+
+/// The first pass: a flow for every send and a local op for every copy or reduction; receives
+/// are left for [`match_receives`].
+fn sends_and_locals(
+    scheds: &[Schedule],
+    p: &mut Program,
+) -> Result<(Vec<Vec<Ref>>, Connections), String> {
+    let n = scheds.len();
     let mut refs: Vec<Vec<Ref>> = Vec::with_capacity(n);
-    let mut conn: HashMap<(u32, u32), Vec<u32>> = HashMap::new();
+    let mut conn: Connections = HashMap::new();
     for (r, sc) in scheds.iter().enumerate() {
         if sc.uses_host() {
             return Err(format!(
@@ -228,7 +251,17 @@ pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
         }
         refs.push(mine);
     }
-    // Receives: the k-th from a peer takes the peer's k-th send here.
+    Ok((refs, conn))
+}
+
+/// The second pass: the k-th receive from a peer takes the peer's k-th send here, and every
+/// send must be received.
+fn match_receives(
+    scheds: &[Schedule],
+    p: &mut Program,
+    refs: &mut [Vec<Ref>],
+    conn: &Connections,
+) -> Result<(), String> {
     let mut taken: HashMap<(u32, u32), usize> = HashMap::new();
     for (r, sc) in scheds.iter().enumerate() {
         for (id, op) in sc.ops.iter().enumerate() {
@@ -258,7 +291,7 @@ pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
             }
         }
     }
-    for (key, v) in &conn {
+    for (key, v) in conn {
         let got = taken.get(key).copied().unwrap_or(0);
         if got != v.len() {
             return Err(format!(
@@ -269,6 +302,12 @@ pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The third pass: each op's dependencies and streams, the per-peer wire order of sends and
+/// each rank's order of local ops.
+fn dependencies(scheds: &[Schedule], p: &mut Program, refs: &[Vec<Ref>]) {
     let dep = |r: Ref| match r {
         Ref::Send(f) => Dep::Sent(f),
         Ref::Recv(f) => Dep::Arrived(f),
@@ -315,14 +354,4 @@ pub fn to_program(scheds: &[Schedule]) -> Result<Program, String> {
             }
         }
     }
-    for f in &mut p.flows {
-        f.deps.sort_unstable_by_key(|d| match *d {
-            Dep::Sent(x) => (0, x),
-            Dep::Arrived(x) => (1, x),
-            Dep::Local(x) => (2, x),
-        });
-        f.deps.dedup();
-    }
-    p.check()?;
-    Ok(p)
 }

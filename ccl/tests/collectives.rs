@@ -34,6 +34,8 @@ fn mismatches<T: CheckValue>(got: &[T], want: impl Fn(usize) -> T) -> usize {
 }
 
 /// Runs one call of `coll` and returns how many elements are wrong.
+// Long: one match over every collective, each arm giving its buffers their closed-form inputs
+// and checking its own expected output; the arms share the rank, size and counts above them.
 fn case<T: CheckValue>(
     comm: &Communicator,
     coll: Collective,
