@@ -22,14 +22,14 @@ use crate::harness::Bench;
 
 /// A benchmarked operation: a collective, or send/recv around a ring.
 #[derive(Clone, Copy, Debug)]
-pub enum Op {
+pub(crate) enum Op {
     Coll(Collective),
     SendRecv,
 }
 
 /// The benchmark of one operation.
 #[derive(Clone, Copy, Debug)]
-pub struct Coll {
+pub(crate) struct Coll {
     pub op: Op,
     pub root: usize,
 }

@@ -12,7 +12,7 @@ use ccl::{Communicator, DataType, ReduceOp, Result};
 use serde::{Deserialize, Serialize};
 
 /// One operation plugged into the harness (nccl-tests: one file per collective).
-pub trait Bench {
+pub(crate) trait Bench {
     /// Name in the header and the JSON (`allreduce`).
     fn name(&self) -> &'static str;
     /// busbw / algbw for `n` ranks.
@@ -63,7 +63,7 @@ pub trait Bench {
 
 /// What to measure.
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     pub sizes: Vec<usize>,
     pub iters: usize,
     pub warmup: usize,
@@ -79,7 +79,7 @@ pub struct Plan {
 
 /// Rank `rank` sleeps `each` before every timed call from call `from` on.
 #[derive(Clone, Copy, Debug)]
-pub struct Delay {
+pub(crate) struct Delay {
     pub rank: usize,
     pub each: std::time::Duration,
     pub from: usize,
@@ -87,7 +87,7 @@ pub struct Delay {
 
 /// One row of results (one size, one placement).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Row {
+pub(crate) struct Row {
     pub size: usize,
     pub count: usize,
     pub dtype: String,
@@ -103,7 +103,7 @@ pub struct Row {
 }
 
 /// The sizes from `min` to `max`, multiplying by `factor`.
-pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+pub(crate) fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
     let mut v = Vec::new();
     let mut s = min;
     loop {
@@ -183,7 +183,12 @@ fn measure(
 
 /// Runs the plan on this rank; every rank gets the same rows (times are the maximum over ranks,
 /// wrong counts the sum).
-pub fn run(b: &dyn Bench, comm: &Communicator, p: &Plan, out: &mut dyn Write) -> Result<Vec<Row>> {
+pub(crate) fn run(
+    b: &dyn Bench,
+    comm: &Communicator,
+    p: &Plan,
+    out: &mut dyn Write,
+) -> Result<Vec<Row>> {
     let n = comm.size();
     let max = p.sizes.iter().copied().max().unwrap_or(0);
     // u64 storage keeps the buffers aligned for every element type; no buffer exceeds the

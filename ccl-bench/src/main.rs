@@ -10,6 +10,7 @@
 //! of a job whose launcher set `RANK`/`WORLD_SIZE` (torchrun), `OMPI_COMM_WORLD_*` (mpirun),
 //! `SLURM_*` (srun) or `CCL_*`. Rank 0 prints the table; the exit status is non-zero when any rank
 //! fails or any element is wrong.
+#![forbid(unsafe_code)]
 
 mod colls;
 mod harness;

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 /// One line: a label and (size in bytes, busbw GB/s) points.
 #[derive(Clone, Debug)]
-pub struct Series {
+pub(crate) struct Series {
     pub label: String,
     pub points: Vec<(f64, f64)>,
 }
@@ -21,7 +21,7 @@ const DASHES: [&str; 5] = ["", "6 3", "2 2", "8 3 2 3", "12 4"];
 const MARKERS: usize = 4;
 
 /// The colour, dash pattern and marker of series `i`.
-pub fn style(i: usize) -> (&'static str, &'static str, usize) {
+pub(crate) fn style(i: usize) -> (&'static str, &'static str, usize) {
     (
         COLORS[i % COLORS.len()],
         DASHES[(i / COLORS.len()) % DASHES.len()],
@@ -54,7 +54,7 @@ fn esc(s: &str) -> String {
 
 /// How an axis is drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Axis {
+pub(crate) enum Axis {
     /// Byte sizes on a log2 scale (labels 1K, 1M, ...).
     Bytes,
     /// Plain numbers; log10 when `log` (or when the values span more than 30x, see [`Chart`]).
@@ -63,7 +63,7 @@ pub enum Axis {
 
 /// A picture: title, axis labels and kinds.
 #[derive(Clone, Debug)]
-pub struct Chart {
+pub(crate) struct Chart {
     pub title: String,
     pub x_label: String,
     pub y_label: String,
@@ -73,7 +73,7 @@ pub struct Chart {
 }
 
 /// Bus bandwidth (GB/s) against size (bytes, log scale).
-pub fn svg(title: &str, series: &[Series]) -> String {
+pub(crate) fn svg(title: &str, series: &[Series]) -> String {
     chart(
         &Chart {
             title: title.to_string(),
@@ -294,7 +294,7 @@ fn finite(series: &[Series]) -> impl Iterator<Item = (f64, f64)> + '_ {
 
 /// Draws `series` on one chart. Every series has its own colour/dash/marker; the legend sits
 /// inside the picture, below the plot, in as many rows as it needs (the picture grows to fit).
-pub fn chart(c: &Chart, series: &[Series]) -> String {
+pub(crate) fn chart(c: &Chart, series: &[Series]) -> String {
     let f = Frame::new(c, series);
     let (w, h) = (f.w, f.h);
     let mut s = String::new();

@@ -13,7 +13,7 @@ use clap::Args;
 use crate::plot;
 
 #[derive(Args, Debug)]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Fabric file (format in docs/scale.md); the flags below override it.
     #[arg(long, value_name = "PATH")]
     fabric: Option<PathBuf>,
@@ -298,7 +298,7 @@ fn x_of(r: &Report, x: &str) -> f64 {
 }
 
 /// Runs the sweep and prints it.
-pub fn run(a: &SimArgs) -> ExitCode {
+pub(crate) fn run(a: &SimArgs) -> ExitCode {
     match run_inner(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -24,10 +24,10 @@ use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::{ccl_trace, ccl_warn};
 
 /// Describes this rank for a state query ([`ccl_diag::verdict::encode`]d).
-pub type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
+pub(crate) type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 
 /// Called on the monitor thread with each failure notice as it arrives.
-pub type NoticeHook = Box<dyn Fn(&Notice) + Send + Sync>;
+pub(crate) type NoticeHook = Box<dyn Fn(&Notice) + Send + Sync>;
 
 impl Bootstrap {
     /// Ends the allgather rounds but keeps the connection: the root then passes every rank's

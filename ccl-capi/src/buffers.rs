@@ -20,7 +20,7 @@ unsafe impl Send for RawIn {}
 
 impl RawIn {
     /// An empty buffer (a count of 0 needs no memory).
-    pub fn empty() -> RawIn {
+    pub(crate) fn empty() -> RawIn {
         RawIn {
             ptr: std::ptr::null(),
             len: 0,
@@ -30,7 +30,7 @@ impl RawIn {
     /// # Safety
     /// `ptr` is non-NULL and valid for reads of `len` bytes that nothing writes, and `len` is at
     /// most `isize::MAX`, for as long as the returned value is used.
-    pub unsafe fn new(ptr: *const u8, len: usize) -> RawIn {
+    pub(crate) unsafe fn new(ptr: *const u8, len: usize) -> RawIn {
         RawIn { ptr, len }
     }
 }
@@ -76,7 +76,7 @@ impl RawOut {
     /// # Safety
     /// `ptr` is non-NULL and valid for reads and writes of `len` bytes that nothing else
     /// accesses, and `len` is at most `isize::MAX`, for as long as the returned value is used.
-    pub unsafe fn new(ptr: *mut u8, len: usize) -> RawOut {
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> RawOut {
         RawOut { ptr, len }
     }
 }
@@ -121,7 +121,7 @@ pub(crate) struct Prepared {
 
 impl Prepared {
     /// Runs it to completion on the caller's thread.
-    pub fn run(mut self, c: &Communicator) -> Result<(), Fail> {
+    pub(crate) fn run(mut self, c: &Communicator) -> Result<(), Fail> {
         c.collective_bytes(
             self.coll,
             self.send.as_ref().map(|s| s.as_ref()),
@@ -135,7 +135,7 @@ impl Prepared {
     }
 
     /// A barrier (no buffers).
-    pub fn barrier() -> Prepared {
+    pub(crate) fn barrier() -> Prepared {
         Prepared {
             coll: Collective::Barrier,
             send: None,
@@ -161,7 +161,7 @@ pub(crate) struct PreparedV {
 
 impl PreparedV {
     /// Runs it to completion on the caller's thread.
-    pub fn run(mut self, c: &Communicator) -> Result<(), Fail> {
+    pub(crate) fn run(mut self, c: &Communicator) -> Result<(), Fail> {
         let send = self.send.as_ref().map(|s| s.as_ref());
         c.collective_v_bytes(&self.counts, send, self.recv.as_mut(), self.dtype, self.op)?;
         Ok(())
@@ -250,7 +250,7 @@ pub(crate) struct RawCall {
 impl RawCall {
     /// A call of `coll` without an operator or a root (set them with [`op`](Self::op) and
     /// [`root`](Self::root)).
-    pub fn new(
+    pub(crate) fn new(
         coll: Collective,
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -268,11 +268,11 @@ impl RawCall {
         }
     }
 
-    pub fn op(self, op: c_int) -> RawCall {
+    pub(crate) fn op(self, op: c_int) -> RawCall {
         RawCall { op, ..self }
     }
 
-    pub fn root(self, root: c_int) -> RawCall {
+    pub(crate) fn root(self, root: c_int) -> RawCall {
         RawCall { root, ..self }
     }
 }

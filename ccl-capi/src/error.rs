@@ -20,7 +20,7 @@ pub(crate) struct Fail {
 
 impl Fail {
     /// `cclInvalidArgument` with `msg`.
-    pub fn arg(msg: impl Into<String>) -> Fail {
+    pub(crate) fn arg(msg: impl Into<String>) -> Fail {
         Fail {
             code: cclInvalidArgument,
             msg: format!("invalid argument: {}", msg.into()),
@@ -28,7 +28,7 @@ impl Fail {
     }
 
     /// `cclInvalidUsage` with `msg`.
-    pub fn usage(msg: impl Into<String>) -> Fail {
+    pub(crate) fn usage(msg: impl Into<String>) -> Fail {
         Fail {
             code: cclInvalidUsage,
             msg: format!("invalid usage: {}", msg.into()),

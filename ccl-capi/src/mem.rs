@@ -79,7 +79,7 @@ fn keep(p: *mut u8, a: Alloc) {
 /// it in place from the host's other ranks. Free it with `cclMemFree` (also after `comm` was
 /// destroyed).
 #[unsafe(no_mangle)]
-pub extern "C" fn cclCommMemAlloc(
+pub(crate) extern "C" fn cclCommMemAlloc(
     comm: cclComm_t,
     ptr: *mut *mut c_void,
     size: usize,

@@ -9,7 +9,7 @@
 //!   (feature `conformance`).
 //!
 //! It builds and tests anywhere (no libibverbs).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod entropy;

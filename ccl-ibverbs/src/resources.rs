@@ -36,26 +36,26 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// Send queue depth of each data QP: every slot may be in flight on one QP.
-    pub fn data_send_depth(&self) -> u32 {
+    pub(crate) fn data_send_depth(&self) -> u32 {
         self.slots as u32
     }
     /// Receives kept posted on each data QP.
-    pub fn data_recv_depth(&self) -> u32 {
+    pub(crate) fn data_recv_depth(&self) -> u32 {
         self.slots as u32
     }
     /// Credit messages in flight are at most one per slot (see `IbEndpoint::flush_credits`), plus margin.
-    pub fn ctrl_depth(&self) -> u32 {
+    pub(crate) fn ctrl_depth(&self) -> u32 {
         self.slots as u32 + 2
     }
     /// CQ entries: every work request that can be posted at once, so even the flush of all of
     /// them after a move to ERR cannot overrun the CQ.
-    pub fn cq_entries(&self) -> u32 {
+    pub(crate) fn cq_entries(&self) -> u32 {
         (self.data_send_depth() + self.data_recv_depth()) * self.nqp as u32
             + 2 * self.ctrl_depth()
             + 4
     }
     /// Bytes of each staging ring.
-    pub fn ring_bytes(&self) -> usize {
+    pub(crate) fn ring_bytes(&self) -> usize {
         self.slots * self.slot_size
     }
 }
@@ -83,7 +83,7 @@ pub(crate) struct Resources {
 
 impl Resources {
     /// Creates the objects of a connection from `rank` to `peer`, QPs in RESET.
-    pub fn new(
+    pub(crate) fn new(
         dev: &IbDevice,
         layout: Layout,
         rank: usize,
@@ -121,7 +121,7 @@ impl Resources {
 
     /// Moves every QP to INIT and posts the receives each keeps posted from then on, so no
     /// message of the peer can find its QP without one.
-    pub fn init(&self, layout: &Layout, base: &ConnParams) -> Result<(), VerbsError> {
+    pub(crate) fn init(&self, layout: &Layout, base: &ConnParams) -> Result<(), VerbsError> {
         for qp in &self.qps {
             qp.modify(QpState::Init, base)?;
         }
@@ -139,7 +139,7 @@ impl Resources {
 
 impl Resources {
     /// Posts control receive `i` (below `ctrl_depth`) with its cell of `ctrl_buf`.
-    pub fn post_ctrl_recv(&self, i: usize) -> Result<(), VerbsError> {
+    pub(crate) fn post_ctrl_recv(&self, i: usize) -> Result<(), VerbsError> {
         let off = i * GRANT_LEN;
         assert!(
             off + GRANT_LEN <= self.ctrl_buf.len(),
@@ -160,7 +160,7 @@ impl Resources {
     }
 
     /// The payload of control receive `i`, after its completion was polled.
-    pub fn ctrl_cell(&self, i: usize) -> [u8; GRANT_LEN] {
+    pub(crate) fn ctrl_cell(&self, i: usize) -> [u8; GRANT_LEN] {
         let mut b = [0u8; GRANT_LEN];
         let off = i * GRANT_LEN;
         assert!(

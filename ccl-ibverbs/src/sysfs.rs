@@ -346,12 +346,12 @@ pub(crate) mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A throw-away sysfs tree.
-    pub struct FakeSysfs {
+    pub(crate) struct FakeSysfs {
         pub root: PathBuf,
     }
 
     impl FakeSysfs {
-        pub fn new() -> FakeSysfs {
+        pub(crate) fn new() -> FakeSysfs {
             static N: AtomicUsize = AtomicUsize::new(0);
             let root = std::env::temp_dir().join(format!(
                 "ccl-ib-sysfs-{}-{}",
@@ -363,7 +363,7 @@ pub(crate) mod tests {
             FakeSysfs { root }
         }
 
-        pub fn port(&self, dev: &str, port: u8, state: &str, link: &str) -> &Self {
+        pub(crate) fn port(&self, dev: &str, port: u8, state: &str, link: &str) -> &Self {
             let d = port_dir(&self.root, dev, port);
             fs::create_dir_all(d.join("gids")).unwrap();
             fs::create_dir_all(d.join("gid_attrs/types")).unwrap();
@@ -373,7 +373,14 @@ pub(crate) mod tests {
         }
 
         /// A GID entry; `kind` None leaves the type file out (an empty entry reads EINVAL).
-        pub fn gid(&self, dev: &str, port: u8, i: u32, gid: &str, kind: Option<&str>) -> &Self {
+        pub(crate) fn gid(
+            &self,
+            dev: &str,
+            port: u8,
+            i: u32,
+            gid: &str,
+            kind: Option<&str>,
+        ) -> &Self {
             let d = port_dir(&self.root, dev, port);
             fs::write(d.join("gids").join(i.to_string()), format!("{gid}\n")).unwrap();
             if let Some(k) = kind {
@@ -393,13 +400,13 @@ pub(crate) mod tests {
         }
     }
 
-    pub const ZERO: &str = "0000:0000:0000:0000:0000:0000:0000:0000";
-    pub const LINK_LOCAL: &str = "fe80:0000:0000:0000:b0a1:e2ff:fe33:4455";
-    pub const V4_MAPPED: &str = "0000:0000:0000:0000:0000:ffff:c000:0201";
-    pub const GLOBAL_V6: &str = "fd00:0000:0000:0000:0000:0000:0000:0009";
+    pub(crate) const ZERO: &str = "0000:0000:0000:0000:0000:0000:0000:0000";
+    pub(crate) const LINK_LOCAL: &str = "fe80:0000:0000:0000:b0a1:e2ff:fe33:4455";
+    pub(crate) const V4_MAPPED: &str = "0000:0000:0000:0000:0000:ffff:c000:0201";
+    pub(crate) const GLOBAL_V6: &str = "fd00:0000:0000:0000:0000:0000:0000:0009";
 
     /// rxe on Debian 12's 6.1 kernel: 0 link-local v2, 1 IPv4-mapped v2, the rest empty.
-    pub fn rxe_like(fs: &FakeSysfs) {
+    pub(crate) fn rxe_like(fs: &FakeSysfs) {
         fs.port("rxe0", 1, "4: ACTIVE", "Ethernet")
             .gid("rxe0", 1, 0, LINK_LOCAL, Some("RoCE v2"))
             .gid("rxe0", 1, 1, V4_MAPPED, Some("RoCE v2"));

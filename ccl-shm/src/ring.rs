@@ -25,7 +25,7 @@ use crossbeam_utils::CachePadded;
 /// The shared control block of one ring. Lives in shared memory that starts zeroed, which is
 /// its initial state.
 #[repr(C)]
-pub struct RingCtl {
+pub(crate) struct RingCtl {
     tail: CachePadded<AtomicU64>,
     head: CachePadded<AtomicU64>,
     reader_sleeping: CachePadded<AtomicU32>,
@@ -38,7 +38,7 @@ const CONSUMER_CLOSED: u32 = 2;
 
 /// Where a ring lives: its control block and its data, mapped twice back to back.
 #[derive(Clone, Copy, Debug)]
-pub struct RingMem {
+pub(crate) struct RingMem {
     ctl: *const RingCtl,
     data: *mut u8,
     cap: usize,
@@ -51,7 +51,7 @@ impl RingMem {
     ///   lives;
     /// - `data` points to `2 * cap` mapped bytes in which byte `i + cap` is byte `i`, for as long;
     /// - at most one `Producer` and one `Consumer` of the ring exist, in all processes together.
-    pub unsafe fn new(ctl: *const RingCtl, data: *mut u8, cap: usize) -> RingMem {
+    pub(crate) unsafe fn new(ctl: *const RingCtl, data: *mut u8, cap: usize) -> RingMem {
         RingMem { ctl, data, cap }
     }
 
@@ -63,7 +63,7 @@ impl RingMem {
 
 /// The writing side.
 #[derive(Debug)]
-pub struct Producer {
+pub(crate) struct Producer {
     mem: RingMem,
     tail: u64,
     /// The consumer's position as last read (it only grows).
@@ -75,7 +75,7 @@ pub struct Producer {
 unsafe impl Send for Producer {}
 
 impl Producer {
-    pub fn new(mem: RingMem) -> Producer {
+    pub(crate) fn new(mem: RingMem) -> Producer {
         let c = mem.ctl();
         let tail = c.tail.load(Ordering::Acquire);
         let head_seen = c.head.load(Ordering::Acquire);
@@ -95,7 +95,7 @@ impl Producer {
     }
 
     /// Copies as much of `src` as fits and publishes it; returns how many bytes.
-    pub fn push(&mut self, src: &[u8]) -> usize {
+    pub(crate) fn push(&mut self, src: &[u8]) -> usize {
         let n = self.free(src.len()).min(src.len());
         if n == 0 {
             return 0;
@@ -114,7 +114,7 @@ impl Producer {
     }
 
     /// After a push: whether the consumer was asleep and must be woken (the flag is lowered).
-    pub fn consumer_wants_wake(&self) -> bool {
+    pub(crate) fn consumer_wants_wake(&self) -> bool {
         fence(Ordering::SeqCst);
         let f = &self.mem.ctl().reader_sleeping;
         f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0
@@ -122,7 +122,7 @@ impl Producer {
 
     /// Raises the writer's sleep flag unless there is room now or the consumer has gone; returns
     /// whether the caller may sleep.
-    pub fn arm(&mut self) -> bool {
+    pub(crate) fn arm(&mut self) -> bool {
         let mem = self.mem;
         let c = mem.ctl();
         c.writer_sleeping.store(1, Ordering::Relaxed);
@@ -134,12 +134,12 @@ impl Producer {
         true
     }
 
-    pub fn consumer_closed(&self) -> bool {
+    pub(crate) fn consumer_closed(&self) -> bool {
         self.mem.ctl().closed.load(Ordering::Acquire) & CONSUMER_CLOSED != 0
     }
 
     /// Marks the ring closed for writing; the consumer reads what is left, then sees the close.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.mem
             .ctl()
             .closed
@@ -149,7 +149,7 @@ impl Producer {
 
 /// The reading side.
 #[derive(Debug)]
-pub struct Consumer {
+pub(crate) struct Consumer {
     mem: RingMem,
     head: u64,
     /// The producer's position as last read.
@@ -160,7 +160,7 @@ pub struct Consumer {
 unsafe impl Send for Consumer {}
 
 impl Consumer {
-    pub fn new(mem: RingMem) -> Consumer {
+    pub(crate) fn new(mem: RingMem) -> Consumer {
         let c = mem.ctl();
         let head = c.head.load(Ordering::Acquire);
         Consumer {
@@ -179,7 +179,7 @@ impl Consumer {
 
     /// Lends up to `max` readable bytes, contiguous, to `f`, which returns how many it used;
     /// those are released to the producer. Returns that count.
-    pub fn read_with(&mut self, max: usize, f: &mut dyn FnMut(&[u8]) -> usize) -> usize {
+    pub(crate) fn read_with(&mut self, max: usize, f: &mut dyn FnMut(&[u8]) -> usize) -> usize {
         let n = self.available(max).min(max);
         if n == 0 {
             return 0;
@@ -201,7 +201,7 @@ impl Consumer {
     }
 
     /// Copies readable bytes into `dst`; returns how many.
-    pub fn read(&mut self, dst: &mut [u8]) -> usize {
+    pub(crate) fn read(&mut self, dst: &mut [u8]) -> usize {
         self.read_with(dst.len(), &mut |b| {
             dst[..b.len()].copy_from_slice(b);
             b.len()
@@ -209,7 +209,7 @@ impl Consumer {
     }
 
     /// After a read: whether the producer was asleep on a full ring and must be woken.
-    pub fn producer_wants_wake(&self) -> bool {
+    pub(crate) fn producer_wants_wake(&self) -> bool {
         fence(Ordering::SeqCst);
         let f = &self.mem.ctl().writer_sleeping;
         f.load(Ordering::Relaxed) != 0 && f.swap(0, Ordering::AcqRel) != 0
@@ -217,7 +217,7 @@ impl Consumer {
 
     /// Raises the reader's sleep flag unless bytes are readable or the producer has gone;
     /// returns whether the caller may sleep.
-    pub fn arm(&mut self) -> bool {
+    pub(crate) fn arm(&mut self) -> bool {
         let mem = self.mem;
         let c = mem.ctl();
         c.reader_sleeping.store(1, Ordering::Relaxed);
@@ -230,16 +230,16 @@ impl Consumer {
     }
 
     /// Whether the ring is empty now.
-    pub fn is_empty(&mut self) -> bool {
+    pub(crate) fn is_empty(&mut self) -> bool {
         self.available(1) == 0
     }
 
-    pub fn producer_closed(&self) -> bool {
+    pub(crate) fn producer_closed(&self) -> bool {
         self.mem.ctl().closed.load(Ordering::Acquire) & PRODUCER_CLOSED != 0
     }
 
     /// Marks the ring closed for reading: the producer's next push fails.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.mem
             .ctl()
             .closed

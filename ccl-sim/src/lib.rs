@@ -21,6 +21,7 @@
 //!
 //! `ccl-bench sim` is the command line (tables, JSON, SVG plots); `docs/scale.md` has the
 //! experiments and what the model leaves out.
+#![forbid(unsafe_code)]
 
 pub mod engine;
 pub mod fabric;

@@ -180,7 +180,7 @@ impl Engine {
         })
     }
 
-    pub fn new(
+    pub(crate) fn new(
         peers: Arc<Peers>,
         links: Links,
         overrides: Overrides,
@@ -216,18 +216,18 @@ impl Engine {
         }
     }
 
-    pub fn rank(&self) -> usize {
+    pub(crate) fn rank(&self) -> usize {
         self.peers.rank()
     }
 
     /// Whether `algo` can run on this communicator (the host-memory algorithms need host
     /// memory where they use it).
-    pub fn can_run(&self, algo: Algo) -> bool {
+    pub(crate) fn can_run(&self, algo: Algo) -> bool {
         algo::available(algo, &self.model, self.peers.topology())
             && (!matches!(algo, Algo::Shm | Algo::HierShm) || self.host_slot > 0)
     }
 
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.peers.size()
     }
 
@@ -235,7 +235,7 @@ impl Engine {
     /// argument: lengths against the collective's rules, the root against the world size. Not
     /// ordered: callers hold the turn. The reuse of a recent call's algorithm and schedule and
     /// the execution share one hold of the engine lock, taken once per call.
-    pub fn run(&self, call: Call, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
+    pub(crate) fn run(&self, call: Call, send: Option<&[u8]>, recv: &mut [u8]) -> Result<()> {
         // Read before the lock, as the slow way reads `forced`: a change made while this call
         // waited for the lock counts from the next call on.
         let overrides_gen = self.overrides_gen.load(Ordering::Acquire);
@@ -446,7 +446,7 @@ impl Engine {
     }
 
     /// Runs a schedule with the communicator's links, scratch space and executor state.
-    pub fn execute(&self, e: Execution<'_, '_>) -> Result<()> {
+    pub(crate) fn execute(&self, e: Execution<'_, '_>) -> Result<()> {
         let mut g = self.lock();
         self.execute_locked(&mut g, e)
     }
@@ -545,7 +545,7 @@ impl Engine {
     }
 
     /// Logs, once, which algorithm the cost model picks for each collective at which size.
-    pub fn log_algorithm_table(&self) {
+    pub(crate) fn log_algorithm_table(&self) {
         if !ccl_core::log::enabled(ccl_core::config::LogLevel::Info) || self.rank() != 0 {
             return;
         }

@@ -47,6 +47,7 @@
 //! - Results are bit-identical on every rank. Collectives must be called in the same order with
 //!   matching arguments on every rank, as with NCCL and MPI.
 //! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
+#![forbid(unsafe_code)]
 
 /// Communicator set-up and recovery log as `init`; the executor and the engine as `coll`.
 const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Init;

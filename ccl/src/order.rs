@@ -210,7 +210,7 @@ impl<R> Drop for Completion<R> {
 impl Order {
     /// Orders the operations of the communicator `comm`, whose sticky error ends every wait for a
     /// turn.
-    pub fn new(comm: Arc<Peers>) -> Order {
+    pub(crate) fn new(comm: Arc<Peers>) -> Order {
         Order {
             comm,
             turns: Arc::default(),
@@ -219,7 +219,7 @@ impl Order {
     }
 
     /// Runs `f` on the caller's thread when its turn comes.
-    pub fn blocking<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn blocking<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
         // Without the progress lock: this ticket goes into no queue, so a ticket of `submit`
         // taken before it and queued just after it is still run first, by the progress thread,
         // which never waits for this one.
@@ -229,7 +229,7 @@ impl Order {
     }
 
     /// Queues `f` (which owns `bufs`) to the progress thread; the request returns `bufs`.
-    pub fn submit<B: Send + 'static>(
+    pub(crate) fn submit<B: Send + 'static>(
         &self,
         bufs: B,
         f: impl FnOnce(&mut B) -> Result<()> + Send + 'static,
@@ -266,7 +266,7 @@ impl Order {
     }
 
     /// Wakes every operation waiting for its turn (after an abort), so it sees the error.
-    pub fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         self.turns.wake_all();
     }
 }

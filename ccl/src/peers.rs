@@ -33,7 +33,7 @@ mod dump;
 mod failure;
 mod setup;
 mod slow;
-pub mod wait;
+pub(crate) mod wait;
 
 use dump::watch_sigusr1;
 use slow::SlowTracker;
@@ -41,13 +41,13 @@ use slow::SlowTracker;
 /// Ends every wait of a communicator: a flag checked by busy loops and an eventfd that wakes
 /// `poll(2)`.
 #[derive(Debug)]
-pub struct AbortSignal {
+pub(crate) struct AbortSignal {
     flag: AtomicBool,
     fd: EventFd,
 }
 
 impl AbortSignal {
-    pub fn new() -> Result<AbortSignal> {
+    pub(crate) fn new() -> Result<AbortSignal> {
         Ok(AbortSignal {
             flag: AtomicBool::new(false),
             fd: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
@@ -56,18 +56,18 @@ impl AbortSignal {
     }
 
     /// Raises the signal (idempotent).
-    pub fn raise(&self) {
+    pub(crate) fn raise(&self) {
         self.flag.store(true, Ordering::Release);
         let _ = self.fd.write(1);
     }
 
     #[inline]
-    pub fn is_raised(&self) -> bool {
+    pub(crate) fn is_raised(&self) -> bool {
         self.flag.load(Ordering::Acquire)
     }
 
     /// Readable once raised; add it to every poll set.
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 }
@@ -76,7 +76,7 @@ impl AbortSignal {
 /// and topology, which transport each peer uses, the job monitor, the flight recorder, abort and
 /// the sticky error. Thread-safe; the endpoints themselves are in [`Links`].
 #[derive(Debug)]
-pub struct Peers {
+pub(crate) struct Peers {
     rank: usize,
     size: usize,
     config: Config,
@@ -119,14 +119,14 @@ pub struct Peers {
 /// shares with the other ranks of its host (all of the communicator's ranks on one host, or
 /// the host's own when the communicator spans hosts).
 #[derive(Debug, Default)]
-pub struct Links {
+pub(crate) struct Links {
     pub endpoints: Vec<Option<Box<dyn Endpoint>>>,
     pub host: Option<Box<dyn HostMemory>>,
 }
 
 impl Links {
     /// The endpoint to `peer`.
-    pub fn get(&mut self, peer: usize) -> Result<&mut Box<dyn Endpoint>> {
+    pub(crate) fn get(&mut self, peer: usize) -> Result<&mut Box<dyn Endpoint>> {
         self.endpoints
             .get_mut(peer)
             .and_then(|e| e.as_mut())
@@ -135,37 +135,37 @@ impl Links {
 }
 
 impl Peers {
-    pub fn rank(&self) -> usize {
+    pub(crate) fn rank(&self) -> usize {
         self.rank
     }
 
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
 
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.config
     }
 
     /// The transport every pair uses (`shm`, `tcp`, `ib`, `local`), or the ones in use joined by
     /// `+` (`shm+tcp`) when pairs differ.
-    pub fn transport_name(&self) -> &str {
+    pub(crate) fn transport_name(&self) -> &str {
         &self.transport_name
     }
 
     /// The transport this rank uses with `peer` (`None` for itself).
-    pub fn peer_transport(&self, peer: usize) -> Option<&'static str> {
+    pub(crate) fn peer_transport(&self, peer: usize) -> Option<&'static str> {
         self.peer_transports.get(peer).copied().flatten()
     }
 
     /// What connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across`.
-    pub fn transport_summary(&self) -> &str {
+    pub(crate) fn transport_summary(&self) -> &str {
         &self.summary
     }
 
     /// The transport's properties as the cost model sees them on this rank's machine: what the
     /// transport says of itself, adjusted for ranks that share the CPUs.
-    pub fn cost_properties(&self) -> ccl_core::transport::TransportProperties {
+    pub(crate) fn cost_properties(&self) -> ccl_core::transport::TransportProperties {
         ccl_algos::cost::on_shared_cpus(
             self.transport_properties(),
             self.ranks_on_host(),
@@ -174,14 +174,14 @@ impl Peers {
     }
 
     /// What the transport says of itself (the cost model adjusts it for shared CPUs).
-    pub fn transport_properties(&self) -> ccl_core::transport::TransportProperties {
+    pub(crate) fn transport_properties(&self) -> ccl_core::transport::TransportProperties {
         self.transport_props
     }
 
     /// How many ranks of this communicator share this rank's machine, and so its CPUs (this one
     /// included): same boot id, whatever their host names (hosts in UTS namespaces or
     /// containers on one machine still share its CPUs).
-    pub fn ranks_on_host(&self) -> usize {
+    pub(crate) fn ranks_on_host(&self) -> usize {
         self.machines
             .iter()
             .filter(|m| **m == self.machines[self.rank])
@@ -190,29 +190,29 @@ impl Peers {
 
     /// CPUs of this machine, not of this process: a launcher may have bound each rank to one
     /// (0: unknown).
-    pub fn machine_cpus(&self) -> usize {
+    pub(crate) fn machine_cpus(&self) -> usize {
         self.cpus
     }
 
     /// Host name of every rank, in rank order.
-    pub fn hosts(&self) -> &[String] {
+    pub(crate) fn hosts(&self) -> &[String] {
         &self.hosts
     }
 
     /// The address this rank listens on (where peers reached it).
-    pub fn local_ip(&self) -> std::net::IpAddr {
+    pub(crate) fn local_ip(&self) -> std::net::IpAddr {
         self.local_ip
     }
 
     /// Where the ranks are (host, rack, zone).
-    pub fn topology(&self) -> &Topology {
+    pub(crate) fn topology(&self) -> &Topology {
         &self.topology
     }
 
     /// The next collective sequence number (1, 2, ...).
-    pub fn next_seq(&self) -> u64 {
+    pub(crate) fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
-pub use ccl_diag::verdict::SlowPeer;
+pub(crate) use ccl_diag::verdict::SlowPeer;

@@ -80,7 +80,7 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    pub fn new(
+    pub(crate) fn new(
         rank: usize,
         transports: Vec<Arc<dyn Transport>>,
         limit: usize,
@@ -161,7 +161,7 @@ impl Registry {
     }
 
     /// The live registration `bytes` lies in, when it has regions with some transport.
-    pub fn lookup(&self, bytes: &[u8]) -> Option<Arc<Entry>> {
+    pub(crate) fn lookup(&self, bytes: &[u8]) -> Option<Arc<Entry>> {
         if self.live.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -173,12 +173,12 @@ impl Registry {
     }
 
     /// Bytes registered now.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.state().bytes
     }
 
     /// Registrations live now.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.state().entries.len()
     }
 }

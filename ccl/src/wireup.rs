@@ -21,7 +21,7 @@ use ccl_core::transport::{ConnectContext, Endpoint, Handle, Listener, Scope, Tra
 
 /// Where a rank runs, as far as sharing memory goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostId {
+pub(crate) struct HostId {
     /// The host name (`gethostname`).
     pub name: String,
     /// The kernel's boot id: two machines, or containers on two machines, that share a host name
@@ -35,7 +35,7 @@ pub struct HostId {
 
 impl HostId {
     /// This process's.
-    pub fn current() -> HostId {
+    pub(crate) fn current() -> HostId {
         use std::os::unix::fs::MetadataExt;
         HostId {
             name: ccl_core::log::hostname().to_string(),
@@ -48,7 +48,7 @@ impl HostId {
     }
 
     /// Whether the two can share memory: same host name, same boot, same network namespace.
-    pub fn shares_memory_with(&self, o: &HostId) -> bool {
+    pub(crate) fn shares_memory_with(&self, o: &HostId) -> bool {
         self.name == o.name
             && !self.boot_id.is_empty()
             && self.boot_id == o.boot_id
@@ -66,7 +66,7 @@ impl HostId {
 
 /// What a rank tells the others before any connection is made.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
+pub(crate) struct Record {
     /// This rank's process runs the rendezvous root.
     pub runs_root: bool,
     /// Fingerprint of the topology file in use (0: none); all ranks must agree.
@@ -80,7 +80,7 @@ pub struct Record {
 const FIXED_BLOBS: usize = 6;
 
 impl Record {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut blobs = vec![
             vec![u8::from(self.runs_root)],
             self.topo_fp.to_le_bytes().to_vec(),
@@ -97,7 +97,7 @@ impl Record {
     }
 
     /// Decodes rank `from`'s record; anything malformed is an error naming it.
-    pub fn decode(b: &[u8], from: usize) -> Result<Record> {
+    pub(crate) fn decode(b: &[u8], from: usize) -> Result<Record> {
         let bad = || Error::remote(format!("malformed set-up record from rank {from}")).peer(from);
         let blobs = wire::decode_blobs(b).map_err(|_| bad())?;
         if blobs.len() < FIXED_BLOBS || (blobs.len() - FIXED_BLOBS) % 2 != 0 {
@@ -142,7 +142,7 @@ impl Record {
 
 /// For every peer of `rank`, the index in `mine` (this rank's transports) of the transport the
 /// pair uses (`None` for `rank` itself).
-pub fn choose(
+pub(crate) fn choose(
     rank: usize,
     records: &[Record],
     mine: &[Arc<dyn Transport>],
@@ -185,7 +185,7 @@ pub fn choose(
 /// elsewhere, so the segment the transport makes holds exactly the host's ranks; and at least
 /// one host has more than one rank. Every rank computes the same answer from the same records,
 /// so all agree on whether the algorithms that need it can run.
-pub fn hosts_share_memory(
+pub(crate) fn hosts_share_memory(
     records: &[Record],
     mine: &[Arc<dyn Transport>],
     groups: &[Vec<usize>],
@@ -210,7 +210,7 @@ pub fn hosts_share_memory(
 }
 
 /// One line on what connects to what, e.g. `2 hosts x 2 ranks: shm within hosts, tcp across`.
-pub fn summary(
+pub(crate) fn summary(
     records: &[Record],
     rank: usize,
     chosen: &[Option<usize>],
@@ -285,12 +285,12 @@ const ACCEPT_SLICE: Duration = Duration::from_millis(100);
 
 /// Fails when the set-up should stop: another rank failed or died meanwhile. Called with the
 /// ranks the caller still waits for.
-pub type Watch<'a> = &'a (dyn Fn(&[usize]) -> Result<()> + Sync);
+pub(crate) type Watch<'a> = &'a (dyn Fn(&[usize]) -> Result<()> + Sync);
 
 /// Connects to every higher rank and accepts every lower one, each pair over its chosen
 /// transport. `listeners[t]` listens for `mine[t]`; `records` give the peers' handles; `watch`
 /// is asked between waits whether another rank's failure ends the set-up.
-pub fn connect_all(
+pub(crate) fn connect_all(
     ctx: &ConnectContext,
     mine: &[Arc<dyn Transport>],
     listeners: Vec<Option<Box<dyn Listener>>>,

@@ -11,6 +11,7 @@
 //! ```
 //!
 //! Exit status 0 when every trial passed.
+#![forbid(unsafe_code)]
 
 use std::io::Read;
 use std::process::{Child, Command, ExitCode, Stdio};

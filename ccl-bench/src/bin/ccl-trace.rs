@@ -2,6 +2,7 @@
 //! which rank a stuck or failed job waits for.
 //! `ccl-trace --live HOST:PORT --secret S` (or `--live --id HEX`): asks a running job the same,
 //! without stopping it. See docs/diagnosis.md.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

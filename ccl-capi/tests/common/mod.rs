@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The crate's directory.
-pub fn crate_dir() -> PathBuf {
+pub(crate) fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -15,7 +15,7 @@ pub fn crate_dir() -> PathBuf {
 /// Cargo builds a `cdylib`/`staticlib`-only crate's library for its own unit tests but not for
 /// integration tests, so this builds it (a no-op when it is fresh). `--workspace --lib` resolves
 /// features as `cargo build --workspace` does, so it shares that build's artifacts.
-pub fn lib_dir() -> PathBuf {
+pub(crate) fn lib_dir() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
@@ -49,12 +49,12 @@ pub fn lib_dir() -> PathBuf {
 }
 
 /// The C compiler: `$CC` or `cc`.
-pub fn c_compiler() -> String {
+pub(crate) fn c_compiler() -> String {
     std::env::var("CC").unwrap_or_else(|_| "cc".into())
 }
 
 /// Compiles `tests/c/<name>.c` (or `capi_test.c` for `capi_test_static`) with warnings as errors.
-pub fn compile_c(name: &str, link: &[&str], rpath: bool) -> PathBuf {
+pub(crate) fn compile_c(name: &str, link: &[&str], rpath: bool) -> PathBuf {
     let src = crate_dir()
         .join("tests/c")
         .join(if name.starts_with("capi_test") {
@@ -90,7 +90,7 @@ pub fn compile_c(name: &str, link: &[&str], rpath: bool) -> PathBuf {
 
 /// Runs a test program on loopback with a short timeout; asserts success and that stdout
 /// contains `want`.
-pub fn run_checked(mut cmd: Command, want: &str) {
+pub(crate) fn run_checked(mut cmd: Command, want: &str) {
     cmd.env("CCL_SOCKET_IFNAME", "=lo").env("CCL_TIMEOUT", "60");
     let o = cmd.output().expect("run the C test");
     let stdout = String::from_utf8_lossy(&o.stdout);

@@ -17,18 +17,18 @@ use ccl_core::{DataType, ReduceOp};
 
 use ccl_algos::algo::{Algo, Collective};
 
-pub const HEADER_LEN: usize = 48;
+pub(super) const HEADER_LEN: usize = 48;
 const MAGIC: [u8; 2] = *b"CH";
 /// Version 2: kind 7 became gather (point-to-point moved to 255), collectives with a count per
 /// rank carry a fingerprint of their counts as the count.
 const VERSION: u8 = 2;
 /// Kind of a group of sends and receives (beyond every [`Collective::id`]).
-pub const KIND_P2P: u8 = 0xff;
+pub(super) const KIND_P2P: u8 = 0xff;
 const _: () = assert!(Collective::from_id(KIND_P2P).is_none());
 
 /// A peer's header that does not match this rank's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderError {
+pub(super) enum HeaderError {
     #[error(
         "not an operation header: the streams are out of step (an earlier operation moved a different number of bytes on one side)"
     )]
@@ -50,7 +50,7 @@ pub enum HeaderError {
 
 /// What one operation looks like to one peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Header {
+pub(super) struct Header {
     /// `Collective::id`, or [`KIND_P2P`].
     pub kind: u8,
     pub dtype: u8,
@@ -67,7 +67,7 @@ pub struct Header {
 }
 
 impl Header {
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
+    pub(super) fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[..2].copy_from_slice(&MAGIC);
         b[2] = VERSION;
@@ -84,7 +84,7 @@ impl Header {
     }
 
     /// Parses a header; anything else means the two ranks' streams are out of step.
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, HeaderError> {
+    pub(super) fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, HeaderError> {
         if b[..2] != MAGIC {
             return Err(HeaderError::NotAHeader);
         }
@@ -110,7 +110,7 @@ impl Header {
     }
 
     /// "allreduce of 1024 x float (sum, ring)" and the like.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         if self.kind == KIND_P2P {
             return format!("send/recv of {} bytes", self.bytes);
         }
@@ -150,7 +150,7 @@ impl Header {
     /// The operation as one word, for ranks that meet in host memory rather than on a wire
     /// (never 0, which means "none yet"): the collective, type, op, the low 8 bits of the root
     /// and the low 32 of the count. Two calls that differ in any of those differ here.
-    pub fn host_desc(&self) -> u64 {
+    pub(super) fn host_desc(&self) -> u64 {
         1 << 63
             | u64::from(self.kind & 0x7F) << 56
             | u64::from(self.dtype) << 48
@@ -160,7 +160,7 @@ impl Header {
     }
 
     /// What [`host_desc`](Header::host_desc) keeps of a header, for messages.
-    pub fn from_host_desc(d: u64, algo: u8) -> Header {
+    pub(super) fn from_host_desc(d: u64, algo: u8) -> Header {
         Header {
             kind: (d >> 56) as u8 & 0x7F,
             dtype: (d >> 48) as u8,
@@ -175,7 +175,7 @@ impl Header {
     }
 
     /// Compares the peer's header with what this rank expects from it.
-    pub fn check(mine: &Header, theirs: &Header) -> Result<(), HeaderError> {
+    pub(super) fn check(mine: &Header, theirs: &Header) -> Result<(), HeaderError> {
         if mine.seq != theirs.seq {
             return Err(HeaderError::OutOfStep {
                 mine: mine.seq,

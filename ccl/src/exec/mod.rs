@@ -49,8 +49,8 @@ mod plan;
 mod stall;
 mod state;
 
-pub use op::op_record;
-pub use plan::{PlanJob, run_plan};
+pub(crate) use op::op_record;
+pub(crate) use plan::{PlanJob, run_plan};
 
 use buffers::outside;
 use data::{header_of, order};
@@ -61,7 +61,7 @@ use op::{begin_op, end_op, fail_op, shares_cpus};
 
 /// The buffers a schedule works on, as bytes.
 #[derive(Debug)]
-pub struct Buffers<'a> {
+pub(crate) struct Buffers<'a> {
     /// Input of an out-of-place collective (`None` in place).
     pub send: Option<&'a [u8]>,
     pub recv: &'a mut [u8],
@@ -78,21 +78,21 @@ pub struct Buffers<'a> {
 /// ([`Endpoint::recv_registered`](ccl_core::transport::Endpoint::recv_registered)); a
 /// transport without zero copy stages them as usual.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Registered<'a> {
+pub(crate) struct Registered<'a> {
     pub send: &'a [Box<dyn MemRegion>],
     pub recv: &'a [Box<dyn MemRegion>],
 }
 
 /// A caller buffer of a point-to-point group: sent from, or received into.
 #[derive(Debug)]
-pub enum ExtraBuf<'a> {
+pub(crate) enum ExtraBuf<'a> {
     Src(&'a [u8]),
     Dst(&'a mut [u8]),
 }
 
 /// What an operation is, as its header tells each peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpKind {
+pub(crate) enum OpKind {
     /// A collective run by one algorithm.
     Collective { coll: Collective, algo: Algo },
     /// A group of sends and receives.
@@ -102,7 +102,7 @@ pub enum OpKind {
 /// Describes the running operation: in error messages, the flight recorder, and the header each
 /// peer checks.
 #[derive(Clone, Copy, Debug)]
-pub struct OpInfo {
+pub(crate) struct OpInfo {
     pub kind: OpKind,
     /// The nccl-tests size of the operation (bytes sent, for point-to-point).
     pub bytes: usize,
@@ -114,7 +114,7 @@ pub struct OpInfo {
 
 impl OpInfo {
     /// `allreduce`, `broadcast`, ..., `send/recv`.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self.kind {
             OpKind::Collective { coll, .. } => coll.name(),
             OpKind::PointToPoint => "send/recv",
@@ -129,7 +129,7 @@ impl OpInfo {
 
 /// A schedule to run, with its buffers and what it is.
 #[derive(Debug)]
-pub struct Job<'s, 'b> {
+pub(crate) struct Job<'s, 'b> {
     pub schedule: &'s Schedule,
     pub buffers: Buffers<'b>,
     pub dtype: DataType,
@@ -171,7 +171,7 @@ struct PeerState {
 
 /// Reusable executor state.
 #[derive(Debug, Default)]
-pub struct ExecState {
+pub(crate) struct ExecState {
     /// Bytes per element of the operation.
     elem: usize,
     /// Bytes done per op.
@@ -203,7 +203,12 @@ pub struct ExecState {
 }
 
 /// Runs `job` to completion (or error), recording it in the communicator's flight recorder.
-pub fn run(comm: &Peers, links: &mut Links, state: &mut ExecState, job: Job<'_, '_>) -> Result<()> {
+pub(crate) fn run(
+    comm: &Peers,
+    links: &mut Links,
+    state: &mut ExecState,
+    job: Job<'_, '_>,
+) -> Result<()> {
     if let Some(plan) = job.local {
         // A plan's schedule has no scratch space or group buffers (`LocalPlan::compile`).
         return run_plan(

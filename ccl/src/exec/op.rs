@@ -40,7 +40,7 @@ pub(super) fn begin_op(comm: &Peers, b: Begin, sched: &Schedule, elem: usize) ->
 }
 
 /// What the flight recorder records of operation `seq`.
-pub fn op_record(
+pub(crate) fn op_record(
     info: &OpInfo,
     seq: u64,
     dtype: DataType,

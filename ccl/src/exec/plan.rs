@@ -20,7 +20,7 @@ use ccl_algos::schedule::Schedule;
 
 /// An operation whose schedule compiled to a [`LocalPlan`] for this rank, with its buffers.
 #[derive(Debug)]
-pub struct PlanJob<'s, 'b> {
+pub(crate) struct PlanJob<'s, 'b> {
     pub schedule: &'s Schedule,
     pub plan: &'s LocalPlan,
     /// Input of an out-of-place collective (`None` in place).
@@ -38,7 +38,7 @@ pub struct PlanJob<'s, 'b> {
 
 /// Runs `job` by its plan to completion (or error), recording it in the communicator's flight
 /// recorder.
-pub fn run_plan(
+pub(crate) fn run_plan(
     comm: &Peers,
     links: &mut Links,
     state: &mut ExecState,

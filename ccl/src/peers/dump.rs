@@ -47,17 +47,17 @@ pub(super) fn watch_sigusr1(comm: &Arc<Peers>) {
 
 impl Peers {
     /// The flight recorder.
-    pub fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
+    pub(crate) fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
         self.recorder.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The recorder as a dump, written now for `reason`.
-    pub fn trace_dump(&self, reason: &str) -> Dump {
+    pub(crate) fn trace_dump(&self, reason: &str) -> Dump {
         Dump::of(&self.recorder(), &self.trace_meta(reason))
     }
 
     /// The recorder as JSON (what a dump file holds).
-    pub fn trace_json(&self, reason: &str) -> String {
+    pub(crate) fn trace_json(&self, reason: &str) -> String {
         self.trace_dump(reason).to_json()
     }
 
@@ -74,7 +74,7 @@ impl Peers {
 
     /// Writes the recorder to `CCL_TRACE_DIR` and, in PyTorch's format, to
     /// `CCL_TRACE_TORCH_FILE`, those that are set; returns the file written to `CCL_TRACE_DIR`.
-    pub fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
+    pub(crate) fn dump_trace(&self, reason: &str) -> Option<std::path::PathBuf> {
         if let Some(prefix) = &self.config.trace_torch_file {
             let path = ccl_core::log::expand_path(prefix).replace("%c", &self.tag);
             let bytes = ccl_diag::torch::pickle(&self.trace_dump(reason));

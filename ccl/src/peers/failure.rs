@@ -37,7 +37,7 @@ pub(super) fn late_limit(config: &Config, usual_us: Option<u64>) -> Option<Durat
 impl Peers {
     /// Fails the communicator and ends every wait at once. Safe to call more than once and from
     /// any thread. The other ranks hear of it and fail too, instead of waiting for this one.
-    pub fn abort(&self) {
+    pub(crate) fn abort(&self) {
         self.fail(Error::new(ErrorKind::Aborted, "the communicator was aborted").rank(self.rank));
         self.abort.raise();
     }
@@ -75,7 +75,7 @@ impl Peers {
     /// at once with [`ErrorKind::Revoked`], and the root tells every other rank, whose operations
     /// then fail the same way. Unlike a failure, a revocation is no error of this rank's: the
     /// survivors of a failure revoke so that no rank keeps waiting, then shrink.
-    pub fn revoke(&self) {
+    pub(crate) fn revoke(&self) {
         self.record(
             Error::new(ErrorKind::Revoked, "this rank revoked the communicator").rank(self.rank),
         );
@@ -87,7 +87,7 @@ impl Peers {
 
     /// The ranks the job's root has reported failed or dead so far (a rank that failed on its
     /// own, e.g. by timing out, reports itself; one that vanished is reported by the root).
-    pub fn failed_ranks(&self) -> Vec<usize> {
+    pub(crate) fn failed_ranks(&self) -> Vec<usize> {
         self.monitor
             .as_ref()
             .map(|m| m.failed_ranks())
@@ -98,7 +98,7 @@ impl Peers {
     /// the members of the new communicator, as ranks of this one, and its unique id. A rank that
     /// asks again (the new communicator failed to form) joins the next round. Revokes this communicator here
     /// first: nothing more runs on it.
-    pub fn shrink_agree(
+    pub(crate) fn shrink_agree(
         &self,
         exclude: &[usize],
         deadline: std::time::Instant,
@@ -129,7 +129,7 @@ impl Peers {
     /// this rank's own failure to the job's monitor, waits (with deadlines) for its notice of
     /// the first failure, which carries the monitor's verdict on which rank the job waits for,
     /// and puts that verdict first in the error, with what was seen here.
-    pub fn explain(&self, e: Error) -> Error {
+    pub(crate) fn explain(&self, e: Error) -> Error {
         if !matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout) {
             return e;
         }
@@ -220,7 +220,7 @@ impl Peers {
     /// Tells the root whether this rank's part of the communicator of the last shrink round
     /// formed, and returns whether every member's did (only then may it be used; otherwise ask
     /// again with [`shrink_agree`](Self::shrink_agree)).
-    pub fn shrink_formed(&self, ok: bool, deadline: std::time::Instant) -> Result<bool> {
+    pub(crate) fn shrink_formed(&self, ok: bool, deadline: std::time::Instant) -> Result<bool> {
         let m = self.monitor.as_ref().ok_or_else(|| {
             Error::internal("a shrink's outcome without a rendezvous").rank(self.rank)
         })?;
@@ -238,7 +238,7 @@ impl Peers {
 
     /// What this rank is doing, for the job's monitor: its last operations and slow-rank
     /// figures.
-    pub fn state_view(&self) -> ccl_diag::verdict::RankView {
+    pub(crate) fn state_view(&self) -> ccl_diag::verdict::RankView {
         let ops = ccl_diag::dump::last_ops(&self.recorder(), 2);
         ccl_diag::verdict::RankView {
             rank: self.rank,
@@ -254,7 +254,7 @@ impl Peers {
     /// Called while this rank waits: when the current operation has run much longer than
     /// usual (`CCL_LATE_WARN_MS`), asks the job's monitor once for the verdict, which the
     /// monitor thread logs as a warning.
-    pub fn warn_if_late(&self) {
+    pub(crate) fn warn_if_late(&self) {
         let Some(m) = &self.monitor else { return };
         let (seq, text) = {
             let r = self.recorder();
@@ -293,7 +293,7 @@ impl Peers {
     }
 
     /// The first error this communicator failed with, if any.
-    pub fn error(&self) -> Option<Error> {
+    pub(crate) fn error(&self) -> Option<Error> {
         if !self.failed.load(Ordering::Acquire) {
             return None;
         }
@@ -301,7 +301,7 @@ impl Peers {
     }
 
     /// `Ok` unless the communicator has failed; then the original error.
-    pub fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         match self.error() {
             None => Ok(()),
             Some(e) => Err(e),
@@ -311,7 +311,7 @@ impl Peers {
     /// Records `e` as the communicator's error unless one is already recorded; returns the
     /// recorded one. Errors stick: a collective that failed part-way leaves peers and buffers in
     /// an unknown state, so nothing more may run.
-    pub fn fail(&self, e: Error) -> Error {
+    pub(crate) fn fail(&self, e: Error) -> Error {
         let first = self.record(e.clone());
         // Only this rank's own failure is news for the others; one learned from a notice is
         // already known to them, and so is a revocation.

@@ -293,7 +293,7 @@ impl Peers {
     /// `candidates` are the transports usable on this rank, most preferred first; each pair of
     /// ranks uses the first one that both have and that can connect them ([`wireup::choose`]):
     /// shared memory within a host, verbs or TCP across.
-    pub fn connect(
+    pub(crate) fn connect(
         mut bootstrap: Bootstrap,
         candidates: Vec<Arc<dyn Transport>>,
         config: Config,

@@ -30,7 +30,7 @@ impl SlowTracker {
 impl Peers {
     /// Counts one operation's lateness of each peer (microseconds, from operation headers) and
     /// names a peer that stays late, as the slow-rank report.
-    pub fn note_lateness(&self, late: impl Iterator<Item = (usize, i64)>) {
+    pub(crate) fn note_lateness(&self, late: impl Iterator<Item = (usize, i64)>) {
         let window = self.config.slow_window as u64;
         let limit_us = self.config.slow_ms as i64 * 1000;
         let mut s = self.slow.lock().unwrap_or_else(|p| p.into_inner());
@@ -115,7 +115,7 @@ impl Peers {
     }
 
     /// The peers the last slow-rank window named.
-    pub fn slow_peers(&self) -> Vec<SlowPeer> {
+    pub(crate) fn slow_peers(&self) -> Vec<SlowPeer> {
         self.slow
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -30,12 +30,12 @@ impl Peers {
     /// How long a rank with nothing to do busy-polls its peers before it sleeps: `CCL_SPIN_US`,
     /// plus the transport's own window (`CCL_IB_SPIN_US` for verbs, where waking through the
     /// completion channel costs far more than a poll).
-    pub fn spin_window(&self) -> Duration {
+    pub(crate) fn spin_window(&self) -> Duration {
         self.config.spin + self.transport_props.spin
     }
 
     /// `Ok` unless the communicator was aborted; then its first error.
-    pub fn check_aborted(&self) -> Result<()> {
+    pub(crate) fn check_aborted(&self) -> Result<()> {
         if !self.abort.is_raised() {
             return Ok(());
         }
@@ -50,7 +50,7 @@ impl Peers {
     /// most 100 ms) passes. Returns at once when an endpoint turns out ready while arming its
     /// notification; `before_sleep` runs only when the rank really sleeps. Fails with the
     /// failure a notice announced.
-    pub fn block(
+    pub(crate) fn block(
         &self,
         links: &mut Links,
         waits: &[(usize, Interest)],

@@ -9,10 +9,10 @@ use ccl::{Communicator, Config, UniqueId};
 use ccl_core::config::TransportKind;
 use half::{bf16, f16};
 
-pub const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+pub(crate) const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Settings for tests: loopback only, a deadline short enough that a hang fails the test.
-pub fn config(transport: TransportKind, timeout: Duration) -> Config {
+pub(crate) fn config(transport: TransportKind, timeout: Duration) -> Config {
     Config {
         transport,
         timeout,
@@ -22,7 +22,7 @@ pub fn config(transport: TransportKind, timeout: Duration) -> Config {
 }
 
 /// Runs `f(comm)` on `n` ranks (threads) and returns their results in rank order.
-pub fn run_ranks<R: Send + 'static>(
+pub(crate) fn run_ranks<R: Send + 'static>(
     n: usize,
     cfg: Config,
     f: impl Fn(Communicator) -> R + Send + Sync + Clone + 'static,
@@ -32,7 +32,7 @@ pub fn run_ranks<R: Send + 'static>(
 
 /// As [`run_ranks`], with `tweak(rank, &mut cfg)` applied to each rank's settings first (ranks
 /// that disagree on a setting).
-pub fn run_ranks_with<R: Send + 'static>(
+pub(crate) fn run_ranks_with<R: Send + 'static>(
     n: usize,
     cfg: Config,
     tweak: impl Fn(usize, &mut Config),
@@ -58,10 +58,10 @@ pub fn run_ranks_with<R: Send + 'static>(
         .collect()
 }
 
-pub use ccl_core::test_values::{CheckValue as TestVal, input};
+pub(crate) use ccl_core::test_values::{CheckValue as TestVal, input};
 
 /// Runs one allreduce of `count` elements and returns the number of wrong elements.
-pub fn allreduce_case<T: TestVal>(
+pub(crate) fn allreduce_case<T: TestVal>(
     comm: &Communicator,
     count: usize,
     op: ccl::ReduceOp,
@@ -85,7 +85,7 @@ pub fn allreduce_case<T: TestVal>(
 }
 
 /// Every dtype for one (count, op, placement).
-pub fn all_dtypes(
+pub(crate) fn all_dtypes(
     comm: &Communicator,
     count: usize,
     op: ccl::ReduceOp,
@@ -139,7 +139,7 @@ pub fn all_dtypes(
 /// (`scripts/rxe-tests.sh` runs them in a SoftRoCE VM with `--include-ignored`), so this stops a
 /// run that asked for them on a host without a device from passing without running them.
 #[cfg(feature = "ib")]
-pub fn require_ib() {
+pub(crate) fn require_ib() {
     assert!(
         ccl_ibverbs::probe(&Config::default()),
         "no active RoCE port: this test needs one (scripts/rxe-tests.sh runs it in the SoftRoCE VM)"

@@ -10,6 +10,7 @@
 //! ```
 //! or `mpirun -np 4 target/release/allreduce`, or `torchrun --nproc_per_node 4 --no-python
 //! target/release/allreduce`.
+#![forbid(unsafe_code)]
 
 use ccl::{Communicator, ReduceOp};
 

@@ -22,6 +22,7 @@
 //! torchrun --nproc_per_node 2 --no-python target/release/train
 //! mpirun -np 4 target/release/train
 //! ```
+#![forbid(unsafe_code)]
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, ExitCode};
