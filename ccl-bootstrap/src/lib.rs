@@ -4,7 +4,7 @@
 //! - [`UniqueId`] (128 bytes, like NCCL's): a magic, a random secret and the address of a
 //!   **root**, the rendezvous server thread that admits exactly `size` ranks presenting the
 //!   secret and relays allgather rounds among them ([`rendezvous`]).
-//! - [`env`]: the rendezvous from launcher variables (torchrun, Open MPI, PMI, Slurm), so jobs
+//! - [`env`](mod@env): the rendezvous from launcher variables (torchrun, Open MPI, PMI, Slurm), so jobs
 //!   start unchanged under the launchers users already run.
 //! - After set-up the root stays on as the **job monitor** (`watch` on the root's side,
 //!   [`Monitor`] on each rank's): it sees a rank's process end, passes failures on to every

@@ -570,7 +570,7 @@ const MOVING_S: f64 = 1.0;
 /// Operations a rank sends the monitor: the ones a verdict can be about.
 const MAX_OPS: usize = 16;
 
-/// The wire form of a view, what a rank answers the monitor (at most its last [`MAX_OPS`]
+/// The wire form of a view, what a rank answers the monitor (at most its last `MAX_OPS`
 /// operations).
 pub fn encode(v: &RankView) -> Vec<u8> {
     let cut = RankView {
