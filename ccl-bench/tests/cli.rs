@@ -490,3 +490,38 @@ fn every_collective_checks_clean() {
         text(&o)
     );
 }
+
+/// `CCL_DEBUG_SUBSYS` shows each subsystem's lines and only those, labelled with it: the label
+/// is what each module says it is (its `LOG_SUBSYS`), so the set-up line is `init`, the
+/// rendezvous's are `bootstrap` and the executor's are `coll`.
+#[test]
+fn log_lines_carry_their_modules_subsystem() {
+    for (subsys, expect) in [
+        ("init", "communicator ready"),
+        ("bootstrap", "ranks joined"),
+        ("coll", "schedule: "),
+    ] {
+        let o = bench()
+            .args(["allreduce", "--np", "2", "--transport", "tcp"])
+            .args(["-b", "8", "-e", "8", "-n", "1", "-w", "0"])
+            .env("CCL_DEBUG", "trace")
+            .env("CCL_DEBUG_SUBSYS", subsys)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        let shown: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains(" CCL INFO ") || l.contains(" CCL TRACE "))
+            .collect();
+        for l in &shown {
+            let label = l.split(" CCL ").nth(1).and_then(|r| r.split(' ').nth(1));
+            assert_eq!(label, Some(subsys), "{l}\n{}", text(&o));
+        }
+        assert!(
+            shown.iter().any(|l| l.contains(expect)),
+            "no {subsys} line with {expect:?}\n{}",
+            text(&o)
+        );
+    }
+}
