@@ -15,10 +15,10 @@ pub fn trace(dumps: &[Dump]) -> String {
         .unwrap_or(0);
     let mut events = Vec::new();
     for d in dumps {
-        let rank = d.rank;
+        let rank = d.meta.rank;
         events.push(json!({
             "ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-            "args": { "name": format!("rank {rank} ({})", d.host) }
+            "args": { "name": format!("rank {rank} ({})", d.meta.host) }
         }));
         events.push(json!({
             "ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
@@ -45,7 +45,7 @@ pub fn trace(dumps: &[Dump]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dump::Op;
+    use crate::dump::{Meta, Op};
     use crate::recorder::State;
     use serde_json::Value;
 
@@ -53,12 +53,14 @@ mod tests {
     fn chrome_trace_has_a_track_per_rank() {
         let d = |r: u64| Dump {
             format: String::new(),
-            comm: "c".into(),
-            rank: r as usize,
-            size: 2,
-            host: "h".into(),
-            pid: 1,
-            reason: String::new(),
+            meta: Meta {
+                comm: "c".into(),
+                rank: r as usize,
+                size: 2,
+                host: "h".into(),
+                pid: 1,
+                reason: String::new(),
+            },
             time_us: 0,
             entries: vec![Op {
                 seq: 1,

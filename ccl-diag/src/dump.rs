@@ -13,7 +13,7 @@ use crate::recorder::{Entry, PeerStat, Recorder, State, now_us};
 pub const FORMAT: &str = "ccl-trace-1";
 
 /// Who wrote a dump.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
     /// Identifies the communicator across ranks.
     pub comm: String,
@@ -29,14 +29,9 @@ pub struct Meta {
 pub struct Dump {
     #[serde(default)]
     pub format: String,
-    /// Identifies the communicator across ranks.
-    pub comm: String,
-    pub rank: usize,
-    pub size: usize,
-    pub host: String,
-    pub pid: u32,
-    /// Why the dump was written (the error, "SIGUSR1", ...).
-    pub reason: String,
+    /// Who wrote it and why (the error, "SIGUSR1", ...).
+    #[serde(flatten)]
+    pub meta: Meta,
     /// The writer's clock when it wrote the dump, microseconds since the epoch.
     #[serde(default)]
     pub time_us: u64,
@@ -108,12 +103,7 @@ impl Dump {
     pub fn of(rec: &Recorder, meta: &Meta) -> Dump {
         Dump {
             format: FORMAT.to_string(),
-            comm: meta.comm.clone(),
-            rank: meta.rank,
-            size: meta.size,
-            host: meta.host.clone(),
-            pid: meta.pid,
-            reason: meta.reason.clone(),
+            meta: meta.clone(),
             time_us: now_us(),
             entries: rec.entries().map(Op::from).collect(),
         }
@@ -160,19 +150,7 @@ mod tests {
     fn a_dump_reads_back_as_written() {
         let mut r = Recorder::new(3);
         for seq in 1..=2 {
-            r.begin(
-                Begin {
-                    seq,
-                    name: "allreduce",
-                    algo: "ring",
-                    dtype: "float",
-                    op: "sum",
-                    count: 4,
-                    bytes: 16,
-                    root: None,
-                },
-                [(1usize, 8u64, 8u64)].into_iter(),
-            );
+            r.begin(Begin::test(seq, "allreduce"), [(1, 8, 8)].into_iter());
         }
         r.current().unwrap().waiting_on = Some(2);
         let meta = Meta {

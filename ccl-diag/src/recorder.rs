@@ -113,6 +113,23 @@ pub struct Begin {
     pub root: Option<usize>,
 }
 
+#[cfg(test)]
+impl Begin {
+    /// A float sum of 4 elements over a ring, for tests.
+    pub(crate) fn test(seq: u64, name: &'static str) -> Begin {
+        Begin {
+            seq,
+            name,
+            algo: "ring",
+            dtype: "float",
+            op: "sum",
+            count: 4,
+            bytes: 16,
+            root: None,
+        }
+    }
+}
+
 /// A ring of the last operations.
 #[derive(Debug)]
 pub struct Recorder {
@@ -344,16 +361,7 @@ mod tests {
     use super::*;
 
     fn b(seq: u64) -> Begin {
-        Begin {
-            seq,
-            name: "allreduce",
-            algo: "ring",
-            dtype: "float",
-            op: "sum",
-            count: 4,
-            bytes: 16,
-            root: None,
-        }
+        Begin::test(seq, "allreduce")
     }
 
     #[test]

@@ -11,10 +11,10 @@ use crate::verdict::{self, Presence, RankView, Verdict};
 
 /// The dumps of one communicator as views, with the ranks that left none marked so.
 fn views(dumps: &[&Dump]) -> (Vec<RankView>, usize) {
-    let size = dumps.iter().map(|d| d.size).max().unwrap_or(0);
+    let size = dumps.iter().map(|d| d.meta.size).max().unwrap_or(0);
     let mut vs: Vec<RankView> = dumps.iter().map(|d| RankView::from_dump(d)).collect();
     for r in 0..size {
-        if !dumps.iter().any(|d| d.rank == r) {
+        if !dumps.iter().any(|d| d.meta.rank == r) {
             vs.push(RankView::absent(r, "", 0, Presence::NoDump));
         }
     }
@@ -42,7 +42,7 @@ fn rank_lines(out: &mut String, d: &Dump, v: &Verdict) {
         let _ = writeln!(
             out,
             "  rank {} ({}:{}): no operation recorded",
-            d.rank, d.host, d.pid
+            d.meta.rank, d.meta.host, d.meta.pid
         );
         return;
     };
@@ -53,9 +53,9 @@ fn rank_lines(out: &mut String, d: &Dump, v: &Verdict) {
     };
     let mut line = format!(
         "  rank {} ({}:{}): {} #{} ({}, {} bytes) {}{dur}",
-        d.rank,
-        d.host,
-        d.pid,
+        d.meta.rank,
+        d.meta.host,
+        d.meta.pid,
         e.name,
         e.seq,
         e.algo,
@@ -94,7 +94,7 @@ fn rank_lines(out: &mut String, d: &Dump, v: &Verdict) {
             p.to_send
         );
     }
-    let why = e.error.as_deref().unwrap_or(&d.reason);
+    let why = e.error.as_deref().unwrap_or(&d.meta.reason);
     let _ = writeln!(out, "      {why}");
 }
 
@@ -102,13 +102,13 @@ fn rank_lines(out: &mut String, d: &Dump, v: &Verdict) {
 pub fn report(dumps: &[Dump]) -> String {
     let mut by_comm: BTreeMap<&str, Vec<&Dump>> = BTreeMap::new();
     for d in dumps {
-        by_comm.entry(&d.comm).or_default().push(d);
+        by_comm.entry(&d.meta.comm).or_default().push(d);
     }
     let mut out = String::new();
     for (comm, ds) in by_comm {
         let (vs, _) = views(&ds);
         let v = analyse(&ds);
-        let ranks: BTreeSet<usize> = ds.iter().map(|d| d.rank).collect();
+        let ranks: BTreeSet<usize> = ds.iter().map(|d| d.meta.rank).collect();
         let _ = writeln!(
             out,
             "communicator {comm}: {} ranks, dumps from rank(s) {}{}",
@@ -126,7 +126,7 @@ pub fn report(dumps: &[Dump]) -> String {
             v.stuck_name, v.stuck_seq
         );
         let mut sorted: Vec<&&Dump> = ds.iter().collect();
-        sorted.sort_by_key(|d| d.rank);
+        sorted.sort_by_key(|d| d.meta.rank);
         for d in sorted {
             rank_lines(&mut out, d, &v);
         }
@@ -148,17 +148,19 @@ pub fn report(dumps: &[Dump]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dump::Op;
+    use crate::dump::{Meta, Op};
     use crate::recorder::{PeerStat, State};
 
     fn dump(rank: usize, seq: u64, waiting_on: Option<usize>, arrived: &[(usize, bool)]) -> Dump {
         Dump {
-            comm: "c".into(),
-            rank,
-            size: 4,
-            host: "h".into(),
-            pid: 1,
-            reason: "timeout".into(),
+            meta: Meta {
+                comm: "c".into(),
+                rank,
+                size: 4,
+                host: "h".into(),
+                pid: 1,
+                reason: "timeout".into(),
+            },
             time_us: 3,
             format: String::new(),
             entries: vec![Op {

@@ -163,8 +163,8 @@ fn entry<'a>(e: &'a Op, size: usize, pg: &'a str) -> Option<TorchEntry<'a>> {
 
 /// `d` in PyTorch's format, pickled: one process group, the communicator, named by its id.
 pub fn pickle(d: &Dump) -> Vec<u8> {
-    let pg = d.comm.as_str();
-    let ranks: Vec<String> = (0..d.size).map(|r| r.to_string()).collect();
+    let pg = d.meta.comm.as_str();
+    let ranks: Vec<String> = (0..d.meta.size).map(|r| r.to_string()).collect();
     let file = TorchDump {
         version: VERSION,
         pg_config: BTreeMap::from([(
@@ -180,13 +180,13 @@ pub fn pickle(d: &Dump) -> Vec<u8> {
         entries: d
             .entries
             .iter()
-            .filter_map(|e| entry(e, d.size, pg))
+            .filter_map(|e| entry(e, d.meta.size, pg))
             .collect(),
         ccl: Writer {
-            rank: d.rank,
-            host: &d.host,
-            pid: d.pid,
-            reason: &d.reason,
+            rank: d.meta.rank,
+            host: &d.meta.host,
+            pid: d.meta.pid,
+            reason: &d.meta.reason,
         },
     };
     serde_pickle::to_vec(&file, serde_pickle::SerOptions::new().proto_v2())
@@ -204,19 +204,7 @@ mod tests {
     fn entries_carry_what_the_analyser_matches_on() {
         let mut r = Recorder::new(4);
         for (seq, name) in [(1, "allreduce"), (2, "allgather"), (3, "sendrecv")] {
-            r.begin(
-                Begin {
-                    seq,
-                    name,
-                    algo: "ring",
-                    dtype: "float",
-                    op: "sum",
-                    count: 8,
-                    bytes: 32,
-                    root: None,
-                },
-                std::iter::empty(),
-            );
+            r.begin(Begin::test(seq, name), std::iter::empty());
             if seq == 1 {
                 r.end(None);
             }
@@ -244,7 +232,7 @@ mod tests {
         assert_eq!(second["profiling_name"], json!("c10d:_all_gather_base"));
         assert_eq!(second["state"], json!("started"));
         assert_eq!(second["collective_seq_id"], json!(2));
-        assert_eq!(second["output_sizes"], json!([[32]]));
+        assert_eq!(second["output_sizes"], json!([[16]]));
         assert_eq!(second["input_dtypes"], json!(["Float"]));
         assert_eq!(second["process_group"], json!(["c0", "default_pg"]));
         assert_eq!(second["time_discovered_completed_ns"], Value::Null);

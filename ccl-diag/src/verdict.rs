@@ -70,9 +70,9 @@ impl RankView {
     /// What a rank's dump says.
     pub fn from_dump(d: &Dump) -> RankView {
         RankView {
-            rank: d.rank,
-            host: d.host.clone(),
-            pid: d.pid,
+            rank: d.meta.rank,
+            host: d.meta.host.clone(),
+            pid: d.meta.pid,
             presence: Presence::Answered,
             now_us: d.time_us,
             ops: d.entries.clone(),
