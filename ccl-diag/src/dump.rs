@@ -69,15 +69,16 @@ pub struct Op {
 
 impl From<&Entry> for Op {
     fn from(e: &Entry) -> Op {
+        let w = &e.what;
         Op {
-            seq: e.seq,
-            name: e.name.to_string(),
-            algo: e.algo.to_string(),
-            dtype: e.dtype.to_string(),
-            op: e.op.to_string(),
-            count: e.count,
-            bytes: e.bytes,
-            root: e.root,
+            seq: w.seq,
+            name: w.name.to_string(),
+            algo: w.algo.to_string(),
+            dtype: w.dtype.to_string(),
+            op: w.op.to_string(),
+            count: w.count,
+            bytes: w.bytes,
+            root: w.root,
             state: e.state,
             start_us: e.start_us,
             end_us: e.end_us,

@@ -59,14 +59,8 @@ pub struct PeerStat {
 /// One operation.
 #[derive(Clone, Debug)]
 pub struct Entry {
-    pub seq: u64,
-    pub name: &'static str,
-    pub algo: &'static str,
-    pub dtype: &'static str,
-    pub op: &'static str,
-    pub count: u64,
-    pub bytes: u64,
-    pub root: Option<usize>,
+    /// What the operation is.
+    pub what: Begin,
     pub state: State,
     pub start_us: u64,
     pub end_us: u64,
@@ -81,14 +75,7 @@ pub struct Entry {
 impl Entry {
     fn blank() -> Entry {
         Entry {
-            seq: 0,
-            name: "",
-            algo: "",
-            dtype: "",
-            op: "",
-            count: 0,
-            bytes: 0,
-            root: None,
+            what: Begin::default(),
             state: State::Done,
             start_us: 0,
             end_us: 0,
@@ -101,7 +88,7 @@ impl Entry {
 }
 
 /// What an operation is, for [`Recorder::begin`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Begin {
     pub seq: u64,
     pub name: &'static str,
@@ -235,14 +222,7 @@ impl Recorder {
         }
         let clock = self.clock;
         let e = &mut self.slots[i];
-        e.seq = b.seq;
-        e.name = b.name;
-        e.algo = b.algo;
-        e.dtype = b.dtype;
-        e.op = b.op;
-        e.count = b.count;
-        e.bytes = b.bytes;
-        e.root = b.root;
+        e.what = b;
         e.state = State::Running;
         e.start_us = clock();
         e.progress_us = e.start_us;
@@ -283,7 +263,10 @@ impl Recorder {
         e.error = error;
         if e.state == State::Done {
             e.progress_us = e.end_us;
-            let (key, took) = ((e.name, e.bytes), e.end_us.saturating_sub(e.start_us));
+            let (key, took) = (
+                (e.what.name, e.what.bytes),
+                e.end_us.saturating_sub(e.start_us),
+            );
             let i = self.ring_of(key);
             let d = &mut self.rings[i];
             d.ring[d.n % HISTORY] = took;
@@ -371,7 +354,7 @@ mod tests {
             r.begin(b(s), [(1usize, 8u64, 8u64)].into_iter());
             r.end(None);
         }
-        let seqs: Vec<u64> = r.entries().map(|e| e.seq).collect();
+        let seqs: Vec<u64> = r.entries().map(|e| e.what.seq).collect();
         assert_eq!(seqs, vec![3, 4, 5]);
         let off = Recorder::new(0);
         assert!(!off.enabled());
@@ -383,7 +366,7 @@ mod tests {
             r.begin(b(s), std::iter::empty());
             r.end(None);
         }
-        let seqs: Vec<u64> = r.entries().map(|e| e.seq).collect();
+        let seqs: Vec<u64> = r.entries().map(|e| e.what.seq).collect();
         assert_eq!(seqs, vec![1, 2, 3]);
     }
 

@@ -260,11 +260,11 @@ impl Peers {
             let r = self.recorder();
             let Some(e) = r.entries().last() else { return };
             if e.state != ccl_diag::recorder::State::Running
-                || self.warned_seq.load(Ordering::Relaxed) >= e.seq
+                || self.warned_seq.load(Ordering::Relaxed) >= e.what.seq
             {
                 return;
             }
-            let usual = r.usual_us(e.name, e.bytes);
+            let usual = r.usual_us(e.what.name, e.what.bytes);
             let Some(limit) = late_limit(&self.config, usual) else {
                 return;
             };
@@ -277,13 +277,13 @@ impl Peers {
                 format!(" (usually {:.1} ms)", u as f64 / 1e3)
             });
             (
-                e.seq,
+                e.what.seq,
                 format!(
                     "late operation: {} #{} ({}, {}) has run {:.1} s{usual}; verdict",
-                    e.name,
-                    e.seq,
-                    e.algo,
-                    ccl_diag::human_bytes(e.bytes),
+                    e.what.name,
+                    e.what.seq,
+                    e.what.algo,
+                    ccl_diag::human_bytes(e.what.bytes),
                     ran.as_secs_f64()
                 ),
             )
