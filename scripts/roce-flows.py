@@ -117,6 +117,8 @@ def connections(path):
     return conns
 
 
+# Long: one report written top to bottom (the packets grouped by destination QP, then every
+# check of the connection's QPs against them); each check reads the tables built at its start.
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--local-ip", required=True)
