@@ -10,8 +10,13 @@
 # Sizes up to SPLIT bytes run ITERS_SMALL timed calls after WARM_SMALL untimed ones (a few
 # thousand: a call there takes well under a microsecond, and 20 of them say more about the
 # clock than about the library); larger sizes run ITERS after 5. Each round runs both.
+# ONECCL=1 also runs Intel oneCCL over Intel MPI (both from PyPI) in the same rounds, through
+# PEERS/oneccl-bench.sh (PEERS: the directory of the peer benchmarks, default ../shared/peers
+# beside the clone; it installs oneCCL on first use; shared memory only, so with shm).
+# Each run first waits (up to QUIET_WAIT seconds) until the machine is less than QUIET_PCT % busy.
 # Usage: scripts/compare.sh tcp|shm [NP] ; env ROUNDS (3), ITERS (20), MIN (8), MAX (256M bytes),
-#        SPLIT (8192), ITERS_SMALL (3000), WARM_SMALL (200), REGISTERED (0)
+#        SPLIT (8192), ITERS_SMALL (3000), WARM_SMALL (200), REGISTERED (0), ONECCL (0),
+#        PEERS (../shared/peers), QUIET_PCT (15), QUIET_WAIT (180)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIND=${1:?usage: scripts/compare.sh tcp|shm [NP]}
@@ -28,6 +33,12 @@ big=$MIN
 while [ "$big" -le "$SPLIT" ] && [ "$big" -le "$MAX" ]; do last_small=$big; big=$((big * 4)); done
 [ "$MIN" -le "$SPLIT" ] && passes+=("$MIN $last_small $ITERS_SMALL $WARM_SMALL")
 [ "$big" -le "$MAX" ] && passes+=("$big $MAX $ITERS 5")
+ONE=${ONECCL:-0}
+peers=${PEERS:-../shared/peers}
+if [ "$ONE" = 1 ]; then
+  [ "$KIND" = shm ] || { echo "compare.sh: ONECCL=1 runs over shared memory only (shm)" >&2; exit 2; }
+  [ -f "$peers/oneccl-bench.sh" ] || { echo "compare.sh: ONECCL=1 needs $peers/oneccl-bench.sh (set PEERS)" >&2; exit 2; }
+fi
 scripts/install-deps.sh build
 if ! command -v mpicc.openmpi >/dev/null || ! command -v mpirun.openmpi >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
@@ -79,6 +90,11 @@ for r in $(seq 1 "$ROUNDS"); do
     quiet
     mpirun.openmpi -np "$NP" "${bind[@]}" --mca pml ob1 --mca btl "$btl" \
       "$out/mpi_allreduce" "$lo" "$hi" 4 "$n" "$w" >> "$out/mpi.$r.txt"
+    if [ "$ONE" = 1 ]; then
+      quiet
+      bash "$peers/oneccl-bench.sh" "$NP" -b "$lo" -e "$hi" -f 4 2>/dev/null | grep '^ROW,' \
+        >> "$out/one.$r.txt"
+    fi
   done
 done
 python3 - "$out" "$ROUNDS" "$NP" "$(nproc)" $rates <<'PY'
@@ -86,7 +102,7 @@ import json, sys, statistics as st
 out, rounds, np_ = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cpus, copy, red = int(sys.argv[4]), float(sys.argv[5]) * 1e9, float(sys.argv[6]) * 1e9
 import os
-ccl, mpi, reg = {}, {}, {}
+ccl, mpi, reg, one = {}, {}, {}, {}
 for r in range(1, rounds + 1):
     for name, rows in (("ccl", ccl), ("reg", reg)):
         for p in range(2):
@@ -100,6 +116,10 @@ for r in range(1, rounds + 1):
         b, t, bw, ok = line.split()
         assert ok == "ok", line
         mpi.setdefault(int(b), []).append((float(t), float(bw)))
+    if os.path.exists(f"{out}/one.{r}.txt"):
+        for line in open(f"{out}/one.{r}.txt"):
+            f = line.strip().split(",")
+            one.setdefault(int(f[3]), []).append((float(f[6]), float(f[8])))
 def fmt(b):
     for u, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= s: return f"{b // s} {u}"
@@ -122,13 +142,15 @@ def limit_direct(b):
     return 2 * (n - 1) / n * b / t / 1e9
 shm = copy > 0
 regd = bool(reg)
+oned = bool(one)
 print(f"| size ({np_} ranks) | ccl time (us) | ccl busbw (GB/s) |"
       + (" ccl registered time (us) | ccl registered busbw (GB/s) |" if regd else "")
       + " Open MPI time (us) | Open MPI busbw (GB/s) | ccl / Open MPI |"
       + (" registered / Open MPI |" if regd else "")
+      + (" oneCCL time (us) | ccl / oneCCL |" if oned else "")
       + (" memory limit busbw (GB/s) |" if shm else "")
       + (" registered limit (GB/s) |" if shm and regd else ""))
-cols = 6 + (3 if regd else 0) + (1 if shm else 0) + (1 if shm and regd else 0)
+cols = 6 + (3 if regd else 0) + (2 if oned else 0) + (1 if shm else 0) + (1 if shm and regd else 0)
 print("|" + "---:|" * cols)
 for b in sorted(ccl):
     ct = st.median(t for t, _ in ccl[b]); cb = st.median(x for _, x in ccl[b])
@@ -141,6 +163,12 @@ for b in sorted(ccl):
         row += f" {mt:.2f} | {mb:.3f} | {mt / ct:.2f}x |"
         if regd:
             row += f" {mt / rt:.2f}x |"
+        if oned:
+            if b in one:
+                ot = st.median(t for t, _ in one[b])
+                row += f" {ot:.2f} | {ot / ct:.2f}x |"
+            else:
+                row += " - | - |"
         if shm:
             row += f" {limit(b):.2f} |"
             if regd:
