@@ -2,7 +2,8 @@
 # The main job: an allreduce bus-bandwidth test with 4 local ranks over the default transports
 # (shared memory between ranks of one host; verbs when an active RoCE device exists, else TCP,
 # between hosts), installing what it needs first.
-# Extra arguments go to ccl-bench, e.g. scripts/bench.sh -b 1M -e 256M -d bf16
+# Extra arguments go to ccl-bench after the defaults below and override them, e.g.
+# scripts/bench.sh -b 1M -e 256M -d bf16 --transport tcp; NP sets the number of ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh build

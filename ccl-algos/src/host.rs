@@ -249,7 +249,7 @@ pub fn allreduce_with(shape: &Shape, one_shot_max: usize) -> Schedule {
             let out = Region::new(Buf::Recv, off, len);
             // Rank order (slot 0, then 1, ...); rank 0 starts from slot 1 with the operands
             // in that order. The executor runs each copy and the reduction after it as one
-            // pass (`out = slot 0 (op) slot 1`, `exec::Run::run_fused`), which reads the other
+            // pass (`out = slot 0 (op) slot 1`, the `ccl` executor's `Run::run_fused`), which reads the other
             // CPU's lines faster than a copy and then a reduction.
             if me == 0 && n > 1 {
                 st.copy(slot(1, h, len), out);

@@ -1,8 +1,9 @@
 //! Collective algorithms of ccl, as data.
 //!
-//! A collective is a [`schedule::Schedule`]: data that says, for one rank, what to send to whom,
-//! what to receive and how to combine it, and what depends on what. Schedules are built by pure
-//! functions of (rank, world size, count, placement): one module per algorithm
+//! The collectives themselves (names, wire ids, NCCL's buffer rules) are [`collective`]. A
+//! collective call is a [`schedule::Schedule`]: data that says, for one rank, what to send to
+//! whom, what to receive and how to combine it, and what depends on what. Schedules are built by
+//! pure functions of (rank, world size, count, placement): one module per algorithm
 //! ([`allreduce`]'s ring, trees, halving-doubling, ..., [`host`] for shared memory), one table
 //! of which collective has which algorithm ([`algo::implementation`]), the alpha-beta cost model
 //! that chooses between them ([`cost`]), the `CCL_ALGO` overrides ([`overrides`]), and the

@@ -1,9 +1,9 @@
 //! A schedule without peers, compiled once for the executor.
 //!
 //! A small operation in host memory runs a handful of local ops (copy in, post, wait, reduce
-//! out), and the generic walk over them (`exec::Run::drive_local`: which half of the slots
-//! each region lies in, whether a copy and the reduction after it run as one pass, which of
-//! the operand shapes an op has) cost it more than its data at a few KiB. A [`LocalPlan`]
+//! out), and the generic walk over them (the `ccl` executor's `Run::drive_local`: which half of
+//! the slots each region lies in, whether a copy and the reduction after it run as one pass,
+//! which of the operand shapes an op has) cost it more than its data at a few KiB. A [`LocalPlan`]
 //! answers those questions once per cached schedule, for both halves of the slots, and leaves
 //! the executor a list of steps to run. The schedule stays the data the symbolic checker reads;
 //! the plan is derived from it mechanically and runs its ops in the same order.
@@ -43,7 +43,7 @@ pub enum Step {
         dst: Region,
     },
     /// `dst = a (op) b` with `a` and `b` in host slots: a copy out of one and the reduction of
-    /// the other into it, as one pass (`exec::Run::run_fused`).
+    /// the other into it, as one pass (the `ccl` executor's `Run::run_fused`).
     Fused {
         dst: Region,
         a: Region,
@@ -270,7 +270,7 @@ fn steps(s: &Schedule, me: usize) -> Option<Vec<Step>> {
         let next = s.locals.get(k + 1).map(|&n| s.ops[n].action);
         let step = match s.ops[id].action {
             Action::Copy { src, dst } => {
-                // The pair `exec::Run::run_fused` runs as one pass.
+                // The pair the `ccl` executor's `Run::run_fused` runs as one pass.
                 if let Some(Action::Reduce {
                     dst: into,
                     src: b,

@@ -10,6 +10,11 @@
 //! of a job whose launcher set `RANK`/`WORLD_SIZE` (torchrun), `OMPI_COMM_WORLD_*` (mpirun),
 //! `SLURM_*` (srun) or `CCL_*`. Rank 0 prints the table; the exit status is non-zero when any rank
 //! fails or any element is wrong.
+//!
+//! Besides a subcommand per collective: `plot` and `compare` over `--json` reports, and `sim`,
+//! the command line of `ccl-sim`. The crate's other programs (`src/bin`) are `ccl-trace`, which
+//! names the rank a stuck job waits for, and `ccl-shrink-trials`, randomised trials of surviving
+//! a rank's death.
 #![forbid(unsafe_code)]
 
 mod colls;
@@ -26,7 +31,7 @@ use std::time::{Duration, Instant};
 use ccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
 use ccl_core::config::{TransportKind, parse_size};
 use ccl_diag::human_bytes;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use harness::{Bench, Plan, Row};
 
@@ -153,7 +158,7 @@ struct BenchArgs {
     /// Data type: int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 (or f32, bf16, ...).
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: DataType,
-    /// auto, tcp, local (in-process threads), ib. Default: CCL_TRANSPORT, else auto.
+    /// auto, shm, tcp, ib, local (in-process threads). Default: CCL_TRANSPORT, else auto.
     #[arg(long)]
     transport: Option<TransportKind>,
     /// Force an algorithm for this collective (a name such as `ring`, or CCL_ALGO syntax).
@@ -197,7 +202,13 @@ struct Report {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // A flag given twice takes its last value (as in nccl-tests), so a wrapper's defaults
+    // (scripts/bench.sh) can be overridden by the flags passed after them.
+    let cmd = Cli::command().mut_subcommands(|c| c.args_override_self(true));
+    let cli = match Cli::from_arg_matches(&cmd.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match &cli.cmd {
         Cmd::Plot(p) => return plot_reports(p),
         Cmd::Compare(c) => return compare_reports(c),

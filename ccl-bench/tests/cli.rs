@@ -525,3 +525,30 @@ fn log_lines_carry_their_modules_subsystem() {
         );
     }
 }
+
+/// A flag given twice takes its last value, so `scripts/bench.sh`'s defaults can be overridden
+/// by the flags passed after them.
+#[test]
+fn a_flag_given_twice_takes_its_last_value() {
+    let o = bench()
+        .args([
+            "allreduce",
+            "--np",
+            "1",
+            "--transport",
+            "tcp",
+            "-b",
+            "8",
+            "-e",
+            "64M",
+        ])
+        .args(["-n", "1", "-w", "0", "-b", "1K", "-e", "2K"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let sizes: Vec<usize> = rows(&String::from_utf8_lossy(&o.stdout))
+        .iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(sizes, [1024, 2048], "{}", text(&o));
+}

@@ -5,7 +5,7 @@
 //! without a goodbye. Before passing the first failure on, it asks every live rank what it is
 //! doing ([`FrameKind::StateQuery`], answered by the rank's monitor thread even while the rank
 //! waits or runs its own code), gives the answers a deadline, and runs the analysis of
-//! [`crate::diag`] on them: every notice carries that verdict. A rank whose operation runs late
+//! `ccl_diag::verdict` on them: every notice carries that verdict. A rank whose operation runs late
 //! asks for the same verdict, and `ccl-trace --live` (presenting the secret) for the whole picture.
 
 use std::collections::VecDeque;

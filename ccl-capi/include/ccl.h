@@ -133,8 +133,9 @@ const char* cclGetLastError(cclComm_t comm);
 
 /* ---- Communicators --------------------------------------------------------------------- */
 
-/* Creates a unique id and starts its rendezvous in this process, which must stay alive until
- * every rank has joined. The root listens on CCL_SOCKET_IFNAME (default: the first non-loopback
+/* Creates a unique id and starts its rendezvous in this process. After set-up the rendezvous
+ * stays on as the job's monitor (failure notices, culprits of hangs, shrink), so this process
+ * should outlive the communicator's ranks. The root listens on CCL_SOCKET_IFNAME (default: the first non-loopback
  * interface; CCL_SOCKET_IFNAME="=lo" keeps a job on one host on loopback). Pass the id to every
  * rank. */
 cclResult_t cclGetUniqueId(cclUniqueId* uniqueId);

@@ -722,13 +722,14 @@ fn parse_ring_size(v: &str) -> Result<usize> {
 ///
 /// A producer runs up to a ring's capacity ahead of its consumer. Once that exceeds the L2, the
 /// lines it wrote leave its L2 before the consumer reads them, and every byte of a large
-/// operation goes the long way: on this project's test machine (1 MiB of L2 per core), 2 ranks
-/// took 1090-1210 us for an 8 MiB allreduce with rings of 1M, 1028K, 1.5M, 2M or 3M, and
-/// 470-510 us with 512K, 768K, 896K or 1020K, while the two vCPUs sat on cores that share no
-/// cache (the phase in which the C floor of the one-shot protocol takes 0.75 us); with cores
-/// that share one, 768K still took 7-12% less than 1M out of place from 8 MiB up (in place at
-/// 8 MiB, 2-4% more; docs/performance.md).
-/// Below a quarter of the L2 the pair waits for each other more often (256K: 3-10% slower than
+/// operation goes the long way. On this project's earlier test machine (1 MiB of L2 per core),
+/// while the two vCPUs sat on cores that share no cache (the phase in which the C floor of the
+/// one-shot protocol takes 0.71-0.87 us), 2 ranks took 1090-1340 us for an 8 MiB allreduce with
+/// a ring of 1M and 1113-1380 us with 1028K, 1536K, 2M or 3M, against 484-606 us with 512K,
+/// 768K, 896K or 1020K; with cores that share one the step is small (768K against 1M: 481
+/// against 521 us at 8 MiB and 3062 against 3351 at 32 MiB out of place, 328 against 331 and
+/// 2207 against 2438 in place; docs/performance.md).
+/// Smaller rings make the pair wait for each other more often (256K took 1.03-1.10x the time of
 /// 512K). Three quarters leaves room for the rest of what the core reads and writes.
 pub fn auto_ring_size(l2: Option<usize>) -> usize {
     let Some(l2) = l2 else {

@@ -4,9 +4,11 @@
 //! - every `CCL_*` setting in one place ([`config`]), logging ([`log`]);
 //! - the job's topology ([`topology`]) and ECMP entropy ([`entropy`]);
 //! - sockets with deadlines ([`net`]) and the one hash ([`hash`]);
-//! - the transport abstraction ([`transport`]: `Transport`, `Endpoint`, `MemRegion`), its TCP
-//!   and in-process implementations, and the Endpoint conformance suite every transport runs
-//!   (feature `conformance`).
+//! - the transport abstraction ([`transport`]: `Transport`, `Endpoint`, `MemRegion`), one
+//!   handle layout for every transport (`HandleFormat`), the interface of the memory a host's
+//!   ranks share (`HostMemory`, `HostProgram`), the TCP and in-process transports, and the
+//!   Endpoint conformance suite every transport runs (feature `conformance`, which the
+//!   transport crates' tests enable).
 //!
 //! It builds and tests anywhere (no libibverbs).
 #![forbid(unsafe_code)]

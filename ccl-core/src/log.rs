@@ -7,9 +7,11 @@
 //! Every module that logs names its subsystem: the macros read the `LOG_SUBSYS` constant in
 //! scope where they are called (a module's own, or its crate's brought in with
 //! `use crate::LOG_SUBSYS`), so a module without one does not compile and moving a file never
-//! relabels its lines. The subsystems: `bootstrap` (rendezvous, the job monitor), `net`
-//! (transports), `coll` (the executor), `topo` (topology), `init` (communicator set-up,
-//! settings, recovery). Warnings are shown whatever `CCL_DEBUG_SUBSYS` says.
+//! relabels its lines (a function can name another for its own lines, as the topology's summary
+//! does). The subsystems: `bootstrap` (rendezvous, the job monitor), `net` (transports), `coll`
+//! (the executor and the engine), `topo` (the topology read from `CCL_TOPO_FILE`), `init`
+//! (communicator set-up, settings, failures, recovery). Warnings are shown whatever
+//! `CCL_DEBUG_SUBSYS` says.
 
 use std::fs::File;
 use std::io::Write;

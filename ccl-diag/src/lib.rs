@@ -9,6 +9,8 @@
 //! - [`report`]: the report `ccl-trace DIR` prints over a directory of dumps.
 //! - [`torch`] and [`chrome`]: the same dump as PyTorch's flight-recorder pickle (for its
 //!   analyser) and as a Chrome trace.
+//! - [`human_bytes`]: the one byte-size formatter, for errors, verdicts, benchmark tables and
+//!   plot axes across ccl.
 //!
 //! It depends on no other crate of ccl: a tool that reads dumps needs nothing of the runtime.
 //!

@@ -1,8 +1,9 @@
 //! # ccl: collective communication for training programs
 //!
-//! Allreduce, broadcast, reduce, allgather, reduce-scatter, alltoall, barrier and point-to-point
-//! sends and receives across processes and hosts over RDMA (RoCEv2 verbs), TCP, shared memory,
-//! or threads of one process, with NCCL's semantics and a safe Rust API.
+//! Allreduce, broadcast, reduce, allgather, reduce-scatter, alltoall, gather, scatter, the
+//! collectives with a count per rank (allgatherv, reduce-scatterv, alltoallv), barrier and
+//! point-to-point sends and receives across processes and hosts over RDMA (RoCEv2 verbs),
+//! shared memory, TCP, or threads of one process, with NCCL's semantics and a safe Rust API.
 //!
 //! ## Quick start
 //!
@@ -47,6 +48,18 @@
 //! - Results are bit-identical on every rank. Collectives must be called in the same order with
 //!   matching arguments on every rank, as with NCCL and MPI.
 //! - Settings are `CCL_*` environment variables, listed in `docs/env.md`.
+//!
+//! ## What is inside
+//!
+//! This crate is the communicator's runtime; the schedules it runs come from `ccl-algos`, the
+//! transports from `ccl-core` (TCP, in-process), `ccl-shm` and `ccl-ibverbs`, the rendezvous
+//! and the job monitor from `ccl-bootstrap`, the flight recorder from `ccl-diag`. Its modules:
+//! `peers` (the transport half: set-up, failure and recovery, dumps, the slow-rank report,
+//! waits), `wireup` (which transport each pair of ranks uses, and the connections), `exec` (the
+//! executor that runs a schedule over the connections), `engine` (one path for every operation:
+//! check, choose the algorithm, fetch or build the schedule, execute), `order` (issue order and
+//! the progress thread), `group` (sends and receives), `registry` (registered memory),
+//! [`recover`] (revoke, shrink, grow) and `split`. `docs/design.md` explains how they fit.
 #![forbid(unsafe_code)]
 
 /// Communicator set-up and recovery log as `init`; the executor and the engine as `coll`.

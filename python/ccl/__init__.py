@@ -146,7 +146,9 @@ def library_path():
 
 def get_unique_id():
     """A new unique id (128 bytes) whose rendezvous runs in this process, which must stay alive
-    until every rank has joined. Pass it to every rank's ``Communicator(rank, size, uid)``."""
+    until every rank has joined; the rendezvous then stays on as the job's monitor (it passes
+    failures on and agrees on a shrink), so keep this process alive while the communicator is
+    used. Pass the id to every rank's ``Communicator(rank, size, uid)``."""
     uid = _l.UniqueIdStruct()
     _check(_lib.cclGetUniqueId(ctypes.byref(uid)))
     return bytes(uid.internal)

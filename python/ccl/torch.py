@@ -18,11 +18,11 @@ How it fits into PyTorch (see docs/torch.md for what each operation does and wha
 - Collectives with a non-blocking form in the library are issued with it and return at once
   (DDP's buckets overlap the backward pass); ``work.wait()`` waits for the library's requests,
   ``get_future()`` returns a Future a thread of the group completes when they finish (see
-  ``_Work``). Blocking calls (``async_op=False``) run inline.
+  ``_Work`` in ``ccl._torch_work``). Blocking calls (``async_op=False``) run inline.
 - Gather, scatter and the all-gathers and all-to-alls with per-rank sizes are the library's
   gather, scatter, allgatherv and alltoallv (``ccl._vcoll``); they complete before returning.
 - ``isend``/``irecv`` are deferred and run as one library group when one of them is waited on,
-  or before the group's next other operation (see ``_P2P``).
+  or before the group's next other operation (see ``_P2P`` in ``ccl._torch_work``).
 """
 
 import ctypes

@@ -138,6 +138,8 @@ pub(super) fn exchange_records(
 
 /// Says (rank 0, info level) what the topology file at `path` described.
 pub(super) fn log_topology(path: &str, topology: &Topology) {
+    // The one line about the topology is `topo`'s, whatever the module around it logs as.
+    const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Topo;
     let sm = topology.summary();
     ccl_info!(
         Some(0),
