@@ -443,7 +443,9 @@ impl Endpoint for IbEndpoint {
                 let u = consume(&self.carry[..n]).min(n);
                 self.take_carry(u);
                 used += u;
-                if u == 0 {
+                // A consumer that takes less than it was offered is not offered more in this
+                // call (the Endpoint contract); the next call offers the rest, refilled.
+                if u < n {
                     break;
                 }
                 continue;
@@ -461,9 +463,9 @@ impl Endpoint for IbEndpoint {
             if u < n {
                 let left = n - u;
                 if n == avail && left <= CARRY_CAP / 2 {
-                    // A partial element at the end of the slot: join it with what follows.
+                    // A partial element at the end of the slot: the next call offers it joined
+                    // with what follows.
                     self.fill_carry(left);
-                    continue;
                 }
                 break;
             }
