@@ -345,7 +345,3 @@ class _P2P:
         for t in batch:
             t.done = True
 
-
-# The dump path torch's variables gave, once the first group took it; groups made so far.
-_fr_prefix = None
-_fr_groups = 0

@@ -132,6 +132,11 @@ def _reducible(name, t, op):
     return t, op
 
 
+# The dump path torch's variables gave, once the first group took it; groups made so far.
+_fr_prefix = None
+_fr_groups = 0
+
+
 def _flight_recorder_from_torch_env():
     """Asks for dumps in PyTorch's flight-recorder format where torch's own variables ask for a
     flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE`` above 0, ``TORCH_NCCL_DUMP_ON_TIMEOUT`` not
