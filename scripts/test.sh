@@ -21,6 +21,9 @@ echo "== two hosts on one machine (UTS namespaces): shm within hosts, tcp across
 rc=0; scripts/two-hosts.sh || rc=$?
 if [ "$rc" = 77 ]; then echo "(skipped: needs root)"; elif [ "$rc" != 0 ]; then exit "$rc"; fi
 
+echo "== set-up at scale: a small case of scripts/scale-init.sh"
+scripts/scale-init.sh --quick
+
 python_tests() {
 echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun, PyTorch's tests)"
 cargo build --release --workspace

@@ -20,6 +20,7 @@
 mod colls;
 mod harness;
 mod plot;
+mod scale;
 mod sim;
 
 use std::io::Write;
@@ -187,6 +188,11 @@ struct BenchArgs {
     /// Also draw busbw against size (both placements) as an SVG picture to this file.
     #[arg(long, value_name = "PATH")]
     plot: Option<PathBuf>,
+    /// Append a line per rank to this file on what set-up cost it (times from the job's start,
+    /// connections, descriptors, memory), and with --np the launcher's own (the bytes its
+    /// rendezvous root moved); see scripts/scale-init.sh.
+    #[arg(long, value_name = "PATH")]
+    scale_report: Option<PathBuf>,
     /// Record every operation of every rank and write them as one Chrome trace (open in
     /// chrome://tracing or Perfetto; one track per rank) to this file.
     #[arg(long, value_name = "PATH")]
@@ -202,6 +208,7 @@ struct Report {
 }
 
 fn main() -> ExitCode {
+    scale::mark_start();
     // A flag given twice takes its last value (as in nccl-tests), so a wrapper's defaults
     // (scripts/bench.sh) can be overridden by the flags passed after them.
     let cmd = Cli::command().mut_subcommands(|c| c.args_override_self(true));
@@ -242,9 +249,9 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Some(n) if config.transport == TransportKind::Local => run_threads(&coll, args, config, n),
-        Some(n) => launch(&config, n, args.bind == "core"),
+        Some(n) => launch(&config, n, args),
         None => match Communicator::from_env_with_config(config) {
-            Ok(comm) => bench_rank(&coll, &comm, args),
+            Ok(comm) => bench_rank(&coll, &comm, args, scale::now_us()),
             Err(e) => {
                 eprintln!("ccl-bench: {e}");
                 ExitCode::FAILURE
@@ -295,7 +302,8 @@ fn plan(args: &BenchArgs) -> Plan {
 }
 
 /// Runs the benchmark as one rank; rank 0 prints and writes the JSON.
-fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs) -> ExitCode {
+/// `init_done`: when the communicator was ready ([`scale::now_us`]).
+fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs, init_done: u64) -> ExitCode {
     // Only rank 0 prints. Never hold the stdout lock across a collective: in thread mode the
     // other ranks share this process's stdout.
     let mut out: Box<dyn Write> = if comm.rank() == 0 {
@@ -311,6 +319,12 @@ fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs) -> ExitCo
             return ExitCode::FAILURE;
         }
     };
+    if let Some(path) = &args.scale_report
+        && let Err(e) = scale::report_rank(path, comm, init_done)
+    {
+        eprintln!("ccl-bench: {e}");
+        return ExitCode::FAILURE;
+    }
     let report = Report {
         collective: coll.name().to_string(),
         nranks: comm.size(),
@@ -371,7 +385,7 @@ fn run_threads(coll: &colls::Coll, args: &BenchArgs, config: Config, n: usize) -
                 let (id, config) = (id.clone(), config.clone());
                 s.spawn(
                     move || match Communicator::init_with_config(&id, rank, n, config) {
-                        Ok(comm) => bench_rank(coll, &comm, args),
+                        Ok(comm) => bench_rank(coll, &comm, args, scale::now_us()),
                         Err(e) => {
                             eprintln!("ccl-bench: rank {rank}: {e}");
                             ExitCode::FAILURE
@@ -392,7 +406,8 @@ fn run_threads(coll: &colls::Coll, args: &BenchArgs, config: Config, n: usize) -
 }
 
 /// `--np N`: start N rank processes of this program and be their rendezvous root.
-fn launch(config: &Config, n: usize, bind: bool) -> ExitCode {
+fn launch(config: &Config, n: usize, args: &BenchArgs) -> ExitCode {
+    let bind = args.bind == "core";
     let ip = match &config.socket_ifname {
         Some(spec) => match ccl_core::net::pick_local_ip(Some(spec)) {
             Ok(ip) => ip,
@@ -418,6 +433,12 @@ fn launch(config: &Config, n: usize, bind: bool) -> ExitCode {
         }
     };
     let failed = wait_ranks(&mut children, config);
+    if let Some(path) = &args.scale_report
+        && let Err(e) = scale::report_launcher(path, n)
+    {
+        eprintln!("ccl-bench: {e}");
+        return ExitCode::FAILURE;
+    }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -450,6 +471,7 @@ fn spawn_ranks(
         let mut cmd = Command::new(&exe);
         cmd.args(&child_args)
             .env("CCL_UNIQUE_ID", id.to_hex())
+            .env(scale::T0_VAR, scale::mark_start().to_string())
             .env("CCL_RANK", rank.to_string())
             .env("CCL_WORLD_SIZE", n.to_string())
             .env("CCL_LOCAL_RANK", rank.to_string())

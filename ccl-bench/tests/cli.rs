@@ -552,3 +552,67 @@ fn a_flag_given_twice_takes_its_last_value() {
         .collect();
     assert_eq!(sizes, [1024, 2048], "{}", text(&o));
 }
+
+/// `--scale-report`: a line per rank and one from the launcher, every figure measured: the
+/// times ordered and within the run, connections to every peer (set-up connects all pairs),
+/// sockets at least as many, memory nonzero, and the launcher's root traffic nonzero.
+#[test]
+fn scale_report_has_a_line_per_rank_and_the_launchers() {
+    let path = std::env::temp_dir().join(format!("ccl-bench-scale-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let start = Instant::now();
+    let o = bench()
+        .args([
+            "allreduce",
+            "--np",
+            "4",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ])
+        .args(["--bind", "none", "--transport", "tcp"])
+        .args(["--scale-report", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let wall = start.elapsed().as_micros() as u64;
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    let mut ranks: Vec<u64> = Vec::new();
+    for l in &lines[..4] {
+        ranks.push(l["rank"].as_u64().unwrap());
+        assert_eq!(l["size"], 4);
+        assert_eq!(l["transport"], "tcp");
+        let (init, done) = (
+            l["init_us"].as_u64().unwrap(),
+            l["done_us"].as_u64().unwrap(),
+        );
+        assert!(0 < init && init <= done && done <= wall, "{l}");
+        assert_eq!(l["peers"], 3, "{l}");
+        assert!(l["sockets"].as_u64().unwrap() >= 3, "{l}");
+        assert!(l["fds"].as_u64() >= l["sockets"].as_u64(), "{l}");
+        assert!(l["rss_kib"].as_u64().unwrap() > 0, "{l}");
+    }
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2, 3]);
+    let l = &lines[4];
+    assert_eq!(l["launcher"], true);
+    assert_eq!(l["ranks"], 4);
+    // Four hellos in; the records of every rank out to every rank.
+    assert!(l["root_in"].as_u64().unwrap() > 4 * 48, "{l}");
+    assert!(
+        l["root_out"].as_u64().unwrap() > l["root_in"].as_u64().unwrap(),
+        "{l}"
+    );
+    assert!(l["wall_us"].as_u64().unwrap() <= wall, "{l}");
+}

@@ -132,7 +132,10 @@ impl Shared {
             let closed = loop {
                 match (&stream).read(&mut chunk) {
                     Ok(0) => break true,
-                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                    Ok(k) => {
+                        wire::count_in(k);
+                        buf.extend_from_slice(&chunk[..k])
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
                     Err(_) => break true,
@@ -220,7 +223,10 @@ impl Shared {
         let mut off = 0;
         while off < bytes.len() && Instant::now() < until {
             match (&*s).write(&bytes[off..]) {
-                Ok(k) => off += k,
+                Ok(k) => {
+                    wire::count_out(k);
+                    off += k
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(1))
                 }

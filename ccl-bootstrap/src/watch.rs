@@ -51,7 +51,10 @@ impl Watched {
         let closed = loop {
             match (&self.stream).read(&mut chunk) {
                 Ok(0) => break true,
-                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
+                Ok(k) => {
+                    wire::count_in(k);
+                    self.buf.extend_from_slice(&chunk[..k])
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => break true,

@@ -5,10 +5,31 @@
 //! allocation.
 
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ccl_core::error::{Error, Result};
 use ccl_core::net;
+
+static BYTES_IN: AtomicU64 = AtomicU64::new(0);
+static BYTES_OUT: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of bootstrap and monitor traffic this process has read and written, the root's and
+/// its ranks' alike (a launcher that runs only the root gets the root's).
+pub fn traffic() -> (u64, u64) {
+    (
+        BYTES_IN.load(Ordering::Relaxed),
+        BYTES_OUT.load(Ordering::Relaxed),
+    )
+}
+
+pub(crate) fn count_in(n: usize) {
+    BYTES_IN.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+pub(crate) fn count_out(n: usize) {
+    BYTES_OUT.fetch_add(n as u64, Ordering::Relaxed);
+}
 
 /// Largest payload accepted (allgather of connection handles stays far below).
 pub const MAX_FRAME: usize = 64 << 20;
@@ -136,13 +157,17 @@ pub fn read_frame(
     let (len, kind) = decode_header(&h).map_err(|e| e.context(what()))?;
     let mut payload = vec![0u8; len];
     net::read_exact_by(s, &mut payload, deadline, what)?;
+    count_in(h.len() + len);
     Ok(Frame { kind, payload })
 }
 
 pub fn write_frame(s: &mut TcpStream, f: &Frame, deadline: Instant) -> Result<()> {
-    net::write_all_by(s, &f.encode(), deadline, &|| {
+    let bytes = f.encode();
+    net::write_all_by(s, &bytes, deadline, &|| {
         format!("sending bootstrap {:?}", f.kind)
-    })
+    })?;
+    count_out(bytes.len());
+    Ok(())
 }
 
 /// A rank's first message to the root.

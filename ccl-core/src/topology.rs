@@ -48,15 +48,14 @@ pub struct Topology {
     summary: Summary,
 }
 
-fn ids<T: PartialEq + Clone>(keys: &[T]) -> Vec<u32> {
-    let mut seen: Vec<T> = Vec::new();
+/// Numbers the distinct keys in order of first appearance. A map, not a scan of the keys seen:
+/// a job with a rank per host has as many keys as ranks.
+fn ids<T: Eq + std::hash::Hash>(keys: &[T]) -> Vec<u32> {
+    let mut seen: std::collections::HashMap<&T, u32> = std::collections::HashMap::new();
     keys.iter()
-        .map(|k| match seen.iter().position(|s| s == k) {
-            Some(i) => i as u32,
-            None => {
-                seen.push(k.clone());
-                (seen.len() - 1) as u32
-            }
+        .map(|k| {
+            let next = seen.len() as u32;
+            *seen.entry(k).or_insert(next)
         })
         .collect()
 }

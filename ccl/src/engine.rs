@@ -503,6 +503,11 @@ impl Engine {
             .map_err(|e| self.peers.fail(e))
     }
 
+    /// The peers with an endpoint.
+    pub(crate) fn connected_peers(&self) -> Vec<usize> {
+        self.lock().links.connected()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic inside a collective leaves the links in an unknown state; the communicator
         // records that as its error, and the lock itself stays usable for abort/drop.

@@ -242,6 +242,12 @@ impl Communicator {
         self.engine.peers.transport_summary()
     }
 
+    /// The peers this rank holds a connection to, in rank order. Waits for an operation that
+    /// another thread runs on this communicator.
+    pub fn connected_peers(&self) -> Vec<usize> {
+        self.engine.connected_peers()
+    }
+
     /// Host name of every rank.
     pub fn hosts(&self) -> &[String] {
         self.engine.peers.hosts()

@@ -125,6 +125,13 @@ pub(crate) struct Links {
 }
 
 impl Links {
+    /// The peers with an endpoint, in rank order.
+    pub(crate) fn connected(&self) -> Vec<usize> {
+        (0..self.endpoints.len())
+            .filter(|&p| self.endpoints[p].is_some())
+            .collect()
+    }
+
     /// The endpoint to `peer`.
     pub(crate) fn get(&mut self, peer: usize) -> Result<&mut Box<dyn Endpoint>> {
         self.endpoints

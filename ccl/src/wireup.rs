@@ -55,6 +55,15 @@ impl HostId {
             && self.netns == o.netns
     }
 
+    /// What two ranks that share memory have in common (`None`: unknown, shares with nobody).
+    fn memory_key(&self) -> Option<(&str, &str, u64)> {
+        (!self.boot_id.is_empty()).then_some((
+            self.name.as_str(),
+            self.boot_id.as_str(),
+            self.netns,
+        ))
+    }
+
     fn in_scope(&self, o: &HostId, scope: Scope) -> bool {
         match scope {
             Scope::Any => true,
@@ -140,6 +149,15 @@ impl Record {
     }
 }
 
+/// The index in `mine` of the transport ranks `lo` < `hi` use: the first in `lo`'s list that
+/// `hi` also offers and that can connect them.
+fn pick(lo: &Record, hi: &Record, mine: &[Arc<dyn Transport>]) -> Option<usize> {
+    lo.offers.iter().find_map(|(name, _)| {
+        let t = mine.iter().position(|t| t.name() == name)?;
+        (hi.offers(name).is_some() && lo.host.in_scope(&hi.host, mine[t].scope())).then_some(t)
+    })
+}
+
 /// For every peer of `rank`, the index in `mine` (this rank's transports) of the transport the
 /// pair uses (`None` for `rank` itself).
 pub(crate) fn choose(
@@ -153,12 +171,7 @@ pub(crate) fn choose(
                 return Ok(None);
             }
             let (lo, hi) = (&records[rank.min(peer)], &records[rank.max(peer)]);
-            let pick = lo.offers.iter().find_map(|(name, _)| {
-                let t = mine.iter().position(|t| t.name() == name)?;
-                (hi.offers(name).is_some() && lo.host.in_scope(&hi.host, mine[t].scope()))
-                    .then_some(t)
-            });
-            pick.map(Some).ok_or_else(|| {
+            pick(lo, hi, mine).map(Some).ok_or_else(|| {
                 Error::invalid_usage(format!(
                     "ranks {} and {} have no transport in common that can connect them (rank {} \
                      on {} has {}; rank {} on {} has {}); set CCL_TRANSPORT alike on every rank, \
@@ -179,6 +192,61 @@ pub(crate) fn choose(
         .collect()
 }
 
+/// Ranks that any transport choice treats alike: the same offers in the same order, the same
+/// memory host and, when a transport connects only threads of one process, the same process.
+/// `class[r]` numbers rank `r`'s kind; `members[c]` are kind `c`'s ranks in order. A job has a
+/// few kinds per host, so pair questions can be asked of kinds instead of ranks.
+struct Kinds {
+    class: Vec<usize>,
+    members: Vec<Vec<usize>>,
+    /// Each kind's memory host (`None`: unknown, so every rank of it is a host of its own).
+    memory: Vec<Option<usize>>,
+}
+
+impl Kinds {
+    fn new(records: &[Record], mine: &[Arc<dyn Transport>]) -> Kinds {
+        use std::collections::HashMap;
+        let by_process = mine.iter().any(|t| t.scope() == Scope::Process);
+        let mut hosts: HashMap<(&str, &str, u64), usize> = HashMap::new();
+        let mut kinds: HashMap<(Option<usize>, usize, Vec<&str>, u32), usize> = HashMap::new();
+        let (mut class, mut members, mut memory) =
+            (Vec::new(), Vec::<Vec<usize>>::new(), Vec::new());
+        for (r, rec) in records.iter().enumerate() {
+            let m = rec.host.memory_key().map(|k| {
+                let next = hosts.len();
+                *hosts.entry(k).or_insert(next)
+            });
+            let key = (
+                m,
+                // A rank whose memory host is unknown is alike only to itself.
+                if m.is_none() { r } else { 0 },
+                rec.offers.iter().map(|(n, _)| n.as_str()).collect(),
+                if by_process { rec.host.pid } else { 0 },
+            );
+            let next = members.len();
+            let c = *kinds.entry(key).or_insert(next);
+            if c == next {
+                members.push(Vec::new());
+                memory.push(m);
+            }
+            members[c].push(r);
+            class.push(c);
+        }
+        Kinds {
+            class,
+            members,
+            memory,
+        }
+    }
+}
+
+/// The lowest and highest of `ranks` that `keep` keeps.
+fn span(ranks: &[usize], keep: impl Fn(usize) -> bool) -> Option<(usize, usize)> {
+    let lo = ranks.iter().copied().find(|&r| keep(r))?;
+    let hi = ranks.iter().rev().copied().find(|&r| keep(r))?;
+    Some((lo, hi))
+}
+
 /// Whether the ranks of every host share host memory: on each host of more than one rank
 /// (`groups`: each host's ranks, as the topology places them), every pair uses a transport that
 /// sets up host memory (`TransportProperties::host_memory`) and none of them uses it with a rank
@@ -190,15 +258,59 @@ pub(crate) fn hosts_share_memory(
     mine: &[Arc<dyn Transport>],
     groups: &[Vec<usize>],
 ) -> bool {
+    // Asked pair by pair this is N^2 transport choices per group; asked of kinds of ranks
+    // (`Kinds`) it is a few per host. A segment across hosts is not a thing: every host-memory
+    // transport connects only ranks that share memory, so pairs from two memory hosts never
+    // use one, and only a group's own memory hosts need looking at.
+    if mine
+        .iter()
+        .any(|t| t.properties().host_memory && t.scope() == Scope::Any)
+    {
+        return false;
+    }
+    let kinds = Kinds::new(records, mine);
+    let mut group_of = vec![usize::MAX; records.len()];
+    for (i, g) in groups.iter().enumerate() {
+        for &r in g {
+            group_of[r] = i;
+        }
+    }
+    let mut same_host: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+    for (c, m) in kinds.memory.iter().enumerate() {
+        if let Some(m) = m {
+            same_host.entry(*m).or_default().push(c);
+        }
+    }
+    let host_memory = |lo: usize, hi: usize| {
+        let rep = |c: usize| &records[kinds.members[c][0]];
+        pick(rep(lo), rep(hi), mine).map(|t| mine[t].properties().host_memory)
+    };
     let mut any = false;
-    for g in groups.iter().filter(|g| g.len() > 1) {
-        for &a in g {
-            let Ok(chosen) = choose(a, records, mine) else {
-                return false;
-            };
-            for (b, t) in chosen.iter().enumerate() {
-                if let Some(t) = t
-                    && g.contains(&b) != mine[*t].properties().host_memory
+    for (gi, g) in groups.iter().enumerate().filter(|(_, g)| g.len() > 1) {
+        let mut here: Vec<usize> = g.iter().map(|&r| kinds.class[r]).collect();
+        here.sort_unstable();
+        here.dedup();
+        let inside: Vec<(usize, usize, usize)> = here
+            .iter()
+            .filter_map(|&c| span(&kinds.members[c], |r| group_of[r] == gi).map(|(a, b)| (c, a, b)))
+            .collect();
+        let outside = |c: usize| span(&kinds.members[c], |r| group_of[r] != gi);
+        for &(c1, min1, max1) in &inside {
+            // Every pair inside the group uses host memory: for kinds c1, c2, the pairs with
+            // the lower rank of c1 exist when c1's lowest rank is below c2's highest.
+            for &(c2, _, max2) in &inside {
+                if min1 < max2 && host_memory(c1, c2) != Some(true) {
+                    return false;
+                }
+            }
+            // No pair with a rank outside it does.
+            let Some(m) = kinds.memory[c1] else { continue };
+            for &c2 in &same_host[&m] {
+                let Some((min2, max2)) = outside(c2) else {
+                    continue;
+                };
+                if (min1 < max2 && host_memory(c1, c2) != Some(false))
+                    || (min2 < max1 && host_memory(c2, c1) != Some(false))
                 {
                     return false;
                 }
@@ -216,37 +328,23 @@ pub(crate) fn summary(
     chosen: &[Option<usize>],
     mine: &[Arc<dyn Transport>],
 ) -> String {
-    let mut hosts: Vec<&HostId> = Vec::new();
+    // Ranks per memory host; a rank whose host is unknown is a host of its own.
+    let mut per: std::collections::HashMap<(&str, &str, u64), usize> = Default::default();
+    let mut alone = 0;
     for r in records {
-        if !hosts
-            .iter()
-            .any(|h| h.shares_memory_with(&r.host) && h.name == r.host.name)
-        {
-            hosts.push(&r.host);
+        match r.host.memory_key() {
+            Some(k) => *per.entry(k).or_default() += 1,
+            None => alone += 1,
         }
     }
-    let per_host: Vec<usize> = hosts
-        .iter()
-        .map(|h| {
-            records
-                .iter()
-                .filter(|r| r.host.shares_memory_with(h))
-                .count()
-        })
-        .collect();
-    let (lo, hi) = (
-        per_host.iter().min().copied().unwrap_or(0),
-        per_host.iter().max().copied().unwrap_or(0),
-    );
+    let hosts = per.len() + alone;
+    let sizes = per.values().copied().chain((alone > 0).then_some(1));
+    let (lo, hi) = sizes.fold((usize::MAX, 0), |(lo, hi), n| (lo.min(n), hi.max(n)));
+    let lo = lo.min(hi);
     let shape = if lo == hi {
-        format!(
-            "{} host{} x {lo} rank{}",
-            hosts.len(),
-            plural(hosts.len()),
-            plural(lo)
-        )
+        format!("{hosts} host{} x {lo} rank{}", plural(hosts), plural(lo))
     } else {
-        format!("{} hosts x {lo}-{hi} ranks", hosts.len())
+        format!("{hosts} hosts x {lo}-{hi} ranks")
     };
     let mut within: Vec<&str> = Vec::new();
     let mut across: Vec<&str> = Vec::new();
@@ -431,6 +529,7 @@ fn accept_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ccl_core::topology::Topology;
 
     fn host(name: &str, netns: u64, pid: u32) -> HostId {
         HostId {
@@ -545,6 +644,147 @@ mod tests {
             &mine(),
             &[vec![0], vec![1], vec![2]]
         ));
+    }
+
+    /// The definitions, pair by pair (N^2 choices per group): what the fast versions must
+    /// agree with.
+    fn hosts_share_memory_by_pairs(
+        records: &[Record],
+        mine: &[Arc<dyn Transport>],
+        groups: &[Vec<usize>],
+    ) -> bool {
+        let mut any = false;
+        for g in groups.iter().filter(|g| g.len() > 1) {
+            for &a in g {
+                let chosen = choose(a, records, mine).unwrap();
+                for (b, t) in chosen.iter().enumerate() {
+                    if let Some(t) = t
+                        && g.contains(&b) != mine[*t].properties().host_memory
+                    {
+                        return false;
+                    }
+                }
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn hosts_by_pairs(records: &[Record]) -> (usize, usize, usize) {
+        let mut hosts: Vec<&HostId> = Vec::new();
+        for r in records {
+            if !hosts.iter().any(|h| h.shares_memory_with(&r.host)) {
+                hosts.push(&r.host);
+            }
+        }
+        let per: Vec<usize> = hosts
+            .iter()
+            .map(|h| {
+                records
+                    .iter()
+                    .filter(|r| r.host.shares_memory_with(h) || std::ptr::eq(&r.host, *h))
+                    .count()
+            })
+            .collect();
+        let lo = per.iter().min().copied().unwrap_or(0);
+        (hosts.len(), lo, per.iter().max().copied().unwrap_or(0))
+    }
+
+    /// Random jobs: hosts, namespaces, unknown boots, ranks with different transport lists
+    /// (tcp always among them, so that every pair can connect), threads of shared processes,
+    /// and topologies that group by host or cut hosts apart.
+    #[test]
+    fn the_fast_host_checks_agree_with_the_pair_by_pair_definitions() {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as usize
+        };
+        let lists: [&[&str]; 5] = [
+            &["shm", "tcp"],
+            &["shm", "ib", "tcp"],
+            &["tcp"],
+            &["ib", "tcp", "shm"],
+            &["local", "shm", "tcp"],
+        ];
+        let with_local = {
+            let mut m = mine();
+            m.insert(0, Arc::new(Fake("local", Scope::Process)));
+            m
+        };
+        let (mut agreed_true, mut agreed_false) = (0, 0);
+        for case in 0..3000 {
+            let n = 1 + next(12);
+            let mixed = case % 3 == 0;
+            let threads = case % 5 == 0;
+            let records: Vec<Record> = (0..n)
+                .map(|r| {
+                    let h = next(3);
+                    let mut id = host(&format!("h{h}"), 1 + (next(8) == 0) as u64, r as u32);
+                    if threads {
+                        id.pid = next(2) as u32;
+                    }
+                    if next(20) == 0 {
+                        id.boot_id.clear();
+                    }
+                    let list = if mixed {
+                        lists[next(5)]
+                    } else {
+                        lists[case % 2]
+                    };
+                    rec(id, list)
+                })
+                .collect();
+            let groups: Vec<Vec<usize>> = if next(2) == 0 {
+                let t = Topology::from_hosts(
+                    &records
+                        .iter()
+                        .map(|r| r.host.name.clone())
+                        .collect::<Vec<_>>(),
+                );
+                t.host_groups()
+            } else {
+                let mut order: Vec<usize> = (0..n).collect();
+                for i in (1..n).rev() {
+                    order.swap(i, next(i as u64 + 1));
+                }
+                let mut gs: Vec<Vec<usize>> = vec![Vec::new()];
+                for r in order {
+                    if !gs.last().unwrap().is_empty() && next(3) == 0 {
+                        gs.push(Vec::new());
+                    }
+                    gs.last_mut().unwrap().push(r);
+                }
+                gs
+            };
+            let m = if threads { with_local.clone() } else { mine() };
+            let want = hosts_share_memory_by_pairs(&records, &m, &groups);
+            assert_eq!(
+                hosts_share_memory(&records, &m, &groups),
+                want,
+                "case {case}: {records:?} in {groups:?}"
+            );
+            if want {
+                agreed_true += 1;
+            } else {
+                agreed_false += 1;
+            }
+            let (h, lo, hi) = hosts_by_pairs(&records);
+            let s = summary(&records, 0, &choose(0, &records, &m).unwrap(), &m);
+            let shape = if lo == hi {
+                format!("{h} host{} x {lo} rank{}", plural(h), plural(lo))
+            } else {
+                format!("{h} hosts x {lo}-{hi} ranks")
+            };
+            assert!(s.starts_with(&shape), "case {case}: {s} against {shape}");
+        }
+        // Both answers came up often enough for the agreement to mean something.
+        assert!(
+            agreed_true > 200 && agreed_false > 200,
+            "{agreed_true} {agreed_false}"
+        );
     }
 
     #[test]

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# scale-init.sh - what starting a job costs as it grows: N local rank processes run one 8-byte
+# allreduce (`ccl-bench allreduce --np N -b 8 -e 8 -n 1 -w 0 --bind none --scale-report`), and
+# a row per run says, from the ranks' and the launcher's own measurements (ccl-bench's
+# --scale-report: clocks and the kernel's counts, nothing estimated):
+#   wall      the launcher's whole run, from its start to the last rank's exit
+#   ready     the slowest rank's time from the launcher's start to its communicator being ready
+#   result    the slowest rank's time to the allreduce's result
+#   root in/out  bytes the launcher's process (the rendezvous root and job monitor) read and wrote
+#   peers     connections per rank (most, mean); fds and sockets per rank (most)
+#   rss, shm  resident and shared memory per rank (most, MiB)
+# Not a timed test: a table for docs/scale.md. Slow: 1,024 ranks take about 90 s here.
+#
+#   scripts/scale-init.sh [--quick] [N ...]      default N: 64 256 1024
+#   TRANSPORTS="tcp auto"   transports to run (auto: shared memory on this host)
+#   AUTO_MAX=64             largest N for auto: every pair of ranks maps its own rings, so
+#                           memory grows as N^2 (about 190 MB per rank at 64 ranks)
+#   OUT=target/scale-init   where the reports and the table go
+# --quick (CI): N = 16 over each transport, checking that every rank reported.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+SIZES=()
+QUICK=0
+for a in "$@"; do
+  case "$a" in
+    --quick) QUICK=1 ;;
+    *[!0-9]*|"") echo "scale-init: not a rank count: $a" >&2; exit 2 ;;
+    *) SIZES+=("$a") ;;
+  esac
+done
+if [ "${#SIZES[@]}" = 0 ]; then
+  if [ "$QUICK" = 1 ]; then SIZES=(16); else SIZES=(64 256 1024); fi
+fi
+TRANSPORTS=${TRANSPORTS:-tcp auto}
+AUTO_MAX=${AUTO_MAX:-64}
+OUT=${OUT:-target/scale-init}
+mkdir -p "$OUT"
+cargo build --release -q -p ccl-bench
+# Each rank holds a socket per peer, and the launcher one per rank: raise the soft limit on
+# open files to the hard one (the ranks inherit it).
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) CPUs; open files: $(ulimit -n)"
+table="$OUT/table.md"
+{
+  echo "| ranks | transport | wall s | ready s | result s | root in | root out | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+} > "$table"
+status=0
+for t in $TRANSPORTS; do
+  for n in "${SIZES[@]}"; do
+    if [ "$t" = auto ] && [ "$n" -gt "$AUTO_MAX" ]; then
+      echo "scale-init: skipping $n ranks over auto (above AUTO_MAX=$AUTO_MAX: its memory grows as N^2)"
+      continue
+    fi
+    report="$OUT/$t-$n.jsonl"
+    rm -f "$report"
+    if ! timeout 900 ./target/release/ccl-bench allreduce --np "$n" -b 8 -e 8 -n 1 -w 0 \
+        --bind none --transport "$t" --scale-report "$report" > "$OUT/$t-$n.log" 2>&1; then
+      echo "scale-init: $n ranks over $t failed; see $OUT/$t-$n.log" >&2
+      tail -n 5 "$OUT/$t-$n.log" >&2
+      status=1
+      continue
+    fi
+    python3 - "$report" "$n" "$t" >> "$table" <<'PY' || status=1
+import json, sys
+path, n, t = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+lines = [json.loads(l) for l in open(path)]
+ranks = [l for l in lines if "rank" in l]
+launcher = [l for l in lines if l.get("launcher")]
+if sorted(l["rank"] for l in ranks) != list(range(n)) or len(launcher) != 1:
+    sys.exit(f"scale-init: {path}: {len(ranks)} rank lines for {n} ranks, {len(launcher)} launcher lines")
+la = launcher[0]
+most = lambda k: max(l[k] for l in ranks)
+mib = lambda kib: f"{kib / 1024:.1f}"
+def size(b):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if b < 1024 or unit == "GiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+peers = [l["peers"] for l in ranks]
+print(f"| {n} | {ranks[0]['transport']} | {la['wall_us'] / 1e6:.2f} | {most('init_us') / 1e6:.2f} "
+      f"| {most('done_us') / 1e6:.2f} | {size(la['root_in'])} | {size(la['root_out'])} "
+      f"| {max(peers)}, {sum(peers) / len(peers):.1f} | {most('fds')} | {most('sockets')} "
+      f"| {mib(most('rss_kib'))} | {mib(most('shmem_kib'))} |")
+PY
+    tail -n 1 "$table"
+  done
+done
+echo "scale-init: table in $table"
+cat "$table"
+exit "$status"
