@@ -29,6 +29,9 @@ pub(crate) type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
 /// Called on the monitor thread with each failure notice as it arrives.
 pub(crate) type NoticeHook = Box<dyn Fn(&Notice) + Send + Sync>;
 
+/// What a rank does when another asks it to connect (with the asker's rank).
+pub(crate) type ConnectHook = Box<dyn Fn(usize) + Send + Sync>;
+
 impl Bootstrap {
     /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
     /// failure on to the others for as long as the communicator lives, and asks this rank for
@@ -63,6 +66,8 @@ impl Bootstrap {
             acks: AtomicU64::new(0),
             state: OnceLock::new(),
             on_notice: OnceLock::new(),
+            on_connect: OnceLock::new(),
+            early_connects: Mutex::new(Vec::new()),
             recovery: Mutex::new(Recovery::default()),
         });
         let s = Arc::clone(&shared);
@@ -93,6 +98,9 @@ struct Shared {
     acks: AtomicU64,
     state: OnceLock<StateSource>,
     on_notice: OnceLock<NoticeHook>,
+    on_connect: OnceLock<ConnectHook>,
+    /// Requests to connect that came before the hook was set (the asker finished set-up first).
+    early_connects: Mutex<Vec<usize>>,
     recovery: Mutex<Recovery>,
 }
 
@@ -182,6 +190,22 @@ impl Shared {
                     self.send(&Frame::new(FrameKind::StateReply, reply));
                 }
             }
+            FrameKind::ConnectMe => {
+                let Some(from) = wire::rank_of(&f.payload) else {
+                    return;
+                };
+                let mut early = self
+                    .early_connects
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                match self.on_connect.get() {
+                    Some(hook) => {
+                        drop(early);
+                        hook(from);
+                    }
+                    None => early.push(from),
+                }
+            }
             FrameKind::Verdict => {
                 ccl_warn!(Some(self.rank), "{}", String::from_utf8_lossy(&f.payload));
             }
@@ -261,6 +285,35 @@ impl Monitor {
     /// the rank's waits see it (once; later calls are ignored).
     pub fn set_notice_hook(&self, f: NoticeHook) {
         let _ = self.shared.on_notice.set(f);
+    }
+
+    /// Sets what to do when another rank asks this one to connect to it, on the monitor thread
+    /// (once; later calls are ignored).
+    pub fn set_connect_hook(&self, f: ConnectHook) {
+        let _ = self.shared.on_connect.set(f);
+        // Under the lock the monitor thread takes to look for the hook: a request it found
+        // no hook for is in the list by now.
+        let early = std::mem::take(
+            &mut *self
+                .shared
+                .early_connects
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        if let Some(hook) = self.shared.on_connect.get() {
+            for from in early {
+                hook(from);
+            }
+        }
+    }
+
+    /// Asks rank `to` (through the root) to connect to this rank: the lower rank of a pair
+    /// makes its connection, wherever its own program is.
+    pub fn ask_connect(&self, to: usize) {
+        self.shared.send(&Frame::new(
+            FrameKind::ConnectMe,
+            (to as u32).to_le_bytes().to_vec(),
+        ));
     }
 
     /// The first notice that has arrived, without waiting. The first failure is the one that

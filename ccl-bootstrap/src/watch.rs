@@ -205,6 +205,17 @@ impl<'a> Watch<'a> {
                     self.recovery.on_formed(r, &f.payload);
                     Vec::new()
                 }
+                // Passed on to the rank asked; a target out of range is dropped.
+                FrameKind::ConnectMe => wire::rank_of(&f.payload)
+                    .filter(|&t| t < open.len() && t != r)
+                    .map(|t| {
+                        (
+                            t,
+                            Frame::new(FrameKind::ConnectMe, (r as u32).to_le_bytes().to_vec()),
+                        )
+                    })
+                    .into_iter()
+                    .collect(),
                 _ => self.recovery.on_shrink(r, &f.payload, &open),
             });
         }
@@ -268,7 +279,10 @@ impl<'a> Watch<'a> {
                         }
                         requests.push((r, String::from_utf8_lossy(&f.payload).into_owned()));
                     }
-                    FrameKind::Revoke | FrameKind::Shrink | FrameKind::Formed => asks.push((r, f)),
+                    FrameKind::Revoke
+                    | FrameKind::Shrink
+                    | FrameKind::Formed
+                    | FrameKind::ConnectMe => asks.push((r, f)),
                     _ => {}
                 }
             }

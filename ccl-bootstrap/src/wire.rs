@@ -31,6 +31,14 @@ pub(crate) fn count_out(n: usize) {
     BYTES_OUT.fetch_add(n as u64, Ordering::Relaxed);
 }
 
+/// The rank a 4-byte payload names (`ConnectMe`).
+pub fn rank_of(payload: &[u8]) -> Option<usize> {
+    payload
+        .try_into()
+        .ok()
+        .map(|b| u32::from_le_bytes(b) as usize)
+}
+
 /// Largest payload accepted (allgather of connection handles stays far below).
 pub const MAX_FRAME: usize = 64 << 20;
 const HELLO_MAGIC: [u8; 8] = *b"CCLBOOT1";
@@ -64,6 +72,10 @@ pub enum FrameKind {
     /// Root to rank: whether every member's did, so the shrunk communicator may be used
     /// (`[u32 round][u8 commit]`); if not, the members ask again.
     Commit = 25,
+    /// Rank to root: connect to rank `[u32 target]`, on its behalf; root to the target: the
+    /// rank `[u32 asker]` needs its connection with you, which the lower rank of a pair makes
+    /// (`CCL_CONNECT=lazy`).
+    ConnectMe = 29,
     /// Root to rank: describe your state (payload: `[u32 query id]`).
     StateQuery = 10,
     /// Rank to root: `[u32 query id]` then a [`ccl_diag::verdict::encode`]d view.
@@ -98,6 +110,7 @@ impl FrameKind {
             23 => FrameKind::Shrunk,
             24 => FrameKind::Formed,
             25 => FrameKind::Commit,
+            29 => FrameKind::ConnectMe,
             10 => FrameKind::StateQuery,
             11 => FrameKind::StateReply,
             12 => FrameKind::VerdictRequest,

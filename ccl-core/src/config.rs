@@ -101,6 +101,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "data transport for every pair of ranks: auto (shared memory within a host, ib or tcp across), shm, ib, tcp, local (in-process)",
     },
     Setting {
+        name: "CCL_CONNECT",
+        default: "eager",
+        help: "when pairs of ranks connect: eager (every pair at set-up) or lazy (a pair the first time an operation needs it; pairs in shared memory still connect at set-up)",
+    },
+    Setting {
         name: "CCL_SOCKET_IFNAME",
         default: "",
         help: "interfaces for bootstrap and TCP: comma-separated name prefixes, '^' to exclude, '=' for an exact name",
@@ -340,6 +345,26 @@ impl TransportKind {
     }
 }
 
+/// When pairs of ranks connect (`CCL_CONNECT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectMode {
+    /// Every pair at set-up.
+    Eager,
+    /// A pair the first time an operation of either rank needs it.
+    Lazy,
+}
+
+impl std::str::FromStr for ConnectMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "eager" => Ok(ConnectMode::Eager),
+            "lazy" => Ok(ConnectMode::Lazy),
+            _ => Err(format!("unknown mode '{s}' (expected eager or lazy)")),
+        }
+    }
+}
+
 /// The library's settings. Field docs name the variable each comes from.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -370,6 +395,8 @@ pub struct Config {
     pub fault_stall: Option<u64>,
     /// `CCL_TRANSPORT`
     pub transport: TransportKind,
+    /// `CCL_CONNECT`
+    pub connect: ConnectMode,
     /// `CCL_SOCKET_IFNAME`
     pub socket_ifname: Option<String>,
     /// `CCL_SPIN_US`
@@ -569,6 +596,9 @@ impl Config {
             transport: req("CCL_TRANSPORT")
                 .parse()
                 .map_err(|e| Error::invalid_argument(format!("CCL_TRANSPORT: {e}")))?,
+            connect: req("CCL_CONNECT")
+                .parse()
+                .map_err(|e| Error::invalid_argument(format!("CCL_CONNECT: {e}")))?,
             socket_ifname: get("CCL_SOCKET_IFNAME"),
             spin: Duration::from_micros(parse_num("CCL_SPIN_US", &req("CCL_SPIN_US"))?),
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
@@ -814,6 +844,7 @@ mod tests {
             ("CCL_TIMEOUT", "inf"),
             ("CCL_DEBUG", "loud"),
             ("CCL_TRANSPORT", "carrier-pigeon"),
+            ("CCL_CONNECT", "whenever"),
             ("CCL_CHUNK_SIZE", "0"),
             ("CCL_CHUNK_SIZE", "12Q"),
             ("CCL_CHUNK_SIZE", "99999999999999999999G"),

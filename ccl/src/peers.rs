@@ -31,6 +31,7 @@ use ccl_diag::{Dump, Meta};
 // `Peers` is one type spread over files by concern: the state and what reads it are here.
 mod dump;
 mod failure;
+mod lazy;
 mod setup;
 mod slow;
 pub(crate) mod wait;
@@ -122,6 +123,8 @@ pub(crate) struct Peers {
 pub(crate) struct Links {
     pub endpoints: Vec<Option<Box<dyn Endpoint>>>,
     pub host: Option<Box<dyn HostMemory>>,
+    /// The pairs still to connect, when they connect on demand (`CCL_CONNECT=lazy`).
+    pub lazy: Option<lazy::Lazy>,
 }
 
 impl Links {

@@ -208,7 +208,9 @@ impl Kinds {
         use std::collections::HashMap;
         let by_process = mine.iter().any(|t| t.scope() == Scope::Process);
         let mut hosts: HashMap<(&str, &str, u64), usize> = HashMap::new();
-        let mut kinds: HashMap<(Option<usize>, usize, Vec<&str>, u32), usize> = HashMap::new();
+        // (memory host, the rank itself when that is unknown, offers, process) -> kind
+        type Key<'a> = (Option<usize>, usize, Vec<&'a str>, u32);
+        let mut kinds: HashMap<Key<'_>, usize> = HashMap::new();
         let (mut class, mut members, mut memory) =
             (Vec::new(), Vec::<Vec<usize>>::new(), Vec::new());
         for (r, rec) in records.iter().enumerate() {
@@ -386,7 +388,7 @@ const ACCEPT_SLICE: Duration = Duration::from_millis(100);
 pub(crate) type Watch<'a> = &'a (dyn Fn(&[usize]) -> Result<()> + Sync);
 
 /// Connects to every higher rank and accepts every lower one, each pair over its chosen
-/// transport. `listeners[t]` listens for `mine[t]`; `records` give the peers' handles; `watch`
+/// transport (pairs with none, `None` in `chosen`, are left alone). `listeners[t]` listens for `mine[t]`; `records` give the peers' handles; `watch`
 /// is asked between waits whether another rank's failure ends the set-up.
 pub(crate) fn connect_all(
     ctx: &ConnectContext,
@@ -465,8 +467,10 @@ fn connect_up(
 ) -> Result<()> {
     let rank = ctx.rank;
     for peer in rank + 1..records.len() {
+        // A pair without a transport here connects later, on demand.
+        let Some(t) = chosen[peer] else { continue };
         watch(&[peer])?;
-        let t = &mine[chosen[peer].expect("every peer has a transport")];
+        let t = &mine[t];
         let handle = records[peer].offers(t.name()).ok_or_else(|| {
             Error::internal(format!("peer {peer} published no {} handle", t.name())).rank(rank)
         })?;

@@ -57,7 +57,7 @@ use data::{header_of, order};
 use host::{
     check_host_calls, host_desc, host_slot, host_slot_mut, no_host, peer_in, peer_out, unlike,
 };
-use op::{begin_op, end_op, fail_op, shares_cpus};
+use op::{abandon_op, begin_op, end_op, fail_op, shares_cpus};
 
 /// The buffers a schedule works on, as bytes.
 #[derive(Debug)]
@@ -232,6 +232,11 @@ pub(crate) fn run(
     let sched = job.schedule;
     let record = op_record(&job.info, job.seq, job.dtype, job.op, sched.algo);
     let entry_us = begin_op(comm, record, sched, elem);
+    // Connections on demand: the first operation over a pair makes it.
+    if let Err(e) = comm.ensure_connected(links, sched.peers.iter().map(|p| p.peer)) {
+        abandon_op(comm, &e);
+        return Err(e);
+    }
     // The host memory travels beside the links for the run: local ops borrow slots of it while
     // the links are in use.
     let mut host = links.host.take();

@@ -39,6 +39,17 @@ pub(super) fn begin_op(comm: &Peers, b: Begin, sched: &Schedule, elem: usize) ->
     start.unwrap_or_else(trace::now_us)
 }
 
+/// Ends the recorder's entry of an operation that failed before it began to run (its
+/// connections could not be made); nothing of it ran, so only the error and the peer it names
+/// are recorded.
+pub(super) fn abandon_op(comm: &Peers, e: &Error) {
+    let mut rec = comm.recorder();
+    if let Some(entry) = rec.current() {
+        entry.waiting_on = e.peer_id();
+    }
+    rec.end(Some(e.to_string()));
+}
+
 /// What the flight recorder records of operation `seq`.
 pub(crate) fn op_record(
     info: &OpInfo,

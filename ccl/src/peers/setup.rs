@@ -3,6 +3,7 @@
 //! job's monitor.
 
 use super::*;
+use ccl_core::config::ConnectMode;
 
 /// What the ranks told each other at set-up, and what follows from it.
 pub(super) struct Met {
@@ -134,6 +135,62 @@ pub(super) fn exchange_records(
         .enumerate()
         .map(|(r, b)| Record::decode(b, r).map_err(|e| e.rank(rank)))
         .collect()
+}
+
+/// The pairs to connect at set-up (the others' transports `None`), the listeners set-up
+/// accepts on, and, under `CCL_CONNECT=lazy`, the pairs to connect on demand: every pair but
+/// those over a transport that sets up host memory, whose segment reaches the host's ranks
+/// through their connections. Takes the listeners out of `met`.
+#[allow(clippy::type_complexity)]
+fn on_demand(
+    met: &mut Met,
+    candidates: &[Arc<dyn Transport>],
+    chosen: &[Option<usize>],
+) -> Result<(
+    Vec<Option<usize>>,
+    Vec<Option<Box<dyn Listener>>>,
+    Option<super::lazy::Lazy>,
+)> {
+    let listeners = std::mem::take(&mut met.listeners);
+    if met.ctx.config.connect == ConnectMode::Eager {
+        return Ok((chosen.to_vec(), listeners, None));
+    }
+    let later = |t: usize| !candidates[t].properties().host_memory;
+    let lazy: Vec<Option<usize>> = chosen.iter().map(|c| c.filter(|&t| later(t))).collect();
+    let now: Vec<Option<usize>> = chosen.iter().map(|c| c.filter(|&t| !later(t))).collect();
+    let (mut at_setup, mut on_demand) = (Vec::new(), Vec::new());
+    for (t, l) in listeners.into_iter().enumerate() {
+        let (a, b) = if later(t) { (None, l) } else { (l, None) };
+        at_setup.push(a);
+        on_demand.push(b);
+    }
+    let rank = met.ctx.rank;
+    for (t, transport) in candidates.iter().enumerate().filter(|(t, _)| later(*t)) {
+        let peers: Vec<usize> = (0..chosen.len()).filter(|&p| lazy[p] == Some(t)).collect();
+        if !peers.is_empty() {
+            transport
+                .prepare(&met.ctx, &peers)
+                .map_err(|e| e.rank(rank))?;
+        }
+    }
+    let handles = (0..chosen.len())
+        .map(|p| {
+            let t = lazy[p].filter(|_| p > rank)?;
+            met.records[p]
+                .offers
+                .iter()
+                .find(|(n, _)| n == candidates[t].name())
+                .map(|(_, h)| h.clone())
+        })
+        .collect();
+    let l = super::lazy::Lazy::start(
+        met.ctx.clone(),
+        candidates.to_vec(),
+        on_demand,
+        lazy,
+        handles,
+    )?;
+    Ok((now, at_setup, Some(l)))
 }
 
 /// Says (rank 0, info level) what the topology file at `path` described.
@@ -307,7 +364,7 @@ impl Peers {
                 "{var} is set but is not a ccl setting (see docs/env.md)"
             );
         }
-        let met = Met::exchange(&mut bootstrap, &candidates, config)?;
+        let mut met = Met::exchange(&mut bootstrap, &candidates, config)?;
         let chosen = wireup::choose(rank, &met.records, &candidates)?;
         let root_host = met.records.iter().position(|r| r.runs_root);
         // From here on the root passes failures on: a rank that dies or fails while the others
@@ -320,11 +377,15 @@ impl Peers {
         };
         let watch = |awaited: &[usize]| setup_watch(monitor.as_ref(), rank, root_host, awaited);
         let deadline = Instant::now() + met.ctx.config.timeout;
+        let (now_chosen, listeners, lazy) = on_demand(&mut met, &candidates, &chosen)?;
+        if let (Some(m), Some(l)) = (&monitor, &lazy) {
+            Peers::serve_connect_requests(m, l);
+        }
         let endpoints = wireup::connect_all(
             &met.ctx,
             &candidates,
-            met.listeners,
-            &chosen,
+            listeners,
+            &now_chosen,
             &met.records,
             deadline,
             &watch,
@@ -370,7 +431,14 @@ impl Peers {
         let (comm, host) = Peers::new(met.ctx, met.topology, met.records, used, summary, monitor)?;
         let comm = Arc::new(comm);
         comm.attach();
-        Ok((comm, Links { endpoints, host }))
+        Ok((
+            comm,
+            Links {
+                endpoints,
+                host,
+                lazy,
+            },
+        ))
     }
 
     /// The communicator's state once it is connected.
