@@ -13,6 +13,7 @@
 #
 #   scripts/scale-init.sh [--quick] [N ...]      default N: 64 256 1024
 #   TRANSPORTS="tcp auto"   transports to run (auto: shared memory on this host)
+#   MODES="eager lazy"      CCL_CONNECT values to run (every pair at set-up, or on demand)
 #   AUTO_MAX=64             largest N for auto: every pair of ranks maps its own rings, so
 #                           memory grows as N^2 (about 190 MB per rank at 64 ranks)
 #   OUT=target/scale-init   where the reports and the table go
@@ -33,6 +34,7 @@ if [ "${#SIZES[@]}" = 0 ]; then
   if [ "$QUICK" = 1 ]; then SIZES=(16); else SIZES=(64 256 1024); fi
 fi
 TRANSPORTS=${TRANSPORTS:-tcp auto}
+MODES=${MODES:-eager lazy}
 AUTO_MAX=${AUTO_MAX:-64}
 OUT=${OUT:-target/scale-init}
 mkdir -p "$OUT"
@@ -43,28 +45,30 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) CPUs; open files: $(ulimit -n)"
 table="$OUT/table.md"
 {
-  echo "| ranks | transport | wall s | ready s | result s | root in | root out | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| ranks | transport | connect | wall s | ready s | result s | root in | root out | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 status=0
 for t in $TRANSPORTS; do
+ for mode in $MODES; do
   for n in "${SIZES[@]}"; do
     if [ "$t" = auto ] && [ "$n" -gt "$AUTO_MAX" ]; then
       echo "scale-init: skipping $n ranks over auto (above AUTO_MAX=$AUTO_MAX: its memory grows as N^2)"
       continue
     fi
-    report="$OUT/$t-$n.jsonl"
+    report="$OUT/$t-$mode-$n.jsonl"
+    log="$OUT/$t-$mode-$n.log"
     rm -f "$report"
-    if ! timeout 900 ./target/release/ccl-bench allreduce --np "$n" -b 8 -e 8 -n 1 -w 0 \
-        --bind none --transport "$t" --scale-report "$report" > "$OUT/$t-$n.log" 2>&1; then
-      echo "scale-init: $n ranks over $t failed; see $OUT/$t-$n.log" >&2
-      tail -n 5 "$OUT/$t-$n.log" >&2
+    if ! CCL_CONNECT=$mode timeout 900 ./target/release/ccl-bench allreduce --np "$n" -b 8 -e 8 -n 1 -w 0 \
+        --bind none --transport "$t" --scale-report "$report" > "$log" 2>&1; then
+      echo "scale-init: $n ranks over $t ($mode) failed; see $log" >&2
+      tail -n 5 "$log" >&2
       status=1
       continue
     fi
-    python3 - "$report" "$n" "$t" >> "$table" <<'PY' || status=1
+    python3 - "$report" "$n" "$mode" >> "$table" <<'PY' || status=1
 import json, sys
-path, n, t = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+path, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 lines = [json.loads(l) for l in open(path)]
 ranks = [l for l in lines if "rank" in l]
 launcher = [l for l in lines if l.get("launcher")]
@@ -79,13 +83,14 @@ def size(b):
             return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
         b /= 1024
 peers = [l["peers"] for l in ranks]
-print(f"| {n} | {ranks[0]['transport']} | {la['wall_us'] / 1e6:.2f} | {most('init_us') / 1e6:.2f} "
+print(f"| {n} | {ranks[0]['transport']} | {mode} | {la['wall_us'] / 1e6:.2f} | {most('init_us') / 1e6:.2f} "
       f"| {most('done_us') / 1e6:.2f} | {size(la['root_in'])} | {size(la['root_out'])} "
       f"| {max(peers)}, {sum(peers) / len(peers):.1f} | {most('fds')} | {most('sockets')} "
       f"| {mib(most('rss_kib'))} | {mib(most('shmem_kib'))} |")
 PY
     tail -n 1 "$table"
   done
+ done
 done
 echo "scale-init: table in $table"
 cat "$table"

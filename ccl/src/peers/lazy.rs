@@ -77,7 +77,8 @@ impl Shared {
 
     /// Starts connecting to the higher peer `peer`, unless that has started already.
     fn connect(self: &Arc<Self>, peer: usize) {
-        if peer <= self.ctx.rank
+        if self.stop.load(Ordering::Acquire)
+            || peer <= self.ctx.rank
             || self.lazy.get(peer).copied().flatten().is_none()
             || self.state[peer]
                 .compare_exchange(IDLE, PENDING, Ordering::AcqRel, Ordering::Acquire)
