@@ -616,3 +616,50 @@ fn scale_report_has_a_line_per_rank_and_the_launchers() {
     );
     assert!(l["wall_us"].as_u64().unwrap() <= wall, "{l}");
 }
+
+/// 256 rank processes over TCP with pairs connected on demand finish set-up and an 8-byte
+/// allreduce (recursive doubling: log2 256 = 8 peers), every rank within 2*log2(N)+4
+/// connections, not N-1. Counts connections, not time.
+#[test]
+fn two_hundred_fifty_six_ranks_hold_a_logarithmic_number_of_connections() {
+    let n = 256;
+    let path = std::env::temp_dir().join(format!("ccl-bench-256-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let o = bench()
+        .env("CCL_CONNECT", "lazy")
+        .env("CCL_TIMEOUT", "300")
+        .env("CCL_SPIN_US", "0")
+        .args([
+            "allreduce",
+            "--np",
+            "256",
+            "-b",
+            "8",
+            "-e",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "0",
+        ])
+        .args(["--bind", "none", "--transport", "tcp"])
+        .args(["--scale-report", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    let ranks: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("rank").is_some()).collect();
+    assert_eq!(ranks.len(), n);
+    let bound = 2 * 8 + 4;
+    for l in ranks {
+        let peers = l["peers"].as_u64().unwrap();
+        assert!((1..=bound).contains(&peers), "{l}");
+        // The sockets a rank holds: its peers', its monitor line and its listener.
+        assert!(l["sockets"].as_u64().unwrap() <= bound + 3, "{l}");
+    }
+}
