@@ -243,19 +243,18 @@ impl Peers {
     pub(crate) fn ensure_connected(
         &self,
         links: &mut Links,
-        peers: impl Iterator<Item = usize>,
+        peers: impl Iterator<Item = usize> + Clone,
     ) -> Result<()> {
         let Some(lazy) = links.lazy.as_ref() else {
             return Ok(());
         };
-        let mut wanted: Vec<usize> = peers
-            .filter(|&p| {
-                p < links.endpoints.len() && links.endpoints[p].is_none() && lazy.is_lazy(p)
-            })
-            .collect();
-        if wanted.is_empty() {
+        let missing =
+            |p: usize| p < links.endpoints.len() && links.endpoints[p].is_none() && lazy.is_lazy(p);
+        // Every operation passes here: once its peers are connected, without allocating.
+        if !peers.clone().any(missing) {
             return Ok(());
         }
+        let mut wanted: Vec<usize> = peers.filter(|&p| missing(p)).collect();
         wanted.sort_unstable();
         wanted.dedup();
         for &p in &wanted {
