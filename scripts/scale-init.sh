@@ -4,8 +4,11 @@
 # a row per run says, from the ranks' and the launcher's own measurements (ccl-bench's
 # --scale-report: clocks and the kernel's counts, nothing estimated):
 #   wall      the launcher's whole run, from its start to the last rank's exit
+#   started   when the last rank process started, from the launcher's start (launching's share)
 #   ready     the slowest rank's time from the launcher's start to its communicator being ready
-#   result    the slowest rank's time to the allreduce's result
+#   first     the slowest rank's time to the result of its first allreduce (connections included)
+#   done      the slowest rank's time to the end of its benchmark (the harness's barriers,
+#             checks and statistics: eight more allreduces)
 #   root in/out  bytes the launcher's process (the rendezvous root and job monitor) read and wrote
 #   peers     connections per rank (most, mean); fds and sockets per rank (most)
 #   rss, shm  resident and shared memory per rank (most, MiB)
@@ -45,8 +48,8 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) CPUs; open files: $(ulimit -n)"
 table="$OUT/table.md"
 {
-  echo "| ranks | transport | connect | wall s | ready s | result s | root in | root out | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| ranks | transport | connect | wall s | started s | ready s | first s | done s | root in | root out | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 status=0
 for t in $TRANSPORTS; do
@@ -83,7 +86,8 @@ def size(b):
             return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
         b /= 1024
 peers = [l["peers"] for l in ranks]
-print(f"| {n} | {ranks[0]['transport']} | {mode} | {la['wall_us'] / 1e6:.2f} | {most('init_us') / 1e6:.2f} "
+print(f"| {n} | {ranks[0]['transport']} | {mode} | {la['wall_us'] / 1e6:.2f} | {most('start_us') / 1e6:.2f} "
+      f"| {most('init_us') / 1e6:.2f} | {most('first_us') / 1e6:.2f} "
       f"| {most('done_us') / 1e6:.2f} | {size(la['root_in'])} | {size(la['root_out'])} "
       f"| {max(peers)}, {sum(peers) / len(peers):.1f} | {most('fds')} | {most('sockets')} "
       f"| {mib(most('rss_kib'))} | {mib(most('shmem_kib'))} |")

@@ -311,6 +311,19 @@ fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs, init_done
     } else {
         Box::new(std::io::sink())
     };
+    // What a job's start costs ends at its first collective's result, connections included.
+    let first_result = match args
+        .scale_report
+        .as_ref()
+        .map(|_| scale::first_allreduce(comm))
+    {
+        Some(Ok(t)) => t,
+        Some(Err(e)) => {
+            eprintln!("ccl-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+        None => 0,
+    };
     let rows = match harness::run(coll, comm, &plan(args), &mut out) {
         Ok(r) => r,
         Err(e) => {
@@ -320,7 +333,7 @@ fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs, init_done
         }
     };
     if let Some(path) = &args.scale_report
-        && let Err(e) = scale::report_rank(path, comm, init_done)
+        && let Err(e) = scale::report_rank(path, comm, init_done, first_result)
     {
         eprintln!("ccl-bench: {e}");
         return ExitCode::FAILURE;

@@ -1,6 +1,7 @@
-//! `--scale-report PATH`: what starting a job costs, rank by rank. Each rank appends one JSON
-//! line when its benchmark is done (with `-b 8 -e 8 -n 1 -w 0`, at the first result): when its
-//! communicator was ready and when the result came, counted from the job's start; the peers it
+//! `--scale-report PATH`: what starting a job costs, rank by rank. Each rank runs one 8-byte
+//! allreduce before the benchmark and appends one JSON line when the benchmark is done: when its
+//! process started, when its communicator was ready, when that first allreduce's result came and
+//! when the benchmark ended, counted from the job's start; the peers it
 //! holds connections to; its file descriptors, sockets and threads; its resident and shared
 //! memory. A launcher (`--np`) appends its own line at the end: the bytes of bootstrap and
 //! monitor traffic its process, which runs only the rendezvous root and job monitor, read and
@@ -19,6 +20,7 @@ use ccl::Communicator;
 pub(crate) const T0_VAR: &str = "CCLBENCH_T0_US";
 
 static START: OnceLock<u64> = OnceLock::new();
+static PROCESS_START: OnceLock<u64> = OnceLock::new();
 
 /// Microseconds since the epoch.
 pub(crate) fn now_us() -> u64 {
@@ -30,6 +32,7 @@ pub(crate) fn now_us() -> u64 {
 /// Notes when the job started: the launcher's start when it said so, else now (called first
 /// thing in `main`).
 pub(crate) fn mark_start() -> u64 {
+    PROCESS_START.get_or_init(now_us);
     *START.get_or_init(|| {
         std::env::var(T0_VAR)
             .ok()
@@ -72,8 +75,17 @@ struct RankLine {
     rank: usize,
     size: usize,
     transport: String,
+    /// From the job's start to this process's start (the launcher's share).
+    start_us: u64,
     /// From the job's start to the communicator being ready.
     init_us: u64,
+    /// Set-up's phases on this rank ([`ccl::InitTimings`]): joining, exchanging records,
+    /// connecting.
+    join_us: u64,
+    exchange_us: u64,
+    connect_us: u64,
+    /// From the job's start to the result of the first allreduce.
+    first_us: u64,
     /// From the job's start to the end of the benchmark.
     done_us: u64,
     /// Peers this rank holds a connection to.
@@ -107,8 +119,31 @@ fn append(path: &Path, line: String) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-/// This rank's line; `init_done` is when its communicator was ready ([`now_us`]).
-pub(crate) fn report_rank(path: &Path, comm: &Communicator, init_done: u64) -> Result<(), String> {
+/// Runs one 8-byte allreduce (a sum of ones, checked) and returns when its result came
+/// ([`now_us`]).
+pub(crate) fn first_allreduce(comm: &Communicator) -> Result<u64, String> {
+    let mut x = [1u64];
+    comm.all_reduce_in_place(&mut x, ccl::ReduceOp::Sum)
+        .map_err(|e| e.to_string())?;
+    let t = now_us();
+    if x[0] != comm.size() as u64 {
+        return Err(format!(
+            "the first allreduce of {} ones gave {}",
+            comm.size(),
+            x[0]
+        ));
+    }
+    Ok(t)
+}
+
+/// This rank's line; `init_done` is when its communicator was ready and `first_result` when
+/// [`first_allreduce`] returned ([`now_us`]).
+pub(crate) fn report_rank(
+    path: &Path,
+    comm: &Communicator,
+    init_done: u64,
+    first_result: u64,
+) -> Result<(), String> {
     let done = now_us();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let (fds, sockets) = descriptors();
@@ -116,7 +151,12 @@ pub(crate) fn report_rank(path: &Path, comm: &Communicator, init_done: u64) -> R
         rank: comm.rank(),
         size: comm.size(),
         transport: comm.transport_name().to_string(),
+        start_us: since_start(PROCESS_START.get().copied().unwrap_or(0)),
         init_us: since_start(init_done),
+        join_us: comm.init_timings().join.as_micros() as u64,
+        exchange_us: comm.init_timings().exchange.as_micros() as u64,
+        connect_us: comm.init_timings().connect.as_micros() as u64,
+        first_us: since_start(first_result),
         done_us: since_start(done),
         peers: comm.connected_peers().len(),
         fds,

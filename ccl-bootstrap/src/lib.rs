@@ -3,7 +3,8 @@
 //!
 //! - [`UniqueId`] (128 bytes, like NCCL's): a magic, a random secret and the address of a
 //!   **root**, the rendezvous server thread that admits exactly `size` ranks presenting the
-//!   secret and relays allgather rounds among them ([`rendezvous`]).
+//!   secret and introduces them ([`rendezvous`]); their allgathers then run among the ranks
+//!   themselves (Bruck's algorithm), so the root moves O(N) bytes.
 //! - [`env`](mod@env): the rendezvous from launcher variables (torchrun, Open MPI, PMI, Slurm), so jobs
 //!   start unchanged under the launchers users already run.
 //! - After set-up the root stays on as the **job monitor** (`watch` on the root's side,
@@ -34,6 +35,7 @@
 const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Bootstrap;
 
 pub mod env;
+mod gather;
 mod id;
 mod monitor;
 mod recovery;

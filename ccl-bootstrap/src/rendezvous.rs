@@ -1,11 +1,12 @@
-//! The rendezvous: the root server that admits a communicator's ranks and relays their
-//! allgather rounds, and each rank's side of it ([`Bootstrap`]).
+//! The rendezvous: the root server that admits a communicator's ranks and introduces them, and
+//! each rank's side of it ([`Bootstrap`]).
 //!
-//! The root is a small server thread that admits exactly `size` ranks presenting the secret,
-//! then relays allgather rounds among them (each rank sends a blob, every rank gets all blobs).
-//! The communicator uses one round to exchange transport connection handles and host names;
-//! after that the root stays on as the job's monitor (`watch`): it watches every rank's
-//! connection, passes failures on, answers live queries and runs recovery agreements.
+//! The root is a small server thread that admits exactly `size` ranks presenting the secret and
+//! tells each where its successor listens; the ranks' allgathers then run among themselves
+//! (`gather`). The communicator uses one allgather to exchange transport connection handles
+//! and host names; after that the root stays on as the job's monitor (`watch`): it watches
+//! every rank's connection, passes failures on, answers live queries and runs recovery
+//! agreements.
 //!
 //! Every read and write is bounded by a deadline, and the root tells every rank which ranks
 //! never arrived, so a job with a missing rank fails with a message naming it instead of
@@ -17,9 +18,15 @@ use std::time::{Duration, Instant};
 use ccl_core::config::Config;
 use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::net;
+use ccl_core::transport::{decode_addr, encode_addr};
 use ccl_core::{ccl_info, ccl_trace, ccl_warn};
 
+use std::os::fd::AsFd;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
 use crate::LOG_SUBSYS;
+use crate::gather::Gather;
 use crate::id::{UniqueId, random_secret};
 use crate::wire::{self, Frame, FrameKind};
 use crate::{recovery, watch};
@@ -53,7 +60,8 @@ impl UniqueId {
     }
 }
 
-/// The root: admits `size` ranks, relays allgather rounds, ends when every rank said goodbye.
+/// The root: admits `size` ranks, introduces them, ends when every rank said goodbye (or
+/// watches the job).
 pub(crate) struct Root {
     listener: TcpListener,
     secret: [u8; 32],
@@ -144,17 +152,23 @@ impl Root {
         self.listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(ErrorKind::System, "bootstrap root", e))?;
-        let mut streams = self.admit(deadline)?;
-        for s in &mut streams {
-            let _ = wire::write_frame(s, &Frame::new(FrameKind::Welcome, Vec::new()), deadline);
+        let ranks = self.admit(deadline)?;
+        let n = ranks.len();
+        let listens: Vec<Option<SocketAddr>> = ranks.iter().map(|(_, l)| *l).collect();
+        let mut streams: Vec<TcpStream> = ranks.into_iter().map(|(s, _)| s).collect();
+        // Each rank learns where its successor listens; the allgathers run among the ranks.
+        for (r, s) in streams.iter_mut().enumerate() {
+            let next = listens[(r + 1) % n].map(encode_addr).unwrap_or_default();
+            let _ = wire::write_frame(s, &Frame::new(FrameKind::Welcome, next), deadline);
         }
-        self.relay(streams)
+        self.until_done(streams)
     }
 
     /// Phase 1: admits ranks until as many have joined as the first one's hello announced, and
-    /// returns their connections in rank order.
-    fn admit(&self, deadline: Instant) -> Result<Vec<TcpStream>> {
+    /// returns their connections and where they listen, in rank order.
+    fn admit(&self, deadline: Instant) -> Result<Vec<(TcpStream, Option<SocketAddr>)>> {
         let mut ranks: Vec<Option<TcpStream>> = Vec::new();
+        let mut listens: Vec<Option<SocketAddr>> = Vec::new();
         let mut size = 0usize;
         let mut joined = 0usize;
         while joined < size || size == 0 {
@@ -203,6 +217,7 @@ impl Root {
                 }
                 size = h.size;
                 ranks.resize_with(size, || None);
+                listens.resize(size, None);
             }
             if let Some(msg) = admission_problem(&h, from, &ranks) {
                 let _ = wire::write_frame(&mut s, &Frame::error(&msg), deadline);
@@ -216,6 +231,7 @@ impl Root {
                 h.rank
             );
             ranks[h.rank] = Some(s);
+            listens[h.rank] = h.listen;
             joined += 1;
         }
         ccl_info!(
@@ -223,7 +239,11 @@ impl Root {
             "bootstrap root {}: all {size} ranks joined",
             self.addr
         );
-        Ok(ranks.into_iter().map(|s| s.expect("all joined")).collect())
+        Ok(ranks
+            .into_iter()
+            .map(|s| s.expect("all joined"))
+            .zip(listens)
+            .collect())
     }
 
     /// Why admission must give up, if it must.
@@ -264,92 +284,104 @@ impl Root {
         Some(h)
     }
 
-    /// Phase 2: relays allgather rounds until every rank says goodbye, or hands the connections
-    /// to [`watch`] when every rank asks for the monitor.
-    fn relay(&self, mut streams: Vec<TcpStream>) -> Result<()> {
-        let mut round = 0u32;
-        loop {
-            let round_deadline = Instant::now() + self.timeout;
-            let blobs = match self.collect(&mut streams, round, round_deadline)? {
-                Round::Data(blobs) => blobs,
-                Round::Bye => {
-                    ccl_trace!(
-                        None,
-                        "bootstrap root {}: done after {round} round(s)",
-                        self.addr
-                    );
-                    return Ok(());
-                }
-                Round::Monitor(who) => {
-                    ccl_trace!(
-                        None,
-                        "bootstrap root {}: watching the job after {round} round(s)",
-                        self.addr
-                    );
-                    let _ = self.listener.set_nonblocking(true);
-                    watch::Watch::new(
-                        streams.into_iter().zip(who).collect(),
-                        &self.listener,
-                        self.secret,
-                        self.addr,
-                        self.timeout,
-                        Root::spawn_with,
-                    )
-                    .run();
-                    return Ok(());
-                }
-            };
-            let all = Frame::new(FrameKind::All, wire::encode_blobs(&blobs));
-            for (r, s) in streams.iter_mut().enumerate() {
-                if let Err(e) = wire::write_frame(s, &all, round_deadline) {
-                    let msg = format!("cannot reach rank {r} in round {round}: {e}");
-                    broadcast_error_streams(&mut streams, &msg);
-                    return Err(Error::remote(msg).peer(r));
-                }
+    /// Phase 2: the ranks run their allgathers among themselves; the root waits until every
+    /// rank says goodbye, or hands the connections to [`watch`] when every rank asks for the
+    /// monitor. A rank that fails or leaves before fails the job, and every rank hears why.
+    fn until_done(&self, mut streams: Vec<TcpStream>) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        match self.collect(&mut streams, deadline)? {
+            Done::Bye => {
+                ccl_trace!(None, "bootstrap root {}: done", self.addr);
+                Ok(())
             }
-            round += 1;
+            Done::Monitor(who) => {
+                ccl_trace!(None, "bootstrap root {}: watching the job", self.addr);
+                let _ = self.listener.set_nonblocking(true);
+                watch::Watch::new(
+                    streams.into_iter().zip(who).collect(),
+                    &self.listener,
+                    self.secret,
+                    self.addr,
+                    self.timeout,
+                    Root::spawn_with,
+                )
+                .run();
+                Ok(())
+            }
         }
     }
 
-    /// Reads one frame from every rank for `round`; they must all be data, all goodbyes or all
-    /// monitor requests.
-    fn collect(&self, streams: &mut [TcpStream], round: u32, deadline: Instant) -> Result<Round> {
+    /// Reads every rank's last bootstrap frame, in whatever order they come: all goodbyes or
+    /// all monitor requests. An error a rank reports, or its connection closing, fails the job
+    /// at once.
+    fn collect(&self, streams: &mut [TcpStream], deadline: Instant) -> Result<Done> {
         let size = streams.len();
-        let mut blobs = Vec::with_capacity(size);
-        let mut byes = 0;
-        let mut watchers = 0;
-        for r in 0..size {
-            let f = match wire::read_frame(&mut streams[r], deadline, &|| {
-                format!("round {round} from rank {r}")
-            }) {
-                Ok(f) => f,
-                Err(e) => {
-                    let msg = format!("rank {r} left the rendezvous during round {round}: {e}");
-                    broadcast_error_streams(streams, &msg);
-                    return Err(Error::remote(msg).peer(r));
+        let mut last: Vec<Option<Frame>> = vec![None; size];
+        let mut pending: Vec<usize> = (0..size).collect();
+        let fail = |streams: &mut [TcpStream], msg: String, r: usize| {
+            broadcast_error_streams(streams, &msg);
+            Err(Error::remote(msg).peer(r))
+        };
+        while !pending.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let msg = format!(
+                    "rank(s) {} did not finish the bootstrap within {:?} (stopped, or stuck before it?)",
+                    list_ranks(&pending),
+                    self.timeout
+                );
+                broadcast_error_streams(streams, &msg);
+                return Err(Error::timeout(msg).peer(pending[0]));
+            }
+            let mut fds: Vec<PollFd> = pending
+                .iter()
+                .map(|&r| PollFd::new(streams[r].as_fd(), PollFlags::POLLIN))
+                .collect();
+            let ms = left.as_millis().clamp(1, 1000) as u16;
+            let _ = nix::poll::poll(&mut fds, PollTimeout::from(ms));
+            let ready: Vec<usize> = pending
+                .iter()
+                .zip(&fds)
+                .filter(|(_, f)| f.any().unwrap_or(false))
+                .map(|(&r, _)| r)
+                .collect();
+            drop(fds);
+            for r in ready {
+                let f = match wire::read_frame(&mut streams[r], deadline, &|| {
+                    format!("the bootstrap of rank {r}")
+                }) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let msg = format!("rank {r} left the rendezvous during the bootstrap: {e}");
+                        return fail(streams, msg, r);
+                    }
+                };
+                match f.kind {
+                    FrameKind::Bye | FrameKind::Monitor => last[r] = Some(f),
+                    FrameKind::Error => {
+                        let msg = format!("rank {r}: {}", String::from_utf8_lossy(&f.payload));
+                        return fail(streams, msg, r);
+                    }
+                    other => {
+                        let msg = format!("rank {r} sent {other:?} during the bootstrap");
+                        return fail(streams, msg, r);
+                    }
                 }
-            };
-            match f.kind {
-                FrameKind::Data => blobs.push(f.payload),
-                FrameKind::Bye => byes += 1,
-                FrameKind::Monitor => {
-                    watchers += 1;
-                    blobs.push(f.payload);
-                }
-                other => {
-                    let msg = format!("rank {r} sent {other:?} in round {round}");
-                    broadcast_error_streams(streams, &msg);
-                    return Err(Error::remote(msg).peer(r));
-                }
+                pending.retain(|&p| p != r);
             }
         }
-        match (byes, watchers) {
-            (b, _) if b == size => Ok(Round::Bye),
-            (_, w) if w == size => Ok(Round::Monitor(blobs)),
-            (0, 0) => Ok(Round::Data(blobs)),
+        let frames: Vec<Frame> = last.into_iter().map(|f| f.expect("every rank")).collect();
+        let watchers = frames
+            .iter()
+            .filter(|f| f.kind == FrameKind::Monitor)
+            .count();
+        match watchers {
+            0 => Ok(Done::Bye),
+            w if w == size => Ok(Done::Monitor(
+                frames.into_iter().map(|f| f.payload).collect(),
+            )),
             _ => {
-                let msg =
-                    format!("ranks disagree on the number of bootstrap rounds (round {round})");
+                let msg = "ranks disagree on whether the root watches the job (some said goodbye, some asked for the monitor)".to_string();
                 broadcast_error_streams(streams, &msg);
                 Err(Error::internal(msg))
             }
@@ -357,10 +389,8 @@ impl Root {
     }
 }
 
-/// What every rank sent the root in one round.
-enum Round {
-    /// Every rank's contribution to an allgather, in rank order.
-    Data(Vec<Vec<u8>>),
+/// How the ranks ended their bootstrap.
+enum Done {
     /// Every rank is done with the bootstrap.
     Bye,
     /// Every rank wants the root to watch the job; what each said of itself.
@@ -387,20 +417,30 @@ fn admission_problem(
         ))
     } else if ranks[h.rank].is_some() {
         Some(format!("rank {} joined twice (again from {from})", h.rank))
+    } else if size > 1 && h.listen.is_none() {
+        Some(format!(
+            "rank {} from {from} did not say where it listens for the other ranks",
+            h.rank
+        ))
     } else {
         None
     }
 }
 
 fn missing_ranks(ranks: &[Option<TcpStream>], size: usize) -> String {
-    let m: Vec<String> = (0..size)
+    let m: Vec<usize> = (0..size)
         .filter(|&r| ranks.get(r).is_none_or(|s| s.is_none()))
-        .map(|r| r.to_string())
         .collect();
-    if m.len() > 16 {
-        format!("{} ... ({} ranks)", m[..16].join(", "), m.len())
+    list_ranks(&m)
+}
+
+/// Ranks for a message: all of them, or the first 16 and how many.
+pub(crate) fn list_ranks(ranks: &[usize]) -> String {
+    let s: Vec<String> = ranks.iter().take(16).map(|r| r.to_string()).collect();
+    if ranks.len() > 16 {
+        format!("{} ... ({} ranks)", s.join(", "), ranks.len())
     } else {
-        m.join(", ")
+        s.join(", ")
     }
 }
 
@@ -460,6 +500,10 @@ pub struct Bootstrap {
     pub(crate) timeout: Duration,
     pub(crate) round: u32,
     pub(crate) done: bool,
+    /// This rank's part in the allgathers among the ranks (none when alone).
+    pub(crate) gather: Option<Gather>,
+    /// From the start of [`Bootstrap::connect`] to the root's welcome (every rank had joined).
+    pub(crate) joined: Duration,
 }
 
 impl Bootstrap {
@@ -471,6 +515,7 @@ impl Bootstrap {
         timeout: Duration,
     ) -> Result<Bootstrap> {
         check_rank(rank, size)?;
+        let started = Instant::now();
         let root = id.root_addr();
         // Give the root's own deadline (which names the missing ranks) the chance to fire first.
         let deadline = Instant::now() + timeout + Duration::from_secs(2);
@@ -478,10 +523,34 @@ impl Bootstrap {
         let mut stream =
             net::connect_by(root, Instant::now() + timeout, &what).map_err(|e| e.rank(rank))?;
         let _ = stream.set_nodelay(true);
+        // The other ranks reach this one where it reached the root from.
+        let listener = if size > 1 {
+            let ip = stream
+                .local_addr()
+                .map_err(|e| Error::io(ErrorKind::System, "bootstrap socket", e).rank(rank))?
+                .ip();
+            let l = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| {
+                Error::io(
+                    ErrorKind::System,
+                    format!("bootstrap: cannot listen on {ip}"),
+                    e,
+                )
+                .rank(rank)
+            })?;
+            Some(l)
+        } else {
+            None
+        };
+        let listen = listener
+            .as_ref()
+            .map(|l| l.local_addr())
+            .transpose()
+            .map_err(|e| Error::io(ErrorKind::System, "bootstrap listener", e).rank(rank))?;
         let hello = wire::Hello {
             secret: id.secret(),
             rank,
             size,
+            listen,
         };
         wire::write_frame(&mut stream, &hello.encode(), deadline)
             .map_err(|e| e.rank(rank).context(what()))?;
@@ -505,6 +574,19 @@ impl Bootstrap {
                 .rank(rank));
             }
         }
+        let gather = match listener {
+            Some(l) => {
+                let next = decode_addr(&f.payload).ok_or_else(|| {
+                    Error::remote(format!(
+                        "bootstrap root {root} did not say where rank {} listens",
+                        (rank + 1) % size
+                    ))
+                    .rank(rank)
+                })?;
+                Some(Gather::start(l, next, rank, size, id.secret(), timeout)?)
+            }
+            None => None,
+        };
         Ok(Bootstrap {
             stream,
             rank,
@@ -514,6 +596,8 @@ impl Bootstrap {
             timeout,
             round: 0,
             done: false,
+            gather,
+            joined: started.elapsed(),
         })
     }
 
@@ -523,6 +607,12 @@ impl Bootstrap {
 
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// How long joining took: from the start of [`Bootstrap::connect`] until every rank had
+    /// joined (most of it, in a large job, is waiting for the last rank to start).
+    pub fn join_time(&self) -> Duration {
+        self.joined
     }
 
     /// The root's address.
@@ -544,50 +634,43 @@ impl Bootstrap {
             .map_err(|e| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank))
     }
 
-    /// Every rank contributes `data`; returns all contributions in rank order.
+    /// Every rank contributes `data`; returns all contributions in rank order. The records
+    /// travel among the ranks (see `gather`), not through the root.
     pub fn allgather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
         let deadline = Instant::now() + self.timeout + Duration::from_secs(2);
-        let rank = self.rank;
-        wire::write_frame(
-            &mut self.stream,
-            &Frame::new(FrameKind::Data, data.to_vec()),
-            deadline,
-        )
-        .map_err(|e| e.rank(rank).context("bootstrap allgather"))?;
-        let root = self.root;
         let round = self.round;
-        let f = wire::read_frame(&mut self.stream, deadline, &|| {
-            format!("bootstrap allgather round {round} via {root}")
-        })
-        .map_err(|e| e.rank(rank))?;
         self.round += 1;
-        match f.kind {
-            FrameKind::All => {
-                let blobs = wire::decode_blobs(&f.payload).map_err(|e| e.rank(rank))?;
-                if blobs.len() != self.size {
-                    return Err(Error::remote(format!(
-                        "bootstrap allgather: {} contributions for {} ranks",
-                        blobs.len(),
-                        self.size
-                    ))
-                    .rank(rank));
-                }
-                Ok(blobs)
-            }
-            FrameKind::Error => Err(Error::remote(format!(
-                "bootstrap root {root}: {}",
-                String::from_utf8_lossy(&f.payload)
-            ))
-            .rank(rank)),
-            k => Err(Error::remote(format!(
-                "bootstrap root {root} sent {k:?} during an allgather"
-            ))
-            .rank(rank)),
+        let Some(g) = &self.gather else {
+            return Ok(vec![data.to_vec()]);
+        };
+        g.allgather(&mut self.stream, round, data, deadline)
+            .inspect_err(|e| self.tell_root(e))
+    }
+
+    /// Waits until the ranks that need this rank's allgather blocks have them: its listener
+    /// closes after that.
+    pub(crate) fn settle(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.timeout + Duration::from_secs(2);
+        let Some(g) = self.gather.take() else {
+            return Ok(());
+        };
+        g.settle(&mut self.stream, deadline)
+            .inspect_err(|e| self.tell_root(e))
+    }
+
+    /// Passes this rank's bootstrap failure to the root, which fails the job with it (unless
+    /// the failure is the root's own message).
+    fn tell_root(&mut self, e: &Error) {
+        if !e.message().starts_with("bootstrap root") && !e.message().contains("the bootstrap root")
+        {
+            let by = Instant::now() + Duration::from_secs(2);
+            let _ = wire::write_frame(&mut self.stream, &Frame::error(&e.to_string()), by);
         }
     }
 
     /// Tells the root this rank is done with the bootstrap.
     pub fn finish(mut self) -> Result<()> {
+        self.settle()?;
         self.say_bye()
     }
 
@@ -654,29 +737,100 @@ mod tests {
     }
 
     #[test]
-    fn allgather_through_the_root() {
+    fn allgather_among_the_ranks() {
+        // Powers of two and not, so the last step's partial block is covered.
+        for n in [2, 3, 5, 8, 13] {
+            let c = cfg(20_000);
+            let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let id = id.clone();
+                    std::thread::spawn(move || {
+                        let mut b = Bootstrap::connect(&id, r, n, Duration::from_secs(20)).unwrap();
+                        assert_eq!(b.local_ip().unwrap(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+                        let a = b.allgather(format!("rank{r}").as_bytes()).unwrap();
+                        let z = b.allgather(&vec![r as u8; r * 1000]).unwrap();
+                        b.finish().unwrap();
+                        (a, z)
+                    })
+                })
+                .collect();
+            for h in hs {
+                let (a, z) = h.join().unwrap();
+                for r in 0..n {
+                    assert_eq!(a[r], format!("rank{r}").as_bytes(), "n = {n}");
+                    assert_eq!(z[r], vec![r as u8; r * 1000], "n = {n}");
+                }
+            }
+        }
+    }
+
+    /// A rank that leaves after joining fails everyone's allgather with its name, well before
+    /// the deadline, whether or not it was some rank's partner.
+    #[test]
+    fn a_rank_that_leaves_during_the_allgather_is_named() {
         let c = cfg(20_000);
         let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
-        let n = 5;
+        let n = 6;
+        let t0 = Instant::now();
         let hs: Vec<_> = (0..n)
             .map(|r| {
                 let id = id.clone();
                 std::thread::spawn(move || {
                     let mut b = Bootstrap::connect(&id, r, n, Duration::from_secs(20)).unwrap();
-                    assert_eq!(b.local_ip().unwrap(), IpAddr::V4(Ipv4Addr::LOCALHOST));
-                    let a = b.allgather(format!("rank{r}").as_bytes()).unwrap();
-                    let z = b.allgather(&vec![r as u8; r * 1000]).unwrap();
-                    b.finish().unwrap();
-                    (a, z)
+                    if r == 4 {
+                        drop(b);
+                        return None;
+                    }
+                    Some(b.allgather(b"x").unwrap_err())
                 })
             })
             .collect();
         for h in hs {
-            let (a, z) = h.join().unwrap();
-            for r in 0..n {
-                assert_eq!(a[r], format!("rank{r}").as_bytes());
-                assert_eq!(z[r], vec![r as u8; r * 1000]);
+            if let Some(e) = h.join().unwrap() {
+                assert!(e.to_string().contains("rank 4"), "{e}");
             }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    }
+
+    /// A stranger on a rank's allgather listener is dropped; the job goes on.
+    #[test]
+    fn a_stranger_at_a_ranks_listener_is_dropped() {
+        let c = cfg(20_000);
+        let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        let n = 3;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (id, tx) = (id.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    let mut b = Bootstrap::connect(&id, r, n, Duration::from_secs(20)).unwrap();
+                    if r == 1 {
+                        let g = b.gather.as_ref().unwrap();
+                        tx.send(g.listening()).unwrap();
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    let a = b.allgather(&[r as u8]).unwrap();
+                    b.finish().unwrap();
+                    a
+                })
+            })
+            .collect();
+        let at = rx.recv().unwrap();
+        let mut s = TcpStream::connect(at).unwrap();
+        let ask = wire::GatherAsk {
+            secret: [0; 32],
+            rank: 0,
+            round: 0,
+            step: 0,
+        };
+        let by = Instant::now() + Duration::from_secs(5);
+        wire::write_frame(&mut s, &ask.encode(), by).unwrap();
+        let got = wire::read_frame(&mut s, by, &|| "stranger".into());
+        assert!(got.is_err(), "a stranger got {got:?}");
+        for h in hs {
+            assert_eq!(h.join().unwrap(), vec![vec![0], vec![1], vec![2]]);
         }
     }
 

@@ -4,12 +4,13 @@
 //! every slice is bounds-checked, so bytes from a stranger give an error, never a panic or a huge
 //! allocation.
 
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ccl_core::error::{Error, Result};
 use ccl_core::net;
+use ccl_core::transport::{decode_addr, encode_addr};
 
 static BYTES_IN: AtomicU64 = AtomicU64::new(0);
 static BYTES_OUT: AtomicU64 = AtomicU64::new(0);
@@ -41,15 +42,18 @@ pub fn rank_of(payload: &[u8]) -> Option<usize> {
 
 /// Largest payload accepted (allgather of connection handles stays far below).
 pub const MAX_FRAME: usize = 64 << 20;
-const HELLO_MAGIC: [u8; 8] = *b"CCLBOOT1";
+const HELLO_MAGIC: [u8; 8] = *b"CCLBOOT2";
+const GATHER_MAGIC: [u8; 8] = *b"CCLGATH1";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FrameKind {
     Hello = 1,
     Welcome = 2,
     Error = 3,
-    Data = 4,
-    All = 5,
+    /// Rank to rank: send me your block of step `k` of an allgather (a [`GatherAsk`]).
+    Gather = 4,
+    /// Rank to rank: the block asked for (a [`Block`]).
+    Block = 5,
     Bye = 6,
     /// Rank to root: done with allgather rounds; keep the connection to watch the job.
     Monitor = 7,
@@ -98,8 +102,8 @@ impl FrameKind {
             1 => FrameKind::Hello,
             2 => FrameKind::Welcome,
             3 => FrameKind::Error,
-            4 => FrameKind::Data,
-            5 => FrameKind::All,
+            4 => FrameKind::Gather,
+            5 => FrameKind::Block,
             6 => FrameKind::Bye,
             7 => FrameKind::Monitor,
             8 => FrameKind::Failure,
@@ -189,15 +193,20 @@ pub struct Hello {
     pub secret: [u8; 32],
     pub rank: usize,
     pub size: usize,
+    /// Where this rank listens for the others' allgather requests (none when alone).
+    pub listen: Option<SocketAddr>,
 }
 
 impl Hello {
     pub fn encode(&self) -> Frame {
-        let mut p = Vec::with_capacity(48);
+        let mut p = Vec::with_capacity(48 + 19);
         p.extend_from_slice(&HELLO_MAGIC);
         p.extend_from_slice(&self.secret);
         p.extend_from_slice(&(self.rank as u32).to_le_bytes());
         p.extend_from_slice(&(self.size as u32).to_le_bytes());
+        if let Some(a) = self.listen {
+            p.extend_from_slice(&encode_addr(a));
+        }
         Frame::new(FrameKind::Hello, p)
     }
 
@@ -206,13 +215,85 @@ impl Hello {
             return Err(format!("expected a hello, got {:?}", f.kind));
         }
         let p = &f.payload;
-        if p.len() != 48 || p[..8] != HELLO_MAGIC {
-            return Err("not a ccl bootstrap hello".into());
+        if p.len() < 48 || p[..8] != HELLO_MAGIC {
+            return Err("not a ccl bootstrap hello (or one of another version)".into());
         }
+        let listen = match &p[48..] {
+            [] => None,
+            a => Some(decode_addr(a).ok_or("a hello with a malformed listening address")?),
+        };
         Ok(Hello {
             secret: p[8..40].try_into().expect("32 bytes"),
             rank: u32::from_le_bytes(p[40..44].try_into().expect("4 bytes")) as usize,
             size: u32::from_le_bytes(p[44..48].try_into().expect("4 bytes")) as usize,
+            listen,
+        })
+    }
+}
+
+/// A rank's request to another for its block of one allgather step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatherAsk {
+    pub secret: [u8; 32],
+    pub rank: usize,
+    pub round: u32,
+    pub step: u32,
+}
+
+impl GatherAsk {
+    pub fn encode(&self) -> Frame {
+        let mut p = Vec::with_capacity(52);
+        p.extend_from_slice(&GATHER_MAGIC);
+        p.extend_from_slice(&self.secret);
+        p.extend_from_slice(&(self.rank as u32).to_le_bytes());
+        p.extend_from_slice(&self.round.to_le_bytes());
+        p.extend_from_slice(&self.step.to_le_bytes());
+        Frame::new(FrameKind::Gather, p)
+    }
+
+    pub fn decode(f: &Frame) -> std::result::Result<GatherAsk, String> {
+        let p = &f.payload;
+        if f.kind != FrameKind::Gather || p.len() != 52 || p[..8] != GATHER_MAGIC {
+            return Err(format!("not a ccl allgather request ({:?})", f.kind));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(p[o..o + 4].try_into().expect("4 bytes"));
+        Ok(GatherAsk {
+            secret: p[8..40].try_into().expect("32 bytes"),
+            rank: u32_at(40) as usize,
+            round: u32_at(44),
+            step: u32_at(48),
+        })
+    }
+}
+
+/// One allgather step's answer: the records asked for and, while the steps go on, where the
+/// asker's partner of the next step listens (the answering rank's own partner of this step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    pub next: Option<SocketAddr>,
+    pub records: Vec<Vec<u8>>,
+}
+
+impl Block {
+    pub fn encode(&self) -> Frame {
+        let addr = self.next.map(encode_addr).unwrap_or_default();
+        let mut p = vec![addr.len() as u8];
+        p.extend_from_slice(&addr);
+        p.extend_from_slice(&encode_blobs(&self.records));
+        Frame::new(FrameKind::Block, p)
+    }
+
+    pub fn decode(p: &[u8]) -> Result<Block> {
+        let bad = || Error::remote("malformed bootstrap allgather block");
+        let (&n, rest) = p.split_first().ok_or_else(bad)?;
+        let (addr, rest) = rest.split_at_checked(n as usize).ok_or_else(bad)?;
+        let next = match addr {
+            [] => None,
+            a => Some(decode_addr(a).ok_or_else(bad)?),
+        };
+        Ok(Block {
+            next,
+            records: decode_blobs(rest)?,
         })
     }
 }
@@ -475,13 +556,42 @@ mod tests {
             secret: [5; 32],
             rank: 3,
             size: 8,
+            listen: Some("10.1.2.3:4567".parse().unwrap()),
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let alone = Hello {
+            listen: None,
+            ..h.clone()
+        };
+        assert_eq!(Hello::decode(&alone.encode()).unwrap(), alone);
         let mut f = h.encode();
         f.payload[0] = b'X';
         assert!(Hello::decode(&f).is_err());
         f.payload.truncate(10);
         assert!(Hello::decode(&f).is_err());
+    }
+
+    #[test]
+    fn gather_frames_round_trip() {
+        let a = GatherAsk {
+            secret: [7; 32],
+            rank: 1000,
+            round: 2,
+            step: 9,
+        };
+        assert_eq!(GatherAsk::decode(&a.encode()).unwrap(), a);
+        let mut f = a.encode();
+        f.payload[3] ^= 1;
+        assert!(GatherAsk::decode(&f).is_err());
+        for next in [None, Some("[fe80::1]:9".parse().unwrap())] {
+            let b = Block {
+                next,
+                records: vec![vec![1, 2], vec![]],
+            };
+            assert_eq!(Block::decode(&b.encode().payload).unwrap(), b);
+        }
+        assert!(Block::decode(&[]).is_err());
+        assert!(Block::decode(&[7, 4, 0]).is_err());
     }
 
     #[test]
@@ -524,7 +634,7 @@ mod tests {
         assert!(decode_header(&[1, 0, 0, 0, 99]).is_err());
         assert_eq!(
             decode_header(&[3, 0, 0, 0, 4]).unwrap(),
-            (3, FrameKind::Data)
+            (3, FrameKind::Gather)
         );
     }
 
@@ -545,6 +655,8 @@ mod tests {
             let mut v: Vec<u8> = (0..len).map(|_| next() as u8).collect();
             let _ = decode_blobs(&v);
             let _ = Hello::decode(&Frame::new(FrameKind::Hello, v.clone()));
+            let _ = GatherAsk::decode(&Frame::new(FrameKind::Gather, v.clone()));
+            let _ = Block::decode(&v);
             if v.len() >= 5 {
                 let _ = decode_header(&v[..5].try_into().unwrap());
             }

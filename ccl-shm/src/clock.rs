@@ -11,9 +11,9 @@
 //!
 //! How the counter becomes wall time: each thread anchors it to the system clock, and anchors
 //! again once its anchor is more than [`WINDOW_NS`] old (one system-clock read per window,
-//! whatever the call rate). The counter's rate is measured once for [`CALIBRATION_NS`] when the
-//! first communicator is made ([`calibrate`]), then again between a thread's successive anchors
-//! (at least [`MIN_SPAN_NS`] apart), and shared by all threads; a rate more than 1 % from the
+//! whatever the call rate). The counter's rate is measured between a thread's successive anchors
+//! (at least [`MIN_SPAN_NS`] apart; the first when a communicator is made, [`calibrate`]), and
+//! shared by all threads; a rate more than 1 % from the
 //! current one counts only when the next measurement agrees with it, so that a step of the
 //! system clock between two anchors does not skew every thread's times. Until a rate is known,
 //! every read is a system-clock read. Between anchors the error is the rate's error over at most
@@ -209,35 +209,18 @@ pub fn usable() -> bool {
     })
 }
 
-/// Measures the counter's rate over [`CALIBRATION_NS`] of busy waiting, once per process, so
-/// that [`now_us`] reads the counter from the start rather than from [`MIN_SPAN_NS`] on. Returns
-/// whether the rate is known (false where the counter is not [`usable`]).
+/// Whether [`now_us`] reads the counter on this machine; anchors the calling thread, so that
+/// the rate is measured from here on. No busy waiting: until a span of [`MIN_SPAN_NS`] between
+/// two anchors gives the rate, reads are system-clock reads. (A calibration that spun for a few
+/// milliseconds cost every rank of a thousand-rank job on a few CPUs that much CPU time, more
+/// when preempted, to save system-clock reads in the first ten milliseconds of its life.)
 pub fn calibrate() -> bool {
-    static DONE: OnceLock<bool> = OnceLock::new();
-    *DONE.get_or_init(|| {
-        if !usable() {
-            return false;
-        }
-        let old = take_anchor();
-        let mut new = take_anchor();
-        while new.ns.saturating_sub(old.ns) < CALIBRATION_NS && new.ns >= old.ns {
-            std::hint::spin_loop();
-            new = take_anchor();
-        }
-        match rate(old, new, CALIBRATION_NS) {
-            Some(r) => {
-                // A rate measured already (over a longer span) is the better one.
-                let _ = RATE.compare_exchange(0, r.to_bits(), Ordering::Relaxed, Ordering::Relaxed);
-                true
-            }
-            None => false,
-        }
-    })
+    if !usable() {
+        return false;
+    }
+    let _ = now_us();
+    true
 }
-
-/// How long [`calibrate`] measures: its error (some tens of nanoseconds of system-clock jitter
-/// over this span) stays under 0.1 us over a window.
-pub const CALIBRATION_NS: u64 = 2_000_000;
 
 /// Microseconds since the Unix epoch: from the counter where it is [`usable`], else (and
 /// until its rate is known) from the system clock.
@@ -365,8 +348,7 @@ mod tests {
             return;
         }
         assert!(calibrate());
-        assert!(f64::from_bits(RATE.load(Ordering::Relaxed)) > 0.0);
-        // Over more than a window, so that reads re-anchor and refine the rate too.
+        // Over more than a window, so that reads re-anchor, measure the rate and refine it.
         for _ in 0..100 {
             let before = system_ns() / 1000;
             let t = now_us();
@@ -378,5 +360,6 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_micros(300));
         }
+        assert!(f64::from_bits(RATE.load(Ordering::Relaxed)) > 0.0);
     }
 }

@@ -97,6 +97,7 @@ mod wireup;
 pub use ccl_shm::pages::Pages;
 pub use group::Group;
 pub use order::Request;
+pub use peers::InitTimings;
 pub use registry::{Buffer, Registration, UnboundRegistration};
 pub use vcoll::Counts;
 
@@ -246,6 +247,11 @@ impl Communicator {
     /// another thread runs on this communicator.
     pub fn connected_peers(&self) -> Vec<usize> {
         self.engine.connected_peers()
+    }
+
+    /// What setting this communicator up took on this rank, phase by phase.
+    pub fn init_timings(&self) -> InitTimings {
+        self.engine.peers.init_timings()
     }
 
     /// Host name of every rank.

@@ -114,6 +114,44 @@ pub(crate) struct Peers {
     warned_seq: AtomicU64,
     /// When the slow-rank report was last logged.
     slow_logged: Mutex<Option<Instant>>,
+    /// What setting up took, phase by phase.
+    init: InitTimings,
+}
+
+/// What setting up a communicator took on this rank, phase by phase (also in its "communicator
+/// ready" log line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InitTimings {
+    /// Joining the rendezvous, until every rank had joined: in a large job mostly the wait for
+    /// the last rank to start.
+    pub join: std::time::Duration,
+    /// Exchanging the ranks' records (the bootstrap's allgather) and handing the root's
+    /// connection over to the job monitor.
+    pub exchange: std::time::Duration,
+    /// Choosing transports and connecting the pairs set-up connects (every pair with
+    /// `CCL_CONNECT=eager`; with `lazy`, pairs connect when an operation first needs them).
+    pub connect: std::time::Duration,
+}
+
+impl InitTimings {
+    /// All of set-up.
+    pub fn total(&self) -> std::time::Duration {
+        self.join + self.exchange + self.connect
+    }
+}
+
+impl std::fmt::Display for InitTimings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        write!(
+            f,
+            "set-up took {:.1} ms (join {:.1}, exchange {:.1}, connect {:.1})",
+            ms(self.total()),
+            ms(self.join),
+            ms(self.exchange),
+            ms(self.connect)
+        )
+    }
 }
 
 /// Connections to every peer, indexed by rank (`None` for this rank), and the memory this rank
@@ -205,6 +243,10 @@ impl Peers {
     }
 
     /// Host name of every rank, in rank order.
+    pub(crate) fn init_timings(&self) -> InitTimings {
+        self.init
+    }
+
     pub(crate) fn hosts(&self) -> &[String] {
         &self.hosts
     }

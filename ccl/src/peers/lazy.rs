@@ -35,8 +35,14 @@ const PENDING: u8 = 1;
 /// Its endpoint is in the inbox or in the links.
 const READY: u8 = 2;
 
-/// How long one accept call waits before the thread looks whether the communicator is gone.
-const ACCEPT_SLICE: Duration = Duration::from_millis(100);
+/// How long one accept call waits before the thread looks whether the communicator is gone: an
+/// accept thread outlives its communicator by at most this. Not shorter: every rank has one,
+/// and with hundreds of ranks on a few CPUs the wake-ups of short slices add up to seconds.
+const ACCEPT_SLICE: Duration = Duration::from_secs(1);
+
+/// How long a rank waiting for its connections sleeps before it looks again at what it is not
+/// woken for.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// What the connecting and accepting threads hand to the executor.
 #[derive(Default)]
@@ -307,7 +313,7 @@ impl Peers {
                         None => self.abort.fd(),
                     },
                 ],
-                (deadline - now).min(ACCEPT_SLICE),
+                (deadline - now).min(WAIT_SLICE),
             )?;
         }
     }

@@ -364,6 +364,8 @@ impl Peers {
                 "{var} is set but is not a ccl setting (see docs/env.md)"
             );
         }
+        let t_exchange = Instant::now();
+        let join = bootstrap.join_time();
         let mut met = Met::exchange(&mut bootstrap, &candidates, config)?;
         let chosen = wireup::choose(rank, &met.records, &candidates)?;
         let root_host = met.records.iter().position(|r| r.runs_root);
@@ -376,7 +378,8 @@ impl Peers {
             None
         };
         let watch = |awaited: &[usize]| setup_watch(monitor.as_ref(), rank, root_host, awaited);
-        let deadline = Instant::now() + met.ctx.config.timeout;
+        let t_connect = Instant::now();
+        let deadline = t_connect + met.ctx.config.timeout;
         let (now_chosen, listeners, lazy) = on_demand(&mut met, &candidates, &chosen)?;
         if let (Some(m), Some(l)) = (&monitor, &lazy) {
             Peers::serve_connect_requests(m, l);
@@ -397,9 +400,14 @@ impl Peers {
             }
         })?;
         let summary = wireup::summary(&met.records, rank, &chosen, &candidates);
+        let init = InitTimings {
+            join,
+            exchange: t_connect - t_exchange,
+            connect: t_connect.elapsed(),
+        };
         ccl_info!(
             Some(rank),
-            "communicator ready: {size} ranks, {summary} (listening on {})",
+            "communicator ready: {size} ranks, {summary} (listening on {}); {init}",
             met.ctx.local_ip
         );
         let config = &met.ctx.config;
@@ -428,7 +436,9 @@ impl Peers {
                 config.shm_ring_size >> 10
             );
         }
-        let (comm, host) = Peers::new(met.ctx, met.topology, met.records, used, summary, monitor)?;
+        let (mut comm, host) =
+            Peers::new(met.ctx, met.topology, met.records, used, summary, monitor)?;
+        comm.init = init;
         let comm = Arc::new(comm);
         comm.attach();
         Ok((
@@ -487,6 +497,7 @@ impl Peers {
             shrink_round: std::sync::atomic::AtomicU32::new(0),
             warned_seq: AtomicU64::new(0),
             slow_logged: Mutex::new(None),
+            init: InitTimings::default(),
             config,
         };
         Ok((comm, used.host))
