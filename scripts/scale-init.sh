@@ -12,7 +12,7 @@
 #   root in/out  bytes the launcher's process (the rendezvous root and job monitor) read and wrote
 #   peers     connections per rank (most, mean); fds and sockets per rank (most)
 #   rss, shm  resident and shared memory per rank (most, MiB)
-# Not a timed test: a table for docs/scale.md. Slow: 1,024 ranks take about 90 s here.
+# Not a timed test: a table for docs/scale.md. Slow: 1,024 eager ranks take about 3 minutes here.
 #
 #   scripts/scale-init.sh [--quick] [N ...]      default N: 64 256 1024
 #   TRANSPORTS="tcp auto"   transports to run (auto: shared memory on this host)

@@ -15,8 +15,8 @@ scripts/install-deps.sh test
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
 echo "== cargo test (workspace, release)"
 cargo test --release --workspace
-echo "== the collectives again, with pairs connected on demand (CCL_CONNECT=lazy)"
-CCL_CONNECT=lazy cargo test --release -p ccl --test collectives --test vcoll --test mismatch
+echo "== the collectives again, with every pair connected at set-up (CCL_CONNECT=eager)"
+CCL_CONNECT=eager cargo test --release -p ccl --test collectives --test vcoll --test mismatch
 echo "== simulator: one small experiment"
 scripts/sim-smoke.sh
 echo "== two hosts on one machine (UTS namespaces): shm within hosts, tcp across"

@@ -589,12 +589,12 @@ fn scale_run(np: &str, vars: &[(&str, &str)]) -> (Output, Vec<serde_json::Value>
 }
 
 /// `--scale-report`: a line per rank and one from the launcher, every figure measured: the
-/// times ordered and within the run, connections to every peer (set-up connects all pairs),
+/// times ordered and within the run, connections to every peer (eager set-up connects all pairs),
 /// sockets at least as many, memory nonzero, and the launcher's root traffic nonzero.
 #[test]
 fn scale_report_has_a_line_per_rank_and_the_launchers() {
     let start = Instant::now();
-    let (o, lines) = scale_run("4", &[]);
+    let (o, lines) = scale_run("4", &[("CCL_CONNECT", "eager")]);
     let wall = start.elapsed().as_micros() as u64;
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(lines.len(), 5, "{lines:?}");

@@ -102,8 +102,8 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "CCL_CONNECT",
-        default: "eager",
-        help: "when pairs of ranks connect: eager (every pair at set-up) or lazy (a pair the first time an operation needs it; pairs in shared memory still connect at set-up)",
+        default: "lazy",
+        help: "when pairs of ranks connect: lazy (a pair the first time an operation needs it; pairs in shared memory still connect at set-up) or eager (every pair at set-up)",
     },
     Setting {
         name: "CCL_SOCKET_IFNAME",

@@ -6,21 +6,21 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use ccl::{Communicator, Config, UniqueId};
-use ccl_core::config::{ConnectMode, TransportKind};
+use ccl_core::config::TransportKind;
 use half::{bf16, f16};
 
 pub(crate) const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Settings for tests: loopback only, a deadline short enough that a hang fails the test.
-/// `CCL_CONNECT` in the environment chooses when pairs connect, so that whole suites run both
-/// ways (scripts/test.sh runs some with `lazy`).
+/// `CCL_CONNECT` in the environment chooses when pairs connect (the library's default when
+/// unset), so that whole suites run both ways (scripts/test.sh runs some with `eager`).
 pub(crate) fn config(transport: TransportKind, timeout: Duration) -> Config {
     Config {
         transport,
         timeout,
         socket_ifname: Some("=lo".into()),
         connect: std::env::var("CCL_CONNECT")
-            .map_or(Ok(ConnectMode::Eager), |v| v.parse())
+            .map_or(Ok(Config::default().connect), |v| v.parse())
             .expect("CCL_CONNECT: eager or lazy"),
         ..Config::default()
     }
