@@ -259,7 +259,7 @@ impl Gather {
             let left = ccl_core::net::remaining(deadline, || {
                 format!(
                     "bootstrap allgather: rank(s) {} never asked this rank for their block",
-                    crate::rendezvous::list_ranks(&missing)
+                    list_ranks(&missing)
                 )
             })
             .map_err(|e| e.rank(rank).peer(missing[0]))?;
@@ -584,6 +584,16 @@ fn root_word(root: &mut TcpStream, e: Error, rank: usize) -> Error {
         return root_error(root, Instant::now() + Duration::from_secs(2)).rank(rank);
     }
     e
+}
+
+/// Ranks for a message: all of them, or the first 16 and how many.
+pub(crate) fn list_ranks(ranks: &[usize]) -> String {
+    let s: Vec<String> = ranks.iter().take(16).map(|r| r.to_string()).collect();
+    if ranks.len() > 16 {
+        format!("{} ... ({} ranks)", s.join(", "), ranks.len())
+    } else {
+        s.join(", ")
+    }
 }
 
 fn poll_ms(left: Duration) -> PollTimeout {

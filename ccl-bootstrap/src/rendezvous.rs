@@ -26,7 +26,7 @@ use std::os::fd::AsFd;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::LOG_SUBSYS;
-use crate::gather::Gather;
+use crate::gather::{Gather, list_ranks};
 use crate::id::{UniqueId, random_secret};
 use crate::wire::{self, Frame, FrameKind};
 use crate::{recovery, watch};
@@ -432,16 +432,6 @@ fn missing_ranks(ranks: &[Option<TcpStream>], size: usize) -> String {
         .filter(|&r| ranks.get(r).is_none_or(|s| s.is_none()))
         .collect();
     list_ranks(&m)
-}
-
-/// Ranks for a message: all of them, or the first 16 and how many.
-pub(crate) fn list_ranks(ranks: &[usize]) -> String {
-    let s: Vec<String> = ranks.iter().take(16).map(|r| r.to_string()).collect();
-    if ranks.len() > 16 {
-        format!("{} ... ({} ranks)", s.join(", "), ranks.len())
-    } else {
-        s.join(", ")
-    }
 }
 
 fn broadcast_error(ranks: &mut [Option<TcpStream>], msg: &str) {

@@ -260,7 +260,14 @@ fn ib_mismatched_settings_are_refused() {
             if rank == 1 {
                 cfg.ib.slots = 8;
             }
-            std::thread::spawn(move || ccl::Communicator::init_with_config(&id, rank, 2, cfg))
+            // Set-up refuses the pair when it connects at set-up (eager); connected on demand
+            // (lazy, the default), the first operation over it does.
+            std::thread::spawn(move || {
+                ccl::Communicator::init_with_config(&id, rank, 2, cfg).and_then(|c| {
+                    let mut x = [1.0f32; 4];
+                    c.all_reduce_in_place(&mut x, ccl::ReduceOp::Sum)
+                })
+            })
         })
         .collect();
     let errs: Vec<String> = hs
