@@ -13,6 +13,7 @@
 //! hanging.
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use ccl_core::config::Config;
@@ -20,9 +21,6 @@ use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::net;
 use ccl_core::transport::{decode_addr, encode_addr};
 use ccl_core::{ccl_info, ccl_trace, ccl_warn};
-
-use std::os::fd::AsFd;
-
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::LOG_SUBSYS;
