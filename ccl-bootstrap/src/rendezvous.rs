@@ -488,6 +488,8 @@ pub struct Bootstrap {
     pub(crate) timeout: Duration,
     pub(crate) round: u32,
     pub(crate) done: bool,
+    /// An allgather of this rank failed (and the root was told).
+    pub(crate) broken: bool,
     /// This rank's part in the allgathers among the ranks (none when alone).
     pub(crate) gather: Option<Gather>,
     /// From the start of [`Bootstrap::connect`] to the root's welcome (every rank had joined).
@@ -584,6 +586,7 @@ impl Bootstrap {
             timeout,
             round: 0,
             done: false,
+            broken: false,
             gather,
             joined: started.elapsed(),
         })
@@ -632,7 +635,20 @@ impl Bootstrap {
             return Ok(vec![data.to_vec()]);
         };
         g.allgather(&mut self.stream, round, data, deadline)
-            .inspect_err(|e| self.tell_root(e))
+            .inspect_err(|e| {
+                self.broken = true;
+                self.tell_root(e)
+            })
+    }
+
+    /// Leaves the bootstrap after this rank failed with `e` on its own (a bad setting, records
+    /// it cannot use). It first serves the ranks that still need its allgather blocks, so that
+    /// each of them reaches its own verdict on the same records instead of learning that this
+    /// rank left; then the root passes `e` on to the ranks still in the bootstrap.
+    pub fn fail(mut self, e: &Error) {
+        if !self.broken && self.settle().is_ok() {
+            self.tell_root(e);
+        }
     }
 
     /// Waits until the ranks that need this rank's allgather blocks have them: its listener
@@ -749,6 +765,42 @@ mod tests {
                     assert_eq!(a[r], format!("rank{r}").as_bytes(), "n = {n}");
                     assert_eq!(z[r], vec![r as u8; r * 1000], "n = {n}");
                 }
+            }
+        }
+    }
+
+    /// A rank that fails on its own right after an allgather still gives the others its
+    /// blocks, so none of them learns only that it left: each one gets every record (and can
+    /// reach its own verdict on them) or, when the root passes the error on first, the error.
+    #[test]
+    fn a_rank_that_fails_after_the_allgather_serves_the_others_first() {
+        let c = cfg(20_000);
+        let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        let n = 6;
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    let mut b = Bootstrap::connect(&id, r, n, Duration::from_secs(20)).unwrap();
+                    let all = b.allgather(&[r as u8; 3]).map_err(|e| e.to_string());
+                    if r == 2 {
+                        b.fail(&Error::invalid_argument("rank 2's own bad setting"));
+                        return (all, Ok(()));
+                    }
+                    (all, b.finish().map_err(|e| e.to_string()))
+                })
+            })
+            .collect();
+        for (r, h) in hs.into_iter().enumerate() {
+            let (all, fin) = h.join().unwrap();
+            for e in [all.as_ref().err(), fin.as_ref().err()]
+                .into_iter()
+                .flatten()
+            {
+                assert!(e.contains("rank 2's own bad setting"), "rank {r}: {e}");
+            }
+            if let Ok(all) = all {
+                assert_eq!(all, (0..n).map(|p| vec![p as u8; 3]).collect::<Vec<_>>());
             }
         }
     }

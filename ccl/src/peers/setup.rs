@@ -366,8 +366,15 @@ impl Peers {
         }
         let t_exchange = Instant::now();
         let join = bootstrap.join_time();
-        let mut met = Met::exchange(&mut bootstrap, &candidates, config)?;
-        let chosen = wireup::choose(rank, &met.records, &candidates)?;
+        let met = Met::exchange(&mut bootstrap, &candidates, config)
+            .and_then(|met| Ok((wireup::choose(rank, &met.records, &candidates)?, met)));
+        let (chosen, mut met) = match met {
+            Ok(m) => m,
+            Err(e) => {
+                bootstrap.fail(&e);
+                return Err(e);
+            }
+        };
         let root_host = met.records.iter().position(|r| r.runs_root);
         // From here on the root passes failures on: a rank that dies or fails while the others
         // connect is named to them at once. A rank alone has nobody to tell.
