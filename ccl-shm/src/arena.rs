@@ -377,7 +377,7 @@ impl Drop for Block {
 #[derive(Debug)]
 pub struct PeerArena {
     head: Head,
-    _file: MemFile,
+    file: MemFile,
 }
 
 impl PeerArena {
@@ -397,7 +397,12 @@ impl PeerArena {
         if h[..8] != MAGIC || u64::from_le_bytes(h[8..].try_into().expect("8")) != len as u64 {
             return Err(Error::remote("the peer's arena file is not a ccl arena"));
         }
-        Ok(PeerArena { head, _file: file })
+        Ok(PeerArena { head, file })
+    }
+
+    /// The arena's file, to pass on to another rank of the host.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.fd()
     }
 
     /// The range the owner announced as its input (`output` false) or output of operation

@@ -50,6 +50,7 @@ pub mod arena;
 pub mod clock;
 pub mod fdpass;
 pub mod host;
+mod join;
 pub mod mem;
 pub mod pages;
 mod ring;

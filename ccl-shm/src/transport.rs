@@ -1,10 +1,14 @@
 //! The shared-memory transport: a pair of rings in one memory file per pair of ranks of a host.
 //!
-//! Set-up, per pair: the listener is a Unix socket in the abstract namespace (so it leaves no
-//! file behind either, and only processes in the same network namespace reach it); the
-//! connector authenticates with the communicator secret, then creates the memory file and four
-//! eventfds and passes them over the socket; the acceptor checks the file and maps it. The
-//! socket stays open: a peer that dies, however it dies, closes it, which wakes a waiting rank.
+//! Set-up, per host: the ranks get the host segment, each other's arenas and life lines from
+//! the lowest of them (`join`), before any pair connects.
+//!
+//! Set-up, per pair, when the pair is first used (or at set-up with `CCL_CONNECT=eager`): the
+//! listener is a Unix socket in the abstract namespace (so it leaves no file behind either, and
+//! only processes in the same network namespace reach it); the connector authenticates with the
+//! communicator secret, then creates the memory file and four eventfds and passes them over the
+//! socket; the acceptor checks the file and maps it. The socket stays open: a peer that dies,
+//! however it dies, closes it, which wakes a waiting rank.
 //!
 //! The segment: one page of control (a header and the two rings' positions and sleep flags),
 //! then the connector-to-acceptor ring, then the acceptor-to-connector ring, each mapped twice
@@ -31,23 +35,27 @@ use crate::LOG_SUBSYS;
 use crate::arena::{Arena, PeerArena};
 use crate::fdpass;
 use crate::host::HostSegment;
+use crate::join::Joined;
 use crate::mem::{Mapping, MemFile, Mirror, PAGE, page_size};
 use crate::ring::{Consumer, Producer, RingCtl, RingMem};
 use crate::wake::{drain, new_eventfd, signal};
 
 /// Handles: the name of the listener's socket. Version 2: the set-up messages carry the ranks'
-/// arenas; 3: no length byte before the name.
+/// arenas; 3: no length byte before the name; 4: the host's ranks join before pairs connect,
+/// and a pair's set-up carries its rings only.
 const FORMAT: HandleFormat = HandleFormat {
     transport: "shared-memory",
     magic: b"CS",
-    version: 3,
+    version: 4,
 };
-const MAGIC: Magic = Magic {
-    hello: *b"CCLSHM\x01H",
-    ack: *b"CCLSHM\x01A",
+pub(crate) const MAGIC: Magic = Magic {
+    hello: *b"CCLSHM\x04H",
+    ack: *b"CCLSHM\x04A",
 };
-const SETUP_MAGIC: [u8; 8] = *b"CCLSHM\x01S";
-const READY_MAGIC: [u8; 8] = *b"CCLSHM\x01R";
+const SETUP_MAGIC: [u8; 8] = *b"CCLSHM\x04S";
+const READY_MAGIC: [u8; 8] = *b"CCLSHM\x04R";
+/// Most ranks one host segment holds.
+const MAX_HOST_RANKS: usize = 4096;
 const SEGMENT_MAGIC: [u8; 8] = *b"CCLSHMSG";
 /// Where the two rings' control blocks sit in the control page.
 const CTL_OFFSET: [usize; 2] = [128, 128 + std::mem::size_of::<RingCtl>()];
@@ -64,14 +72,17 @@ pub struct ShmTransport {
 }
 
 /// The ranks of this host that talk through shared memory (this rank included, ascending), and
-/// the host segment once made (by the lowest of them) or received (by the others).
+/// what they share once joined.
 #[derive(Debug, Default)]
 struct HostState {
     group: Vec<usize>,
+    /// The host segment the lowest rank made in `prepare`, until it hands it out.
     segment: Option<HostSegment>,
-    /// This rank's arena (made in `prepare`) and the peers' it received, by communicator rank.
+    /// This rank's arena (made in `prepare`).
     arena: Option<Arc<Arena>>,
-    peer_arenas: Vec<(usize, PeerArena)>,
+    /// Another handle on this rank's listener, for the join (`listen` to `join_host`).
+    listener: Option<UnixListener>,
+    joined: Option<Joined>,
 }
 
 /// The host segment of a communicator's ranks on one host, and which communicator rank each of
@@ -85,6 +96,10 @@ pub struct HostGroup {
     /// every one of them has one; else empty.
     arenas: Vec<Option<PeerArena>>,
     mine: Option<Arc<Arena>>,
+    /// By host index: the other ranks' life lines (see `join`).
+    lines: Vec<Option<OwnedFd>>,
+    /// This rank's own end of its life line, closed with the group.
+    _life: OwnedFd,
     /// The operation announced last (`HostMemory::announce_buffers`), whose buffers
     /// `peer_input` and `peer_output` look up.
     op: AtomicU64,
@@ -209,6 +224,12 @@ impl HostMemory for HostGroup {
     fn kernels(&self) -> ccl_core::reduce::Kernels {
         self.kernels
     }
+    fn life_fd(&self, i: usize) -> Option<BorrowedFd<'_>> {
+        self.lines.get(i)?.as_ref().map(|f| f.as_fd())
+    }
+    fn gone(&self, i: usize) -> bool {
+        self.life_fd(i).is_some_and(crate::join::line_closed)
+    }
 }
 
 impl ShmTransport {
@@ -220,30 +241,25 @@ impl ShmTransport {
         self.host.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The host segment, once every connection is made (`None` when this rank shares memory with
-    /// no other). Taken once.
+    /// The host segment, once this rank joined its host (`None` when it shares memory with no
+    /// other). Taken once.
     pub fn take_host_group(&self) -> Option<HostGroup> {
         let mut st = self.state();
-        let segment = st.segment.take()?;
+        let joined = st.joined.take()?;
         let ranks = std::mem::take(&mut st.group);
-        let mut peers = std::mem::take(&mut st.peer_arenas);
-        let mut arenas: Vec<Option<PeerArena>> = ranks
-            .iter()
-            .map(|&r| {
-                let i = peers.iter().position(|(p, _)| *p == r)?;
-                Some(peers.swap_remove(i).1)
-            })
-            .collect();
+        let mut arenas = joined.arenas;
         // Direct reads need every other rank's arena.
-        let me = segment.me();
+        let me = joined.segment.me();
         if st.arena.is_none() || (0..ranks.len()).any(|i| i != me && arenas[i].is_none()) {
             arenas.clear();
         }
         Some(HostGroup {
-            segment,
+            segment: joined.segment,
             ranks,
             arenas,
             mine: st.arena.clone(),
+            lines: joined.lines,
+            _life: joined.life,
             op: AtomicU64::new(0),
             kernels: crate::simd::kernels(),
         })
@@ -256,11 +272,9 @@ impl ShmTransport {
     }
 }
 
-/// The set-up message: magic, ring size, then the host segment's rank count (0: none), the
-/// acceptor's index in it, its slot size, and the connector's arena size (0: none). The reply:
-/// magic and the acceptor's arena size, with its arena's descriptor when it has one.
-const SETUP_LEN: usize = 40;
-const READY_LEN: usize = 16;
+/// A pair's set-up message: magic and ring size, with the pair's descriptors. The reply: magic.
+const SETUP_LEN: usize = 16;
+const READY_LEN: usize = 8;
 
 /// Descriptors of a pair's segment: the file and four eventfds.
 const PAIR_FDS: usize = 5;
@@ -294,10 +308,8 @@ impl Transport for ShmTransport {
         group.sort_unstable();
         group.dedup();
         let mut st = self.state();
-        // The lowest rank of the host makes the segment and hands it over as it connects to the
-        // others (it connects to every one of them: they are all higher).
-        if group.len() > 1 && group[0] == ctx.rank && PAIR_FDS + 2 + group.len() <= fdpass::MAX_FDS
-        {
+        // The lowest rank of the host makes the segment and hands it out in `join_host`.
+        if group.len() > 1 && group[0] == ctx.rank && group.len() <= MAX_HOST_RANKS {
             st.segment = Some(HostSegment::create(group.len(), ctx.config.shm_slot_size)?);
         }
         if group.len() > 1 && ctx.config.shm_arena_bytes > 0 && st.arena.is_none() {
@@ -342,13 +354,57 @@ impl Transport for ShmTransport {
         let l = UnixListener::bind_addr(&addr)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|e| sys("shared-memory transport: listen", e).rank(ctx.rank))?;
+        self.state().listener = Some(
+            l.try_clone()
+                .map_err(|e| sys("shared-memory transport: listen", e).rank(ctx.rank))?,
+        );
         Ok(Box::new(ShmListener {
             ctx: ctx.clone(),
-            host: self.host.clone(),
             listener: l,
             name,
             acceptor: Acceptor::new(MAGIC, "shared-memory transport"),
         }))
+    }
+
+    fn join_host(
+        &self,
+        ctx: &ConnectContext,
+        group: &[usize],
+        leader: &Handle,
+        deadline: Instant,
+        watch: &(dyn Fn(&[usize]) -> Result<()> + Sync),
+    ) -> Result<()> {
+        let mut st = self.state();
+        let listener = st.listener.take();
+        if group.len() < 2 || group.len() > MAX_HOST_RANKS || group != st.group.as_slice() {
+            return Ok(());
+        }
+        let arena = st.arena.clone();
+        let joined = if group[0] == ctx.rank {
+            let segment = st.segment.take();
+            drop(st);
+            let (Some(listener), Some(segment)) = (listener, segment) else {
+                return Err(Error::internal(
+                    "the shared-memory join needs the leader's listener and segment",
+                )
+                .rank(ctx.rank));
+            };
+            crate::join::lead(
+                ctx,
+                group,
+                &listener,
+                segment,
+                arena.as_deref(),
+                deadline,
+                watch,
+            )?
+        } else {
+            drop(st);
+            let name = decode_handle(leader).map_err(|e| e.rank(ctx.rank).peer(group[0]))?;
+            crate::join::join(ctx, group, &name, arena.as_deref(), deadline, watch)?
+        };
+        self.state().joined = Some(joined);
+        Ok(())
     }
 
     fn take_host(&self) -> Option<Box<dyn HostMemory>> {
@@ -390,82 +446,33 @@ impl Transport for ShmTransport {
         let mut setup = [0u8; SETUP_LEN];
         setup[..8].copy_from_slice(&SETUP_MAGIC);
         setup[8..16].copy_from_slice(&(seg.cap as u64).to_le_bytes());
-        let mut fds: Vec<BorrowedFd<'_>> = std::iter::once(seg.file.fd())
+        let fds: Vec<BorrowedFd<'_>> = std::iter::once(seg.file.fd())
             .chain(seg.events.iter().map(|e| e.as_fd()))
             .collect();
-        let st = self.state();
-        if let Some(a) = &st.arena {
-            setup[32..40].copy_from_slice(&(a.len() as u64).to_le_bytes());
-            fds.push(a.fd());
-        }
-        // Only the lowest rank of the host hands the segment on; the others hold one they
-        // received.
-        let leader = st.group.first() == Some(&ctx.rank);
-        if let (Some(host), true) = (&st.segment, leader) {
-            let index = st.group.iter().position(|&r| r == peer).ok_or_else(|| {
-                fail(Error::internal(format!(
-                    "peer {peer} is not in this host's group"
-                )))
-            })?;
-            let share = host.share();
-            setup[16..20].copy_from_slice(&(share.ranks as u32).to_le_bytes());
-            setup[20..24].copy_from_slice(&(index as u32).to_le_bytes());
-            setup[24..32].copy_from_slice(&(share.slot as u64).to_le_bytes());
-            fds.push(share.file);
-            fds.extend(share.events);
-        }
         fdpass::send(&s, &setup, &fds).map_err(|e| fail(sys(what(), e)))?;
-        drop(st);
         let mut ready = [0u8; READY_LEN];
         let left = net::remaining(deadline, what).map_err(fail)?;
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .map_err(|e| fail(sys(what(), e)))?;
-        let afd = fdpass::recv(&s, &mut ready).map_err(|e| {
+        let extra = fdpass::recv(&s, &mut ready).map_err(|e| {
             fail(Error::io(
                 ErrorKind::Remote,
                 format!("{}: the peer could not map the shared memory", what()),
                 e,
             ))
         })?;
-        if ready[..8] != READY_MAGIC {
+        if ready != READY_MAGIC || !extra.is_empty() {
             return Err(fail(Error::remote(format!(
-                "{}: unexpected set-up reply",
+                "{}: unexpected set-up reply (mixed library versions?)",
                 what()
             ))));
         }
-        let alen = u64::from_le_bytes(ready[8..].try_into().expect("8")) as usize;
-        take_peer_arena(&self.host, peer, afd, alen).map_err(|e| fail(e.context(what())))?;
         ShmEndpoint::boxed(peer, seg, 0, s).map_err(fail)
     }
 }
 
-/// Maps the arena `peer` passed (`fds`: none or its file; `len`: its size, 0 for none).
-fn take_peer_arena(
-    host: &Mutex<HostState>,
-    peer: usize,
-    fds: Vec<OwnedFd>,
-    len: usize,
-) -> Result<()> {
-    let fd = match (fds.len(), len) {
-        (0, 0) => return Ok(()),
-        (1, l) if l > 0 => fds.into_iter().next().expect("one"),
-        (n, _) => {
-            return Err(Error::remote(format!(
-                "the peer's arena of {len} bytes came with {n} descriptors"
-            )));
-        }
-    };
-    let a = PeerArena::open(fd, len)?;
-    host.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .peer_arenas
-        .push((peer, a));
-    Ok(())
-}
-
 struct ShmListener {
     ctx: ConnectContext,
-    host: Arc<Mutex<HostState>>,
     listener: UnixListener,
     name: Vec<u8>,
     acceptor: Acceptor<UnixStream>,
@@ -510,7 +517,7 @@ impl Listener for ShmListener {
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .map_err(|e| fail(sys(what(), e)))?;
         let mut setup = [0u8; SETUP_LEN];
-        let mut fds = fdpass::recv(&s, &mut setup).map_err(|e| {
+        let fds = fdpass::recv(&s, &mut setup).map_err(|e| {
             fail(Error::io(
                 ErrorKind::Remote,
                 format!("{}: no shared-memory set-up", what()),
@@ -523,54 +530,9 @@ impl Listener for ShmListener {
                 what()
             ))));
         }
-        let word = |a: usize, b: usize| -> usize {
-            let mut v = [0u8; 8];
-            v[..b - a].copy_from_slice(&setup[a..b]);
-            u64::from_le_bytes(v) as usize
-        };
-        let (cap, host_ranks, index, slot, alen) = (
-            word(8, 16),
-            word(16, 20),
-            word(20, 24),
-            word(24, 32),
-            word(32, 40),
-        );
-        // The connector's arena comes right after the pair's descriptors.
-        let peer_arena = if alen > 0 && fds.len() > PAIR_FDS {
-            Some(fds.remove(PAIR_FDS))
-        } else {
-            None
-        };
-        if host_ranks > 0 {
-            if fds.len() != PAIR_FDS + 1 + host_ranks {
-                return Err(fail(Error::remote(format!(
-                    "{}: the host segment came with {} descriptors",
-                    what(),
-                    fds.len()
-                ))));
-            }
-            let events = fds.split_off(PAIR_FDS + 1);
-            let file = fds.pop().expect("counted");
-            let seg = HostSegment::open(file, events, host_ranks, slot, index)
-                .map_err(|e| fail(e.context(what())))?;
-            self.host.lock().unwrap_or_else(|p| p.into_inner()).segment = Some(seg);
-        }
+        let cap = u64::from_le_bytes(setup[8..16].try_into().expect("8")) as usize;
         let seg = Segment::open(fds, cap).map_err(|e| fail(e.context(what())))?;
-        take_peer_arena(&self.host, peer, peer_arena.into_iter().collect(), alen)
-            .map_err(|e| fail(e.context(what())))?;
-        let arena = self
-            .host
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .arena
-            .clone();
-        let mut ready = [0u8; READY_LEN];
-        ready[..8].copy_from_slice(&READY_MAGIC);
-        let afds: Vec<BorrowedFd<'_>> = arena.iter().map(|a| a.fd()).collect();
-        if let Some(a) = &arena {
-            ready[8..].copy_from_slice(&(a.len() as u64).to_le_bytes());
-        }
-        fdpass::send(&s, &ready, &afds).map_err(|e| fail(sys(what(), e)))?;
+        fdpass::send(&s, &READY_MAGIC, &[]).map_err(|e| fail(sys(what(), e)))?;
         ccl_trace!(Some(rank), "shared-memory transport: accepted peer {peer}");
         Ok((peer, ShmEndpoint::boxed(peer, seg, 1, s).map_err(fail)?))
     }

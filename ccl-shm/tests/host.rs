@@ -1,11 +1,12 @@
-//! The host segment travels with the shared-memory connections: the lowest rank of a host makes
-//! it, every other rank of the host receives it from that rank, and all see each other's slots.
+//! What the ranks of a host share comes from the lowest of them when they join the host, before
+//! any pair connects: the host segment, every rank's arena and every rank's life line. Pairs
+//! then connect on their own.
 
 use std::time::{Duration, Instant};
 
-use ccl_core::Config;
-use ccl_core::transport::{ConnectContext, Transport};
-use ccl_shm::ShmTransport;
+use ccl_core::transport::{ConnectContext, HostMemory, Listener, Transport};
+use ccl_core::{Config, ErrorKind, Result};
+use ccl_shm::{HostGroup, ShmTransport};
 
 fn ctx(rank: usize, size: usize) -> ConnectContext {
     ConnectContext {
@@ -17,40 +18,47 @@ fn ctx(rank: usize, size: usize) -> ConnectContext {
     }
 }
 
-#[test]
-fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
-    let n = 3;
+fn no_watch(_: &[usize]) -> Result<()> {
+    Ok(())
+}
+
+/// Every rank's transport and listener, and how each rank's join ended.
+type Joined = (Vec<ShmTransport>, Vec<Box<dyn Listener>>, Vec<Result<()>>);
+
+/// Ranks `0..n` of one host prepare, listen and join (those in `absent` do not).
+fn join(n: usize, absent: &[usize], within: Duration) -> Joined {
     let ts: Vec<ShmTransport> = (0..n).map(|_| ShmTransport::new()).collect();
+    let group: Vec<usize> = (0..n).collect();
     for (r, t) in ts.iter().enumerate() {
         let peers: Vec<usize> = (0..n).filter(|&p| p != r).collect();
         t.prepare(&ctx(r, n), &peers).unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut listeners: Vec<_> = (0..n).map(|r| ts[r].listen(&ctx(r, n)).unwrap()).collect();
-    let handles: Vec<_> = listeners.iter().map(|l| l.handle()).collect();
-    let mut eps = Vec::new();
-    std::thread::scope(|s| {
-        let accepts: Vec<_> = listeners
-            .iter_mut()
+    let listeners: Vec<_> = (0..n).map(|r| ts[r].listen(&ctx(r, n)).unwrap()).collect();
+    let leader = listeners[0].handle();
+    let deadline = Instant::now() + within;
+    let results = std::thread::scope(|s| {
+        let hs: Vec<_> = ts
+            .iter()
             .enumerate()
-            .map(|(r, l)| {
-                s.spawn(move || {
-                    (0..r)
-                        .map(|_| l.accept(deadline).unwrap())
-                        .collect::<Vec<_>>()
-                })
+            .filter(|(r, _)| !absent.contains(r))
+            .map(|(r, t)| {
+                let (group, leader) = (&group, &leader);
+                s.spawn(move || t.join_host(&ctx(r, n), group, leader, deadline, &no_watch))
             })
             .collect();
-        for (r, t) in ts.iter().enumerate() {
-            for (p, h) in handles.iter().enumerate().skip(r + 1) {
-                eps.push(t.connect(&ctx(r, n), p, h, deadline).unwrap());
-            }
-        }
-        for a in accepts {
-            eps.extend(a.join().unwrap().into_iter().map(|(_, e)| e));
-        }
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let mut groups: Vec<_> = ts
+    (ts, listeners, results)
+}
+
+#[test]
+fn every_rank_of_the_host_gets_what_it_shares_from_the_lowest() {
+    let n = 3;
+    let (ts, mut listeners, results) = join(n, &[], Duration::from_secs(60));
+    for r in results {
+        r.unwrap();
+    }
+    let mut groups: Vec<HostGroup> = ts
         .iter()
         .map(|t| t.take_host_group().expect("a host segment"))
         .collect();
@@ -58,6 +66,11 @@ fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
         assert_eq!(g.ranks, vec![0, 1, 2]);
         assert_eq!(g.segment.me(), r);
         assert_eq!(g.segment.ranks(), n);
+        // Every other rank's arena is mapped here.
+        assert!(g.has_shared(), "rank {r}");
+        for i in (0..n).filter(|&i| i != r) {
+            assert!(g.life_fd(i).is_some() && !g.gone(i), "rank {r} sees {i}");
+        }
     }
     groups[2].segment.my_slot()[..4].copy_from_slice(b"two!");
     groups[2].segment.post();
@@ -66,6 +79,45 @@ fn every_rank_of_the_host_gets_the_segment_from_the_lowest() {
     assert_eq!(&groups[1].segment.slot(2)[..4], b"two!");
     // Taken once.
     assert!(ts[0].take_host().is_none());
+    // A pair connects on its own afterwards, with nothing of the host's in its set-up.
+    let h = listeners[2].handle();
+    std::thread::scope(|s| {
+        let l = &mut listeners[2];
+        let a = s.spawn(move || l.accept(Instant::now() + Duration::from_secs(60)));
+        let mut ep = ts[1]
+            .connect(&ctx(1, n), 2, &h, Instant::now() + Duration::from_secs(60))
+            .unwrap();
+        let (peer, mut back) = a.join().unwrap().unwrap();
+        assert_eq!(peer, 1);
+        assert_eq!(ep.send(b"pair").unwrap(), 4);
+        let mut got = [0u8; 4];
+        assert_eq!(back.recv(&mut got).unwrap(), 4);
+        assert_eq!(&got, b"pair");
+    });
+    // A rank that leaves closes its life line: the others see it without a connection to it.
+    let g2 = groups.pop().unwrap();
+    drop(g2);
+    assert!(groups[0].gone(2) && groups[1].gone(2));
+    assert!(!groups[0].gone(1) && !groups[1].gone(0));
+}
+
+#[test]
+fn a_rank_that_never_joins_is_named() {
+    let (_ts, _l, results) = join(4, &[2], Duration::from_secs(2));
+    let e = results[0]
+        .as_ref()
+        .expect_err("the leader waits for rank 2");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(
+        e.to_string()
+            .contains("rank(s) 2 of this host never joined"),
+        "{e}"
+    );
+    assert_eq!(e.peer_id(), Some(2), "{e}");
+    for (r, res) in results.iter().enumerate().skip(1) {
+        // The others give up at the deadline too, waiting for the leader.
+        assert!(res.is_err(), "rank {r}");
+    }
 }
 
 #[test]

@@ -191,13 +191,21 @@ impl Communicator {
 
     fn from_bootstrap(b: Bootstrap, config: Config) -> Result<Communicator> {
         let rank = b.rank();
-        let overrides = Overrides::parse(config.algo.as_deref().unwrap_or(""))
-            .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))?;
+        let shm = ccl_shm::ShmTransport::new();
+        let settings = Overrides::parse(config.algo.as_deref().unwrap_or(""))
+            .map_err(|m| Error::invalid_argument(m.to_string()).rank(rank))
+            .and_then(|o| Ok((o, transports(&config, rank, &shm)?)));
+        let (overrides, candidates) = match settings {
+            Ok(s) => s,
+            Err(e) => {
+                // The root passes this rank's own error on to the others.
+                b.fail(&e);
+                return Err(e);
+            }
+        };
         if config.trace_counter && ccl_shm::clock::calibrate() {
             ccl_diag::recorder::set_fast_clock(ccl_shm::clock::now_us);
         }
-        let shm = ccl_shm::ShmTransport::new();
-        let candidates = transports(&config, rank, &shm)?;
         let reg_max = config.reg_max_bytes;
         let (peers, links) = Peers::connect(b, candidates.clone(), config)?;
         // Memory is registered with the transports some connection uses.

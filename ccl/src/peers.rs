@@ -173,6 +173,11 @@ impl Links {
             .collect()
     }
 
+    /// Whether this rank has a connection to `peer` (yet).
+    pub(crate) fn has(&self, peer: usize) -> bool {
+        self.endpoints.get(peer).is_some_and(Option::is_some)
+    }
+
     /// The endpoint to `peer`.
     pub(crate) fn get(&mut self, peer: usize) -> Result<&mut Box<dyn Endpoint>> {
         self.endpoints

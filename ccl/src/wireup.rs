@@ -387,6 +387,45 @@ const ACCEPT_SLICE: Duration = Duration::from_millis(100);
 /// ranks the caller still waits for.
 pub(crate) type Watch<'a> = &'a (dyn Fn(&[usize]) -> Result<()> + Sync);
 
+/// Prepares every transport with the peers it will connect this rank to, then has the ranks of
+/// each host that share memory join it ([`Transport::join_host`]), before any pair connects.
+/// `chosen[p]` is the transport of the pair with `p` (in `mine`); `records` give the leaders'
+/// handles; `watch` is asked between waits whether another rank's failure ends the set-up.
+pub(crate) fn prepare_all(
+    ctx: &ConnectContext,
+    mine: &[Arc<dyn Transport>],
+    chosen: &[Option<usize>],
+    records: &[Record],
+    deadline: Instant,
+    watch: Watch<'_>,
+) -> Result<()> {
+    let rank = ctx.rank;
+    for (t, transport) in mine.iter().enumerate() {
+        let peers: Vec<usize> = (0..records.len())
+            .filter(|&p| chosen[p] == Some(t))
+            .collect();
+        if peers.is_empty() {
+            continue;
+        }
+        transport.prepare(ctx, &peers).map_err(|e| e.rank(rank))?;
+        let mut group = peers;
+        group.push(rank);
+        group.sort_unstable();
+        let leader = group[0];
+        let handle = records[leader].offers(transport.name()).ok_or_else(|| {
+            Error::internal(format!(
+                "rank {leader} published no {} handle",
+                transport.name()
+            ))
+            .rank(rank)
+        })?;
+        transport
+            .join_host(ctx, &group, handle, deadline, watch)
+            .map_err(|e| e.rank(rank))?;
+    }
+    Ok(())
+}
+
 /// Connects to every higher rank and accepts every lower one, each pair over its chosen
 /// transport (pairs with none, `None` in `chosen`, are left alone). `listeners[t]` listens for `mine[t]`; `records` give the peers' handles; `watch`
 /// is asked between waits whether another rank's failure ends the set-up.
@@ -400,14 +439,6 @@ pub(crate) fn connect_all(
     watch: Watch<'_>,
 ) -> Result<Vec<Option<Box<dyn Endpoint>>>> {
     let rank = ctx.rank;
-    for (t, transport) in mine.iter().enumerate() {
-        let peers: Vec<usize> = (0..records.len())
-            .filter(|&p| chosen[p] == Some(t))
-            .collect();
-        if !peers.is_empty() {
-            transport.prepare(ctx, &peers).map_err(|e| e.rank(rank))?;
-        }
-    }
     let cancel = AtomicBool::new(false);
     let mut endpoints: Vec<Option<Box<dyn Endpoint>>> = (0..records.len()).map(|_| None).collect();
     let accepted = std::thread::scope(|s| {

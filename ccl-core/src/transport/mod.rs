@@ -233,6 +233,25 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// Starts listening for connections from peers.
     fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>>;
 
+    /// Sets up what the ranks of one host share, before any pair of them connects (so pairs
+    /// can connect on demand, or never): shared memory hands out the host segment, every
+    /// rank's arena and every rank's liveness here. Called at set-up, after
+    /// [`prepare`](Transport::prepare) and [`listen`](Transport::listen), by every rank of
+    /// `group` (this host's ranks that use this transport with each other, ascending, two or
+    /// more); `leader` is the handle `group[0]` published. `watch` says whether another rank's
+    /// failure ends the set-up (called with the ranks still awaited). Most transports share
+    /// nothing.
+    fn join_host(
+        &self,
+        _ctx: &ConnectContext,
+        _group: &[usize],
+        _leader: &Handle,
+        _deadline: Instant,
+        _watch: &(dyn Fn(&[usize]) -> Result<()> + Sync),
+    ) -> Result<()> {
+        Ok(())
+    }
+
     /// Connects to the listener of `peer` that published `handle`.
     fn connect(
         &self,
@@ -242,8 +261,8 @@ pub trait Transport: Send + Sync + fmt::Debug {
         deadline: Instant,
     ) -> Result<Box<dyn Endpoint>>;
 
-    /// Once every connection is made: the memory this rank shares with the other ranks of its
-    /// host, if the transport set one up. Taken once.
+    /// Once set-up is done: the memory this rank shares with the other ranks of its host, if
+    /// the transport set one up ([`join_host`](Transport::join_host)). Taken once.
     fn take_host(&self) -> Option<Box<dyn HostMemory>> {
         None
     }
@@ -375,6 +394,16 @@ pub trait HostMemory: Send + fmt::Debug {
     /// other CPUs' cache lines as it reduces, and wider loads keep more of them in flight.
     fn kernels(&self) -> crate::reduce::Kernels {
         crate::reduce::Kernels::BASELINE
+    }
+    /// A descriptor that turns readable once host rank `i` has left (it dropped the
+    /// communicator, or its process ended however it ended), where the transport can tell: a
+    /// rank waiting for `i`'s posts watches it, whether or not the two ever connected.
+    fn life_fd(&self, _i: usize) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// Whether host rank `i` has left (see [`life_fd`](HostMemory::life_fd)).
+    fn gone(&self, _i: usize) -> bool {
+        false
     }
 }
 

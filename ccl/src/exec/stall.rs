@@ -86,18 +86,22 @@ impl Run<'_, '_> {
         let host = self
             .host_wait()
             .and_then(|c| self.host.as_deref().map(|h| (h as &dyn HostMemory, c)));
-        // Waiting in host memory, also watch the connections of the ranks not there yet: a
-        // death (or a crossed call, see `crossed_calls`) shows there first.
+        // Waiting in host memory, also watch the connections of the ranks not there yet (where
+        // there are connections): a crossed call (see `crossed_calls`) shows there. Their
+        // deaths show on their life lines (`Peers::block`).
         if let Some((h, target)) = host {
+            let links = &*self.links;
             waits.extend(
                 (0..h.ranks().len())
                     .filter(|&i| i != h.me() && h.posted(i) < target)
-                    .map(|i| {
+                    .map(|i| h.ranks()[i])
+                    .filter(|&p| links.has(p))
+                    .map(|p| {
                         let recv = Interest {
                             send: false,
                             recv: true,
                         };
-                        (h.ranks()[i], recv)
+                        (p, recv)
                     }),
             );
         }
@@ -128,9 +132,14 @@ impl Run<'_, '_> {
         };
         if let Some(target) = self.host_wait() {
             // In host memory, waiting for posts: a peer that instead sends over its connection
-            // is in another operation (this rank has taken everything earlier ones sent).
+            // is in another operation (this rank has taken everything earlier ones sent). A
+            // peer not connected to this rank has sent nothing to it; one that connects in its
+            // operation over connections shows up here once it has.
             for (i, &peer) in self.host_ranks().iter().enumerate() {
-                if i == me || self.host.as_deref().is_some_and(|h| h.posted(i) >= target) {
+                if i == me
+                    || self.host.as_deref().is_some_and(|h| h.posted(i) >= target)
+                    || !self.links.has(peer)
+                {
                     continue;
                 }
                 let mut head = [0u8; HEADER_LEN];

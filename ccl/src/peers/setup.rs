@@ -155,24 +155,10 @@ fn on_demand(
     if met.ctx.config.connect == ConnectMode::Eager {
         return Ok((chosen.to_vec(), listeners, None));
     }
-    let later = |t: usize| !candidates[t].properties().host_memory;
-    let lazy: Vec<Option<usize>> = chosen.iter().map(|c| c.filter(|&t| later(t))).collect();
-    let now: Vec<Option<usize>> = chosen.iter().map(|c| c.filter(|&t| !later(t))).collect();
-    let (mut at_setup, mut on_demand) = (Vec::new(), Vec::new());
-    for (t, l) in listeners.into_iter().enumerate() {
-        let (a, b) = if later(t) { (None, l) } else { (l, None) };
-        at_setup.push(a);
-        on_demand.push(b);
-    }
+    // Every pair connects on demand, shared-memory pairs too: what a host's ranks share was
+    // set up when they joined it (`wireup::prepare_all`).
+    let lazy = chosen.to_vec();
     let rank = met.ctx.rank;
-    for (t, transport) in candidates.iter().enumerate().filter(|(t, _)| later(*t)) {
-        let peers: Vec<usize> = (0..chosen.len()).filter(|&p| lazy[p] == Some(t)).collect();
-        if !peers.is_empty() {
-            transport
-                .prepare(&met.ctx, &peers)
-                .map_err(|e| e.rank(rank))?;
-        }
-    }
     let handles = (0..chosen.len())
         .map(|p| {
             let t = lazy[p].filter(|_| p > rank)?;
@@ -183,14 +169,15 @@ fn on_demand(
                 .map(|(_, h)| h.clone())
         })
         .collect();
+    let at_setup = listeners.iter().map(|_| None).collect();
     let l = super::lazy::Lazy::start(
         met.ctx.clone(),
         candidates.to_vec(),
-        on_demand,
+        listeners,
         lazy,
         handles,
     )?;
-    Ok((now, at_setup, Some(l)))
+    Ok((vec![None; chosen.len()], at_setup, Some(l)))
 }
 
 /// Says (rank 0, info level) what the topology file at `path` described.
@@ -387,6 +374,21 @@ impl Peers {
         let watch = |awaited: &[usize]| setup_watch(monitor.as_ref(), rank, root_host, awaited);
         let t_connect = Instant::now();
         let deadline = t_connect + met.ctx.config.timeout;
+        // Tell the others, unless the failure is one they told us about.
+        let tell = |e: &Error| {
+            if let (Some(m), false) = (&monitor, e.message().contains("during set-up")) {
+                m.report(&e.to_string());
+            }
+        };
+        wireup::prepare_all(
+            &met.ctx,
+            &candidates,
+            &chosen,
+            &met.records,
+            deadline,
+            &watch,
+        )
+        .inspect_err(tell)?;
         let (now_chosen, listeners, lazy) = on_demand(&mut met, &candidates, &chosen)?;
         if let (Some(m), Some(l)) = (&monitor, &lazy) {
             Peers::serve_connect_requests(m, l);
@@ -400,12 +402,7 @@ impl Peers {
             deadline,
             &watch,
         )
-        .inspect_err(|e| {
-            // Tell the others, unless the failure is one they told us about.
-            if let (Some(m), false) = (&monitor, e.message().contains("during set-up")) {
-                m.report(&e.to_string());
-            }
-        })?;
+        .inspect_err(tell)?;
         let summary = wireup::summary(&met.records, rank, &chosen, &candidates);
         let init = InitTimings {
             join,

@@ -63,15 +63,11 @@ impl Peers {
                 return Ok(());
             }
         }
-        let host = match host {
-            Some((h, count)) => {
-                if !h.arm(count) {
-                    return Ok(());
-                }
-                Some(h.wait_fd())
-            }
-            None => None,
-        };
+        if let Some((h, count)) = host
+            && !h.arm(count)
+        {
+            return Ok(());
+        }
         before_sleep();
         self.warn_if_late();
         let mut fds: Vec<(BorrowedFd<'_>, PollFlags)> = Vec::with_capacity(waits.len() + 3);
@@ -79,8 +75,15 @@ impl Peers {
         if let Some(m) = &self.monitor {
             fds.push((m.fd(), PollFlags::POLLIN));
         }
-        if let Some(fd) = host {
-            fds.push((fd, PollFlags::POLLIN));
+        // The host ranks not there yet: their posts, and their life lines, which a peer closes
+        // when it leaves or dies whether or not this rank ever connected to it.
+        if let Some((h, count)) = host {
+            fds.push((h.wait_fd(), PollFlags::POLLIN));
+            fds.extend(
+                behind(h, count)
+                    .filter_map(|i| h.life_fd(i))
+                    .map(|fd| (fd, PollFlags::POLLIN)),
+            );
         }
         for &(peer, interest) in waits {
             if let Some(Some(ep)) = links.endpoints.get(peer) {
@@ -94,6 +97,24 @@ impl Peers {
             Err(e) => return Err(Error::io(ErrorKind::System, "poll", e.into())),
         }
         // Another rank's failure ends this wait too.
-        self.check_notices()
+        self.check_notices()?;
+        if let Some((h, count)) = host
+            && let Some(i) = behind(h, count).find(|&i| h.gone(i))
+            // Posts come before leaving: one that came after all ends no wait.
+            && h.posted(i) < count
+        {
+            let peer = h.ranks()[i];
+            return Err(Error::remote(format!(
+                "shared-memory peer {peer} left before its post this rank waits for (its \
+                 process ended, or it dropped the communicator)"
+            ))
+            .peer(peer));
+        }
+        Ok(())
     }
+}
+
+/// The host ranks that have posted fewer than `count` times.
+fn behind(h: &dyn HostMemory, count: u64) -> impl Iterator<Item = usize> + '_ {
+    (0..h.ranks().len()).filter(move |&i| i != h.me() && h.posted(i) < count)
 }
