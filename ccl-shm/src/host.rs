@@ -167,7 +167,9 @@ impl HostSegment {
     }
 
     fn map(file: MemFile, layout: Layout, me: usize, events: Vec<OwnedFd>) -> Result<HostSegment> {
-        let map = Mapping::new(&file, 0, layout.len)?;
+        // Each rank touches its own slot and the first pages of the others' in most operations:
+        // page tables fill as it does.
+        let map = Mapping::on_touch(&file, 0, layout.len)?;
         Ok(HostSegment {
             file,
             map,

@@ -174,7 +174,25 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of `file` from `offset` (both page-aligned, inside the file).
     pub fn new(file: &MemFile, offset: usize, len: usize) -> Result<Mapping> {
+        Mapping::map(file, offset, len, true)
+    }
+
+    /// [`new`](Mapping::new) without filling the page tables: for memory of which a process
+    /// touches a part, such as a host segment of many ranks, where each rank reads the first
+    /// pages of most slots (small collectives) and whole slots only in large ones. Filling them
+    /// all would cost every rank of the host a page-table entry per page of the host's memory
+    /// (64 ranks with 2 MiB slots: 32K entries per rank, seconds of set-up for the host).
+    pub fn on_touch(file: &MemFile, offset: usize, len: usize) -> Result<Mapping> {
+        Mapping::map(file, offset, len, false)
+    }
+
+    fn map(file: &MemFile, offset: usize, len: usize, populate: bool) -> Result<Mapping> {
         check_range(file, offset, len)?;
+        let fill = if populate {
+            MapFlags::MAP_POPULATE
+        } else {
+            MapFlags::empty()
+        };
         // SAFETY:
         // - No address hint: the kernel picks a range that overlaps no existing mapping.
         // - The range lies inside the file (checked), which is sealed against shrinking, so no
@@ -184,9 +202,10 @@ impl Mapping {
                 None,
                 nonzero(len)?,
                 ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                // Page tables filled now: otherwise each process takes a fault on the first touch
-                // of every page, in the first collectives it runs.
-                MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE,
+                // Page tables filled now (`populate`): otherwise each process takes a fault on
+                // the first touch of every page, in the first collectives it runs. The pages
+                // themselves are allocated either way (`MemFile::create`).
+                MapFlags::MAP_SHARED | fill,
                 file.fd(),
                 offset as i64,
             )

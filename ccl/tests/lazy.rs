@@ -126,3 +126,30 @@ fn a_peer_that_leaves_before_the_call_is_named() {
     let e = out[1].as_ref().unwrap();
     assert!(e.contains("peer 0") && e.contains("closed"), "{e}");
 }
+
+/// Over shared memory, a host-memory collective connects no pair at all; a rank that then
+/// leaves is still named to the ranks waiting for its post, through its life line (there is no
+/// connection to it whose closing they could see).
+#[test]
+fn a_host_rank_never_connected_that_leaves_is_named() {
+    let mut cfg = lazy(TransportKind::Shm);
+    cfg.timeout = Duration::from_secs(30);
+    let out = run_ranks(3, cfg, |comm| {
+        let wrong = allreduce_case::<f32>(&comm, 2, ReduceOp::Sum, false);
+        let connected = comm.connected_peers();
+        if comm.rank() == 2 {
+            return (wrong, connected, None);
+        }
+        let mut x = [1.0f32; 2];
+        let e = comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err();
+        (wrong, connected, Some((e.to_string(), e.peer_id())))
+    });
+    for (r, (wrong, connected, e)) in out.into_iter().enumerate() {
+        assert_eq!(wrong, 0, "rank {r}");
+        assert!(connected.is_empty(), "rank {r}: {connected:?}");
+        if let Some((e, peer)) = e {
+            assert!(e.contains("shared-memory peer 2 left"), "rank {r}: {e}");
+            assert_eq!(peer, Some(2), "rank {r}: {e}");
+        }
+    }
+}

@@ -138,8 +138,9 @@ impl Peers {
             return first;
         }
         let Some(m) = &self.monitor else { return e };
-        if e.kind() == ErrorKind::Timeout {
-            // This rank's own failure: the monitor needs it to start the verdict.
+        // A timeout is this rank's own failure: the monitor needs it to start the verdict.
+        let reported = e.kind() == ErrorKind::Timeout;
+        if reported {
             m.report(&e.to_string());
         }
         let acks = m.acks();
@@ -199,7 +200,12 @@ impl Peers {
                 .rank(self.rank)
                 .peer(h)
             }
-            None if m.acks() == acks && self.root_host.is_some_and(|h| h != self.rank) => {
+            // Silence blames the root only when it had something to answer: a peer that left
+            // cleanly (it said goodbye) gives the root no failure to announce.
+            None if reported
+                && m.acks() == acks
+                && self.root_host.is_some_and(|h| h != self.rank) =>
+            {
                 let h = self.root_host.expect("checked");
                 Error::new(
                     e.kind(),
