@@ -24,7 +24,7 @@
 //! writes a slot before every reader posted that it is done.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ccl_core::reduce::{Kernels, finish_avg};
 use ccl_core::transport::program::{CallBuf, HostCall, HostProgram, HostStep, Stop, mark_word};
@@ -44,9 +44,18 @@ struct RankFlags {
     /// The operation the rank is in (a fingerprint; 0 = none yet), for mismatch checks: one
     /// place for even and one for odd operations, as a rank can be one operation ahead.
     desc: CachePadded<[AtomicU64; 2]>,
-    /// Raised while the rank sleeps waiting for others' posts.
-    sleeping: CachePadded<AtomicU32>,
+    /// While the rank sleeps waiting for others' posts: [`ANY_POST`], or [`ALL_POSTED`] plus
+    /// the count every rank must reach; 0 while it is awake.
+    sleeping: CachePadded<AtomicU64>,
 }
+
+/// A sleep flag: wake the rank at any post.
+const ANY_POST: u64 = 1;
+/// A sleep flag of `ALL_POSTED + c`: wake the rank once every rank of the host has posted `c`
+/// times. A rank that posts wakes only the sleepers it completes, not every sleeper at every
+/// post: with many ranks per CPU, waking all of them at each of the host's posts made a host
+/// of 256 ranks on 2 CPUs spend most of a minute in wake-ups.
+const ALL_POSTED: u64 = 2;
 
 /// Where things are in the file.
 #[derive(Clone, Copy, Debug)]
@@ -259,11 +268,30 @@ impl HostSegment {
     ///
     /// [`wake`]: HostSegment::wake
     pub fn wake_seen(&self) {
+        // The fewest posts of any rank, read once and only if a sleeper waits for all: a
+        // sleeper's target is complete once this reaches it. The last of the posters a sleeper
+        // waits for sees every earlier post after its fence (see `wake`), so it wakes the
+        // sleeper; a wake-up missed anyway costs the sleeper its wait's recheck, not a hang.
+        let mut least = None;
         for r in 0..self.layout.ranks {
-            if self.flags(r).sleeping.load(Ordering::SeqCst) != 0 && r != self.me {
-                self.wake_rank(r);
+            let s = self.flags(r).sleeping.load(Ordering::SeqCst);
+            if s == 0 || r == self.me {
+                continue;
             }
+            if s >= ALL_POSTED && *least.get_or_insert_with(|| self.least_posted()) < s - ALL_POSTED
+            {
+                continue;
+            }
+            self.wake_rank(r);
         }
+    }
+
+    /// The fewest posts of any rank of the host.
+    fn least_posted(&self) -> u64 {
+        (0..self.layout.ranks)
+            .map(|r| self.flags(r).posted.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(0)
     }
 
     /// Wakes rank `r` if it still sleeps. Out of line: a rank that finds nobody asleep (the
@@ -309,11 +337,26 @@ impl HostSegment {
     /// Raises this rank's sleep flag unless `ranks` have reached `count` by now; returns whether
     /// the caller may sleep (on [`wait_fd`](HostSegment::wait_fd)).
     pub fn arm(&self, ranks: impl IntoIterator<Item = usize> + Clone, count: u64) -> bool {
+        self.arm_flag(ranks, count, ANY_POST)
+    }
+
+    /// [`arm`](HostSegment::arm) for every rank of the host: only the post that completes
+    /// `count` wakes this rank.
+    pub fn arm_all(&self, count: u64) -> bool {
+        self.arm_flag(0..self.layout.ranks, count, ALL_POSTED + count)
+    }
+
+    fn arm_flag(
+        &self,
+        ranks: impl IntoIterator<Item = usize> + Clone,
+        count: u64,
+        flag: u64,
+    ) -> bool {
         // Whoever waits for this rank's posts must know of them before it sleeps.
         self.wake();
         drain(&self.events[self.me]);
         let s = &self.flags(self.me).sleeping;
-        s.store(1, Ordering::SeqCst);
+        s.store(flag, Ordering::SeqCst);
         if self.reached(ranks, count) {
             s.store(0, Ordering::SeqCst);
             return false;

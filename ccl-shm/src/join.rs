@@ -15,17 +15,20 @@
 //!   file, one eventfd per rank, and for every other rank its line and then its arena;
 //! - joiner to leader: `DONE`, once all of it is mapped.
 //!
-//! The leader serves one joiner at a time, so no more than one joiner's descriptors are in
-//! flight at once (the kernel bounds those by the sender's descriptor limit).
+//! The leader sends to a window of joiners at a time, sized so that the descriptors in flight
+//! stay within its open-file limit (the kernel bounds them by it), and waits for the oldest
+//! one's `DONE` before it sends to another.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ccl_core::transport::ConnectContext;
 use ccl_core::transport::handshake::Acceptor;
 use ccl_core::{Error, ErrorKind, Result, ccl_info, net};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 
 use crate::LOG_SUBSYS;
 use crate::arena::{Arena, PeerArena};
@@ -72,26 +75,79 @@ fn sys(what: impl Into<String>, e: std::io::Error) -> Error {
 }
 
 /// Every rank of a host holds about three descriptors per rank of the host (its eventfd, arena
-/// and line): raise the soft limit towards the hard one when the default would not do.
-fn make_room_for(ranks: usize, rank: usize) {
+/// and line), and the leader has `extra` more in flight: raise the soft limit towards the hard
+/// one when the default would not do. Returns the soft limit.
+fn make_room_for(ranks: usize, extra: usize, rank: usize) -> usize {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let want = (4 * ranks + 256) as u64;
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < want
-    {
-        let to = want.min(hard);
-        if setrlimit(Resource::RLIMIT_NOFILE, to, hard).is_ok() {
-            ccl_info!(
-                Some(rank),
-                "raised the open-file limit from {soft} to {to} for {ranks} ranks of this host in shared memory"
-            );
+    let want = (4 * ranks + 256 + extra) as u64;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return usize::MAX;
+    };
+    if soft >= want {
+        return soft as usize;
+    }
+    let to = want.min(hard);
+    if setrlimit(Resource::RLIMIT_NOFILE, to, hard).is_err() {
+        return soft as usize;
+    }
+    ccl_info!(
+        Some(rank),
+        "raised the open-file limit from {soft} to {to} for {ranks} ranks of this host in shared memory"
+    );
+    to as usize
+}
+
+/// The other ranks' life lines, watched through one epoll descriptor, so that a rank waiting in
+/// host memory polls one descriptor for all of them (not one per rank of the host on every
+/// wait).
+#[derive(Debug)]
+pub(crate) struct Departures {
+    epoll: Epoll,
+    /// By host index (`None` at this rank's own).
+    lines: Vec<Option<OwnedFd>>,
+    left: Vec<AtomicBool>,
+}
+
+impl Departures {
+    pub(crate) fn new(lines: Vec<Option<OwnedFd>>) -> Result<Departures> {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| sys("shared-memory transport: epoll", e.into()))?;
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(l) = l {
+                epoll
+                    .add(l, EpollEvent::new(EpollFlags::EPOLLIN, i as u64))
+                    .map_err(|e| sys("shared-memory transport: epoll", e.into()))?;
+            }
         }
+        let left = lines.iter().map(|_| AtomicBool::new(false)).collect();
+        Ok(Departures { epoll, lines, left })
+    }
+
+    /// Readable while a rank has left that [`gone`](Departures::gone) was not asked about.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.epoll.0.as_fd()
+    }
+
+    /// Whether host rank `i` has left; once it has, its line stops making [`fd`] readable.
+    pub(crate) fn gone(&self, i: usize) -> bool {
+        if self.left.get(i).is_some_and(|l| l.load(Ordering::Relaxed)) {
+            return true;
+        }
+        let Some(Some(line)) = self.lines.get(i) else {
+            return false;
+        };
+        if !line_closed(line.as_fd()) {
+            return false;
+        }
+        let _ = self.epoll.delete(line);
+        self.left[i].store(true, Ordering::Relaxed);
+        true
     }
 }
 
 /// Whether the other end of `line` has closed: nobody ever writes on a life line, so readable
 /// means closed.
-pub(crate) fn line_closed(line: BorrowedFd<'_>) -> bool {
+fn line_closed(line: BorrowedFd<'_>) -> bool {
     let mut b = [0u8; 1];
     use std::os::fd::AsRawFd;
     matches!(
@@ -166,7 +222,8 @@ pub(crate) fn lead(
 ) -> Result<Joined> {
     let rank = ctx.rank;
     let g = group.len();
-    make_room_for(g, rank);
+    // Room for 16 joiners' descriptors in flight.
+    let room = make_room_for(g, 16 * (1 + 3 * g), rank);
     let (life, my_line) = life_line()?;
     let mut acceptor = Acceptor::new(crate::transport::MAGIC, "shared-memory transport");
     let mut members: Vec<Member> = Vec::with_capacity(g - 1);
@@ -241,7 +298,15 @@ pub(crate) fn lead(
         }
     };
     let share = segment.share();
+    // At most `window` joiners' descriptors in flight at once (see the module's docs).
+    let per = 1 + 3 * g;
+    let window = (room.saturating_sub(4 * g + 256) / per).clamp(1, 64);
+    let mut sent: std::collections::VecDeque<&Member> = Default::default();
     for m in &members {
+        if sent.len() == window {
+            let first = sent.pop_front().expect("a full window");
+            await_done(first, group, rank, deadline, watch)?;
+        }
         let peer = group[m.index];
         let what = || format!("the shared-memory join of rank {peer} of this host");
         let fail = |e: Error| e.rank(rank).peer(peer);
@@ -253,7 +318,7 @@ pub(crate) fn lead(
         for &l in &lens {
             table.extend_from_slice(&l.to_le_bytes());
         }
-        let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(1 + 3 * g);
+        let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(per);
         fds.push(share.file);
         fds.extend(share.events.iter().copied());
         for j in (0..g).filter(|&j| j != m.index) {
@@ -268,22 +333,10 @@ pub(crate) fn lead(
             head[12..].copy_from_slice(&(k as u32).to_le_bytes());
             fdpass::send(&m.stream, &head, chunk).map_err(|e| fail(sys(what(), e)))?;
         }
-        // One joiner's descriptors at a time (see the module's docs).
-        wait_readable(&m.stream, deadline, watch, &[peer], &what).map_err(fail)?;
-        let mut done = [0u8; 8];
-        recv_by(&m.stream, &mut done, deadline, &|| {
-            format!(
-                "{} (it could not map the host's shared memory? see its error)",
-                what()
-            )
-        })
-        .map_err(fail)?;
-        if done != DONE_MAGIC {
-            return Err(fail(Error::remote(format!(
-                "{}: an unexpected reply",
-                what()
-            ))));
-        }
+        sent.push_back(m);
+    }
+    for m in sent {
+        await_done(m, group, rank, deadline, watch)?;
     }
     drop(share);
     let mut arenas: Vec<Option<PeerArena>> = (0..g).map(|_| None).collect();
@@ -298,6 +351,35 @@ pub(crate) fn lead(
         lines,
         life,
     })
+}
+
+/// Waits for joiner `m`'s word that it mapped everything.
+fn await_done(
+    m: &Member,
+    group: &[usize],
+    rank: usize,
+    deadline: Instant,
+    watch: Watch<'_>,
+) -> Result<()> {
+    let peer = group[m.index];
+    let what = || format!("the shared-memory join of rank {peer} of this host");
+    let fail = |e: Error| e.rank(rank).peer(peer);
+    wait_readable(&m.stream, deadline, watch, &[peer], &what).map_err(fail)?;
+    let mut done = [0u8; 8];
+    recv_by(&m.stream, &mut done, deadline, &|| {
+        format!(
+            "{} (it could not map the host's shared memory? see its error)",
+            what()
+        )
+    })
+    .map_err(fail)?;
+    if done != DONE_MAGIC {
+        return Err(fail(Error::remote(format!(
+            "{}: an unexpected reply",
+            what()
+        ))));
+    }
+    Ok(())
 }
 
 /// Reads a joiner's `JOIN` after answering its hello.
@@ -359,7 +441,7 @@ pub(crate) fn join(
         .iter()
         .position(|&r| r == rank)
         .ok_or_else(|| Error::internal("this rank is not in its host's group").rank(rank))?;
-    make_room_for(g, rank);
+    make_room_for(g, 0, rank);
     let fail = |e: Error| e.rank(rank).peer(leader);
     let what = || format!("joining the shared memory of this host (rank {leader} leads it)");
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)

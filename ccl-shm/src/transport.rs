@@ -35,7 +35,7 @@ use crate::LOG_SUBSYS;
 use crate::arena::{Arena, PeerArena};
 use crate::fdpass;
 use crate::host::HostSegment;
-use crate::join::Joined;
+use crate::join::{Departures, Joined};
 use crate::mem::{Mapping, MemFile, Mirror, PAGE, page_size};
 use crate::ring::{Consumer, Producer, RingCtl, RingMem};
 use crate::wake::{drain, new_eventfd, signal};
@@ -96,8 +96,8 @@ pub struct HostGroup {
     /// every one of them has one; else empty.
     arenas: Vec<Option<PeerArena>>,
     mine: Option<Arc<Arena>>,
-    /// By host index: the other ranks' life lines (see `join`).
-    lines: Vec<Option<OwnedFd>>,
+    /// The other ranks' life lines (see `join`).
+    departures: Departures,
     /// This rank's own end of its life line, closed with the group.
     _life: OwnedFd,
     /// The operation announced last (`HostMemory::announce_buffers`), whose buffers
@@ -163,7 +163,7 @@ impl HostMemory for HostGroup {
         self.segment.first_unlike(op, desc)
     }
     fn arm(&self, count: u64) -> bool {
-        self.segment.arm(0..self.ranks.len(), count)
+        self.segment.arm_all(count)
     }
     fn wait_fd(&self) -> BorrowedFd<'_> {
         self.segment.wait_fd()
@@ -224,11 +224,11 @@ impl HostMemory for HostGroup {
     fn kernels(&self) -> ccl_core::reduce::Kernels {
         self.kernels
     }
-    fn life_fd(&self, i: usize) -> Option<BorrowedFd<'_>> {
-        self.lines.get(i)?.as_ref().map(|f| f.as_fd())
+    fn departures_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.departures.fd())
     }
     fn gone(&self, i: usize) -> bool {
-        self.life_fd(i).is_some_and(crate::join::line_closed)
+        self.departures.gone(i)
     }
 }
 
@@ -253,12 +253,22 @@ impl ShmTransport {
         if st.arena.is_none() || (0..ranks.len()).any(|i| i != me && arenas[i].is_none()) {
             arenas.clear();
         }
+        // Without a way to watch the others' departures the host memory is not used (the
+        // communicator's waits would not see a peer that left); that takes running out of
+        // descriptors.
+        let departures = match Departures::new(joined.lines) {
+            Ok(d) => d,
+            Err(e) => {
+                ccl_core::ccl_warn!(None, "no host memory: {e}");
+                return None;
+            }
+        };
         Some(HostGroup {
             segment: joined.segment,
             ranks,
             arenas,
             mine: st.arena.clone(),
-            lines: joined.lines,
+            departures,
             _life: joined.life,
             op: AtomicU64::new(0),
             kernels: crate::simd::kernels(),

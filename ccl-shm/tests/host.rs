@@ -68,8 +68,9 @@ fn every_rank_of_the_host_gets_what_it_shares_from_the_lowest() {
         assert_eq!(g.segment.ranks(), n);
         // Every other rank's arena is mapped here.
         assert!(g.has_shared(), "rank {r}");
-        for i in (0..n).filter(|&i| i != r) {
-            assert!(g.life_fd(i).is_some() && !g.gone(i), "rank {r} sees {i}");
+        assert!(g.departures_fd().is_some(), "rank {r}");
+        for i in 0..n {
+            assert!(!g.gone(i), "rank {r} sees {i}");
         }
     }
     groups[2].segment.my_slot()[..4].copy_from_slice(b"two!");
@@ -95,10 +96,19 @@ fn every_rank_of_the_host_gets_what_it_shares_from_the_lowest() {
         assert_eq!(&got, b"pair");
     });
     // A rank that leaves closes its life line: the others see it without a connection to it.
+    let readable = |g: &HostGroup| {
+        let fd = g.departures_fd().unwrap();
+        let mut p = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        nix::poll::poll(&mut p, nix::poll::PollTimeout::ZERO).unwrap() > 0
+    };
+    assert!(!readable(&groups[0]));
     let g2 = groups.pop().unwrap();
     drop(g2);
+    assert!(readable(&groups[0]) && readable(&groups[1]));
     assert!(groups[0].gone(2) && groups[1].gone(2));
     assert!(!groups[0].gone(1) && !groups[1].gone(0));
+    // Asked about, the departure no longer wakes the waits; it stays known.
+    assert!(!readable(&groups[0]) && groups[0].gone(2));
 }
 
 #[test]

@@ -395,13 +395,15 @@ pub trait HostMemory: Send + fmt::Debug {
     fn kernels(&self) -> crate::reduce::Kernels {
         crate::reduce::Kernels::BASELINE
     }
-    /// A descriptor that turns readable once host rank `i` has left (it dropped the
+    /// A descriptor that turns readable when some host rank may have left (it dropped the
     /// communicator, or its process ended however it ended), where the transport can tell: a
-    /// rank waiting for `i`'s posts watches it, whether or not the two ever connected.
-    fn life_fd(&self, _i: usize) -> Option<BorrowedFd<'_>> {
+    /// rank waiting for posts watches it, whether or not it ever connected to the ranks it
+    /// waits for. It stays readable until [`gone`](HostMemory::gone) has been asked about the
+    /// ranks that left.
+    fn departures_fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
-    /// Whether host rank `i` has left (see [`life_fd`](HostMemory::life_fd)).
+    /// Whether host rank `i` has left (see [`departures_fd`](HostMemory::departures_fd)).
     fn gone(&self, _i: usize) -> bool {
         false
     }

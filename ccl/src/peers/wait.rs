@@ -75,15 +75,15 @@ impl Peers {
         if let Some(m) = &self.monitor {
             fds.push((m.fd(), PollFlags::POLLIN));
         }
-        // The host ranks not there yet: their posts, and their life lines, which a peer closes
-        // when it leaves or dies whether or not this rank ever connected to it.
-        if let Some((h, count)) = host {
+        // The host ranks' posts, and their departures: a peer that leaves or dies is seen there
+        // whether or not this rank ever connected to it.
+        let mut departures_at = None;
+        if let Some((h, _)) = host {
             fds.push((h.wait_fd(), PollFlags::POLLIN));
-            fds.extend(
-                behind(h, count)
-                    .filter_map(|i| h.life_fd(i))
-                    .map(|fd| (fd, PollFlags::POLLIN)),
-            );
+            if let Some(fd) = h.departures_fd() {
+                departures_at = Some(fds.len());
+                fds.push((fd, PollFlags::POLLIN));
+            }
         }
         for &(peer, interest) in waits {
             if let Some(Some(ep)) = links.endpoints.get(peer) {
@@ -98,10 +98,12 @@ impl Peers {
         }
         // Another rank's failure ends this wait too.
         self.check_notices()?;
-        if let Some((h, count)) = host
-            && let Some(i) = behind(h, count).find(|&i| h.gone(i))
-            // Posts come before leaving: one that came after all ends no wait.
-            && h.posted(i) < count
+        let departed = departures_at
+            .and_then(|i| pfds[i].revents())
+            .is_some_and(|r| !r.is_empty());
+        drop(pfds);
+        if let Some((h, count)) = host.filter(|_| departed)
+            && let Some(i) = left_behind(h, count)
         {
             let peer = h.ranks()[i];
             return Err(Error::remote(format!(
@@ -114,7 +116,11 @@ impl Peers {
     }
 }
 
-/// The host ranks that have posted fewer than `count` times.
-fn behind(h: &dyn HostMemory, count: u64) -> impl Iterator<Item = usize> + '_ {
-    (0..h.ranks().len()).filter(move |&i| i != h.me() && h.posted(i) < count)
+/// A host rank that left before posting `count` times. Asks about every rank, which also
+/// clears the departures seen from `HostMemory::departures_fd`.
+fn left_behind(h: &dyn HostMemory, count: u64) -> Option<usize> {
+    let left: Vec<usize> = (0..h.ranks().len()).filter(|&i| h.gone(i)).collect();
+    // Posts come before leaving: a rank that posted `count` times and then left ends no wait.
+    left.into_iter()
+        .find(|&i| i != h.me() && h.posted(i) < count)
 }
