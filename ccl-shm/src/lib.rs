@@ -1,8 +1,10 @@
 //! # ccl-shm: the shared-memory transport of ccl
 //!
-//! Ranks on one host talk through memory they share instead of through the network stack: each
-//! pair of ranks shares one anonymous memory file holding a single-producer, single-consumer ring
-//! per direction. A send copies into the ring; a receive copies out, or (for the reducing steps
+//! Ranks on one host talk through memory they share instead of through the network stack: at
+//! set-up the ranks of a host join it, getting the host segment (a slot and a post counter per
+//! rank, which the host-memory collectives run on) and each other's arenas from the lowest of
+//! them; each pair of ranks that talks directly shares one anonymous memory file holding a
+//! single-producer, single-consumer ring per direction, made when the pair is first used. A send copies into the ring; a receive copies out, or (for the reducing steps
 //! of a collective) lends the bytes straight out of the ring to the reduction, so a byte costs one
 //! copy in and one read out. Waiting spins briefly (the communicator's spin window) and then
 //! sleeps on an eventfd that the other side writes only when the sleeper asked for it, so ranks
@@ -40,8 +42,11 @@
 //!   sparse memory file every rank of its host maps; `Communicator::alloc` allocates pages in it
 //!   (a host short of memory is an error naming the size, never a `SIGBUS`), and peers check
 //!   the owner's table of live blocks before they read or write a buffer it names.
-//! - **A dead peer is noticed.** Each pair keeps its set-up socket open; the kernel closes it
-//!   when the process ends, however it ends, which wakes a rank waiting on that peer.
+//! - **A dead peer is noticed.** Each pair keeps its set-up socket open, and every rank of a
+//!   host holds the others' life lines (one end of a socket pair whose other end only their
+//!   owner holds, handed out when the host's ranks join it); the kernel closes a rank's ends
+//!   when its process ends, however it ends, which wakes a rank waiting on that peer, connected
+//!   to it or not.
 
 /// The log subsystem of everything here.
 const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Net;
