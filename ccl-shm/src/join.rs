@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ccl_core::transport::ConnectContext;
-use ccl_core::transport::handshake::Acceptor;
+use ccl_core::transport::handshake::{Acceptor, Magic};
 use ccl_core::{Error, ErrorKind, Result, ccl_info, net};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
@@ -200,6 +200,15 @@ fn recv_by(
     })
 }
 
+/// Who joins: this rank's context, the transport's handshake, and the host's ranks that share
+/// memory (ascending; the first leads).
+#[derive(Clone, Copy)]
+pub(crate) struct Host<'a> {
+    pub ctx: &'a ConnectContext,
+    pub magic: Magic,
+    pub group: &'a [usize],
+}
+
 /// A joiner the leader has accepted.
 struct Member {
     index: usize,
@@ -209,23 +218,23 @@ struct Member {
     alen: usize,
 }
 
-/// The leader's part: accepts every other rank of `group` on `listener`, gives each the host
+/// The leader's part (`magic`: the transport's handshake): accepts every other rank of `group` on `listener`, gives each the host
 /// `segment`, the arenas (this rank's own `arena` included) and the life lines.
 pub(crate) fn lead(
-    ctx: &ConnectContext,
-    group: &[usize],
+    host: Host<'_>,
     listener: &UnixListener,
     segment: HostSegment,
     arena: Option<&Arena>,
     deadline: Instant,
     watch: Watch<'_>,
 ) -> Result<Joined> {
+    let Host { ctx, magic, group } = host;
     let rank = ctx.rank;
     let g = group.len();
     // Room for 16 joiners' descriptors in flight.
     let room = make_room_for(g, 16 * (1 + 3 * g), rank);
     let (life, my_line) = life_line()?;
-    let mut acceptor = Acceptor::new(crate::transport::MAGIC, "shared-memory transport");
+    let mut acceptor = Acceptor::new(magic, "shared-memory transport");
     let mut members: Vec<Member> = Vec::with_capacity(g - 1);
     while members.len() < g - 1 {
         let missing: Vec<usize> = group[1..]
@@ -275,7 +284,7 @@ pub(crate) fn lead(
             .rank(rank)
             .peer(peer));
         };
-        members.push(admit(ctx, peer, index, s, deadline)?);
+        members.push(admit(ctx, &magic, peer, index, s, deadline)?);
     }
     members.sort_by_key(|m| m.index);
     let slot = segment.slot_len();
@@ -385,6 +394,7 @@ fn await_done(
 /// Reads a joiner's `JOIN` after answering its hello.
 fn admit(
     ctx: &ConnectContext,
+    magic: &Magic,
     peer: usize,
     index: usize,
     mut s: UnixStream,
@@ -393,7 +403,7 @@ fn admit(
     let fail = |e: Error| e.rank(ctx.rank).peer(peer);
     let what = || format!("the shared-memory join of rank {peer} of this host");
     s.set_nonblocking(false).map_err(|e| fail(sys(what(), e)))?;
-    let ack = ccl_core::transport::handshake::ack(&crate::transport::MAGIC, ctx.rank);
+    let ack = ccl_core::transport::handshake::ack(magic, ctx.rank);
     net::write_all_by(&mut s, &ack, deadline, &what).map_err(fail)?;
     let mut join = [0u8; JOIN_LEN];
     let mut fds = recv_by(&s, &mut join, deadline, &what).map_err(fail)?;
@@ -428,14 +438,14 @@ fn admit(
 /// A joiner's part: connects to the leader (`group[0]`, listening at `name`), gives it this
 /// rank's life line and `arena`, and maps what it hands out.
 pub(crate) fn join(
-    ctx: &ConnectContext,
-    group: &[usize],
+    host: Host<'_>,
     name: &[u8],
     arena: Option<&Arena>,
     deadline: Instant,
     watch: Watch<'_>,
 ) -> Result<Joined> {
     use std::os::linux::net::SocketAddrExt;
+    let Host { ctx, magic, group } = host;
     let (rank, leader, g) = (ctx.rank, group[0], group.len());
     let me = group
         .iter()
@@ -456,14 +466,14 @@ pub(crate) fn join(
             e,
         ))
     })?;
-    let hello = ccl_core::transport::handshake::hello(&crate::transport::MAGIC, ctx);
+    let hello = ccl_core::transport::handshake::hello(&magic, ctx);
     net::write_all_by(&mut s, &hello, deadline, &what).map_err(fail)?;
     // The leader answers once it gets to this rank: wait as long as the others take to join.
     wait_readable(&s, deadline, watch, &[leader], &what).map_err(fail)?;
     let mut ack = [0u8; ccl_core::transport::handshake::ACK_LEN];
     net::read_exact_by(&mut s, &mut ack, deadline, &what)
         .map_err(|e| fail(e.context("no handshake reply (the leader refused our secret?)")))?;
-    ccl_core::transport::handshake::check_ack(&crate::transport::MAGIC, &ack, leader)
+    ccl_core::transport::handshake::check_ack(&magic, &ack, leader)
         .map_err(|m| fail(Error::remote(format!("{}: {m}", what()))))?;
     let (life, my_line) = life_line()?;
     let mut msg = [0u8; JOIN_LEN];

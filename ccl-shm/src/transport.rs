@@ -48,7 +48,7 @@ const FORMAT: HandleFormat = HandleFormat {
     magic: b"CS",
     version: 4,
 };
-pub(crate) const MAGIC: Magic = Magic {
+const MAGIC: Magic = Magic {
     hello: *b"CCLSHM\x04H",
     ack: *b"CCLSHM\x04A",
 };
@@ -390,6 +390,11 @@ impl Transport for ShmTransport {
             return Ok(());
         }
         let arena = st.arena.clone();
+        let host = crate::join::Host {
+            ctx,
+            magic: MAGIC,
+            group,
+        };
         let joined = if group[0] == ctx.rank {
             let segment = st.segment.take();
             drop(st);
@@ -399,19 +404,11 @@ impl Transport for ShmTransport {
                 )
                 .rank(ctx.rank));
             };
-            crate::join::lead(
-                ctx,
-                group,
-                &listener,
-                segment,
-                arena.as_deref(),
-                deadline,
-                watch,
-            )?
+            crate::join::lead(host, &listener, segment, arena.as_deref(), deadline, watch)?
         } else {
             drop(st);
             let name = decode_handle(leader).map_err(|e| e.rank(ctx.rank).peer(group[0]))?;
-            crate::join::join(ctx, group, &name, arena.as_deref(), deadline, watch)?
+            crate::join::join(host, &name, arena.as_deref(), deadline, watch)?
         };
         self.state().joined = Some(joined);
         Ok(())
