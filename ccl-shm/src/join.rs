@@ -228,64 +228,13 @@ pub(crate) fn lead(
     deadline: Instant,
     watch: Watch<'_>,
 ) -> Result<Joined> {
-    let Host { ctx, magic, group } = host;
+    let Host { ctx, group, .. } = host;
     let rank = ctx.rank;
     let g = group.len();
     // Room for 16 joiners' descriptors in flight.
     let room = make_room_for(g, 16 * (1 + 3 * g), rank);
     let (life, my_line) = life_line()?;
-    let mut acceptor = Acceptor::new(magic, "shared-memory transport");
-    let mut members: Vec<Member> = Vec::with_capacity(g - 1);
-    while members.len() < g - 1 {
-        let missing: Vec<usize> = group[1..]
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !members.iter().any(|m| m.index == i + 1))
-            .map(|(_, &r)| r)
-            .collect();
-        watch(&missing)?;
-        let slice = deadline.min(Instant::now() + SLICE);
-        let got = acceptor.accept(
-            ctx,
-            listener.as_fd(),
-            || match listener.accept() {
-                Ok((s, _)) => {
-                    s.set_nonblocking(true)?;
-                    Ok(Some((s, "a rank of this host".to_string())))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-                Err(e) => Err(e),
-            },
-            slice,
-        );
-        let (peer, s, _) = match got {
-            Ok(x) => x,
-            Err(e) if e.kind() == ErrorKind::Timeout && Instant::now() < deadline => continue,
-            Err(e) if e.kind() == ErrorKind::Timeout => {
-                return Err(Error::timeout(format!(
-                    "rank(s) {} of this host never joined its shared memory within {:.1} s",
-                    missing
-                        .iter()
-                        .map(|r| r.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    ctx.config.timeout.as_secs_f64()
-                ))
-                .rank(rank)
-                .peer(missing[0]));
-            }
-            Err(e) => return Err(e.rank(rank)),
-        };
-        let index = group.iter().position(|&r| r == peer).filter(|&i| i > 0);
-        let Some(index) = index.filter(|i| !members.iter().any(|m| m.index == *i)) else {
-            return Err(Error::remote(format!(
-                "a shared-memory join claiming rank {peer}, which is not an awaited rank of this host"
-            ))
-            .rank(rank)
-            .peer(peer));
-        };
-        members.push(admit(ctx, &magic, peer, index, s, deadline)?);
-    }
+    let mut members = accept_joiners(host, listener, deadline, watch)?;
     members.sort_by_key(|m| m.index);
     let slot = segment.slot_len();
     let lens: Vec<u64> = (0..g)
@@ -362,6 +311,70 @@ pub(crate) fn lead(
     })
 }
 
+/// The leader's first part: accepts and admits every other rank of the host.
+fn accept_joiners(
+    host: Host<'_>,
+    listener: &UnixListener,
+    deadline: Instant,
+    watch: Watch<'_>,
+) -> Result<Vec<Member>> {
+    let Host { ctx, magic, group } = host;
+    let (rank, g) = (ctx.rank, group.len());
+    let mut acceptor = Acceptor::new(magic, "shared-memory transport");
+    let mut members: Vec<Member> = Vec::with_capacity(g - 1);
+    while members.len() < g - 1 {
+        let missing: Vec<usize> = group[1..]
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !members.iter().any(|m| m.index == i + 1))
+            .map(|(_, &r)| r)
+            .collect();
+        watch(&missing)?;
+        let slice = deadline.min(Instant::now() + SLICE);
+        let got = acceptor.accept(
+            ctx,
+            listener.as_fd(),
+            || match listener.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(true)?;
+                    Ok(Some((s, "a rank of this host".to_string())))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(e),
+            },
+            slice,
+        );
+        let (peer, s, _) = match got {
+            Ok(x) => x,
+            Err(e) if e.kind() == ErrorKind::Timeout && Instant::now() < deadline => continue,
+            Err(e) if e.kind() == ErrorKind::Timeout => {
+                return Err(Error::timeout(format!(
+                    "rank(s) {} of this host never joined its shared memory within {:.1} s",
+                    missing
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    ctx.config.timeout.as_secs_f64()
+                ))
+                .rank(rank)
+                .peer(missing[0]));
+            }
+            Err(e) => return Err(e.rank(rank)),
+        };
+        let index = group.iter().position(|&r| r == peer).filter(|&i| i > 0);
+        let Some(index) = index.filter(|i| !members.iter().any(|m| m.index == *i)) else {
+            return Err(Error::remote(format!(
+                "a shared-memory join claiming rank {peer}, which is not an awaited rank of this host"
+            ))
+            .rank(rank)
+            .peer(peer));
+        };
+        members.push(admit(ctx, &magic, peer, index, s, deadline)?);
+    }
+    Ok(members)
+}
+
 /// Waits for joiner `m`'s word that it mapped everything.
 fn await_done(
     m: &Member,
@@ -435,23 +448,11 @@ fn admit(
     })
 }
 
-/// A joiner's part: connects to the leader (`group[0]`, listening at `name`), gives it this
-/// rank's life line and `arena`, and maps what it hands out.
-pub(crate) fn join(
-    host: Host<'_>,
-    name: &[u8],
-    arena: Option<&Arena>,
-    deadline: Instant,
-    watch: Watch<'_>,
-) -> Result<Joined> {
+/// A joiner's first part: connects to the leader listening at `name` and passes the handshake.
+fn knock(host: Host<'_>, name: &[u8], deadline: Instant, watch: Watch<'_>) -> Result<UnixStream> {
     use std::os::linux::net::SocketAddrExt;
     let Host { ctx, magic, group } = host;
-    let (rank, leader, g) = (ctx.rank, group[0], group.len());
-    let me = group
-        .iter()
-        .position(|&r| r == rank)
-        .ok_or_else(|| Error::internal("this rank is not in its host's group").rank(rank))?;
-    make_room_for(g, 0, rank);
+    let (rank, leader) = (ctx.rank, group[0]);
     let fail = |e: Error| e.rank(rank).peer(leader);
     let what = || format!("joining the shared memory of this host (rank {leader} leads it)");
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)
@@ -475,6 +476,28 @@ pub(crate) fn join(
         .map_err(|e| fail(e.context("no handshake reply (the leader refused our secret?)")))?;
     ccl_core::transport::handshake::check_ack(&magic, &ack, leader)
         .map_err(|m| fail(Error::remote(format!("{}: {m}", what()))))?;
+    Ok(s)
+}
+
+/// A joiner's part: connects to the leader (`group[0]`, listening at `name`), gives it this
+/// rank's life line and `arena`, and maps what it hands out.
+pub(crate) fn join(
+    host: Host<'_>,
+    name: &[u8],
+    arena: Option<&Arena>,
+    deadline: Instant,
+    watch: Watch<'_>,
+) -> Result<Joined> {
+    let Host { ctx, group, .. } = host;
+    let (rank, leader, g) = (ctx.rank, group[0], group.len());
+    let me = group
+        .iter()
+        .position(|&r| r == rank)
+        .ok_or_else(|| Error::internal("this rank is not in its host's group").rank(rank))?;
+    make_room_for(g, 0, rank);
+    let fail = |e: Error| e.rank(rank).peer(leader);
+    let what = || format!("joining the shared memory of this host (rank {leader} leads it)");
+    let s = knock(host, name, deadline, watch)?;
     let (life, my_line) = life_line()?;
     let mut msg = [0u8; JOIN_LEN];
     msg[..8].copy_from_slice(&JOIN_MAGIC);
