@@ -7,6 +7,11 @@ use std::sync::Arc;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use rdma_sys::*;
 
+use crate::sys::{
+    ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel,
+    ibv_destroy_cq, ibv_get_cq_event,
+};
+
 use crate::LOG_SUBSYS;
 use crate::device::Context;
 use crate::error::{VerbsError, errno_error, last_os_error};

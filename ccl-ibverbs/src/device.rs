@@ -6,6 +6,11 @@ use std::sync::{Arc, OnceLock};
 
 use rdma_sys::*;
 
+use crate::sys::{
+    ___ibv_query_port, ibv_close_device, ibv_fork_init, ibv_free_device_list, ibv_get_device_list,
+    ibv_get_device_name, ibv_open_device,
+};
+
 use crate::LOG_SUBSYS;
 use crate::error::{VerbsError, errno_error, last_os_error};
 
@@ -22,7 +27,11 @@ static FORK_INIT: OnceLock<Result<(), i32>> = OnceLock::new();
 /// benchmark's launcher, `subprocess`. `ibv_fork_init` marks registered ranges `MADV_DONTFORK`;
 /// on kernels that copy pinned pages at fork (5.13+) it is a no-op. Every verbs entry point of
 /// this crate goes through [`Context::open`] or [`device_names`], which call this first.
+///
+/// It first loads libibverbs ([`crate::sys::load`]): this is where a host without rdma-core
+/// gets its error.
 pub fn fork_init() -> Result<(), VerbsError> {
+    crate::sys::load().map_err(VerbsError::Load)?;
     let r = FORK_INIT.get_or_init(|| {
         // SAFETY:
         // - `ibv_fork_init` takes no arguments and only sets library-global state.

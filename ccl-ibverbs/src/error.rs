@@ -12,6 +12,9 @@ use ccl_core::{Error, ErrorKind};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VerbsError {
+    /// Opening libibverbs (`dlopen`) or finding a verb in it.
+    #[error("libibverbs could not be loaded")]
+    Load(#[source] io::Error),
     /// `ibv_fork_init`.
     #[error("ibv_fork_init failed (set RDMAV_FORK_SAFE=1 in the environment instead?)")]
     ForkInit(#[source] io::Error),
@@ -77,7 +80,8 @@ impl VerbsError {
     /// The OS error behind the failure.
     pub fn os_error(&self) -> &io::Error {
         match self {
-            VerbsError::ForkInit(e)
+            VerbsError::Load(e)
+            | VerbsError::ForkInit(e)
             | VerbsError::GetDeviceList(e)
             | VerbsError::ReqNotifyCq(e)
             | VerbsError::GetCqEvent(e)

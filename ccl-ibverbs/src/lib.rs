@@ -1,6 +1,8 @@
 //! # ccl-ibverbs: the RoCEv2 / InfiniBand verbs transport of ccl
 //!
-//! The only crate of ccl that touches libibverbs (through `rdma-sys`). It implements
+//! The only crate of ccl that touches libibverbs (the types of `rdma-sys`; the library itself is
+//! opened at run time, the first time a device is looked at, see [`sys`], so programs that do
+//! not use verbs neither load it nor need it installed). It implements
 //! [`ccl_core::transport::Transport`] over reliable-connected queue pairs, in the manner of NCCL's
 //! `net_ib`: receiver-driven flow control over pre-registered staging slots, payload by RDMA
 //! WRITE_WITH_IMM, credits back over a control QP with its own traffic class, several data QPs per
@@ -105,6 +107,7 @@ pub mod pd;
 mod port;
 pub mod qp;
 mod resources;
+pub mod sys;
 pub mod sysfs;
 mod transport;
 pub mod wc;

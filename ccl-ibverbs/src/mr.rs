@@ -16,6 +16,8 @@ use std::sync::Arc;
 use nix::sys::mman::{MapFlags, ProtFlags, mmap_anonymous, munmap};
 use rdma_sys::*;
 
+use crate::sys::{ibv_dereg_mr, ibv_reg_mr};
+
 use crate::LOG_SUBSYS;
 use crate::error::{VerbsError, last_os_error};
 use crate::pd::Pd;

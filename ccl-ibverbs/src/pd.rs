@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use crate::sys::{ibv_alloc_pd, ibv_dealloc_pd};
+
 use crate::LOG_SUBSYS;
 use crate::device::Context;
 use crate::error::{VerbsError, last_os_error};

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+use crate::sys::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp};
+
 use crate::LOG_SUBSYS;
 use crate::cq::Cq;
 use crate::error::{VerbsError, errno_error, last_os_error};
