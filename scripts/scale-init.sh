@@ -12,6 +12,8 @@
 #   root in/out  bytes the launcher's process (the rendezvous root and job monitor) read and wrote
 #   peers     connections per rank (most, mean); fds and sockets per rank (most)
 #   rss, shm  resident and shared memory per rank (most, MiB)
+# With ranks as threads, descriptors and memory are the process's divided by N, read once when
+# every rank has its first result.
 # Not a timed test: a table for docs/scale.md. Slow: 1,024 eager ranks take about 3 minutes here.
 #
 #   scripts/scale-init.sh [--quick] [N ...]      default N: 64 256 1024
@@ -20,6 +22,10 @@
 #   AUTO_MAX=64             largest N for auto with eager connections: every pair of ranks
 #                           maps its own rings, so memory grows as N^2 (about 95 MiB per rank
 #                           at 64 ranks); lazy ones map the rings their operations use
+#   THREAD_SIZES="256 1024 4096"  also run N ranks as threads of one process (--threads) over
+#                           real TCP sockets, lazy connections (set it empty to skip). A size
+#                           whose descriptors (about 20 per rank, all in one process) would
+#                           pass the open-file limit is skipped with a message.
 #   OUT=target/scale-init   where the reports and the table go
 # --quick (CI): N = 16 over each transport, checking that every rank reported.
 set -euo pipefail
@@ -40,12 +46,14 @@ fi
 TRANSPORTS=${TRANSPORTS:-tcp auto}
 MODES=${MODES:-eager lazy}
 AUTO_MAX=${AUTO_MAX:-64}
+THREAD_SIZES=${THREAD_SIZES-256 1024 4096}
+[ "$QUICK" = 1 ] && THREAD_SIZES=${THREAD_SIZES:+16}
 OUT=${OUT:-target/scale-init}
 mkdir -p "$OUT"
 cargo build --release -q -p ccl-bench
-# Each rank holds a socket per peer, and the launcher one per rank: raise the soft limit on
-# open files to the hard one (the ranks inherit it).
-ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+# Each rank holds a socket per peer, and the launcher one per rank: raise the limit on open
+# files as far as this shell may (the ranks inherit it).
+ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) CPUs; open files: $(ulimit -n)"
 table="$OUT/table.md"
 {
@@ -53,24 +61,20 @@ table="$OUT/table.md"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 status=0
-for t in $TRANSPORTS; do
- for mode in $MODES; do
-  for n in "${SIZES[@]}"; do
-    if [ "$t" = auto ] && [ "$mode" = eager ] && [ "$n" -gt "$AUTO_MAX" ]; then
-      echo "scale-init: skipping $n eager ranks over auto (above AUTO_MAX=$AUTO_MAX: its memory grows as N^2)"
-      continue
-    fi
-    report="$OUT/$t-$mode-$n.jsonl"
-    log="$OUT/$t-$mode-$n.log"
-    rm -f "$report"
-    if ! CCL_CONNECT=$mode timeout 900 ./target/release/ccl-bench allreduce --np "$n" -b 8 -e 8 -n 1 -w 0 \
-        --bind none --transport "$t" --scale-report "$report" > "$log" 2>&1; then
-      echo "scale-init: $n ranks over $t ($mode) failed; see $log" >&2
-      tail -n 5 "$log" >&2
-      status=1
-      continue
-    fi
-    python3 - "$report" "$n" "$mode" >> "$table" <<'PY' || status=1
+# run NAME MODE N [ccl-bench flags...]: one job, one row of the table.
+run() {
+  local t=$1 mode=$2 n=$3
+  shift 3
+  local report="$OUT/$t-$mode-$n$SUFFIX.jsonl" log="$OUT/$t-$mode-$n$SUFFIX.log"
+  rm -f "$report"
+  if ! CCL_CONNECT=$mode timeout 900 ./target/release/ccl-bench allreduce --np "$n" -b 8 -e 8 -n 1 -w 0 \
+      --bind none --transport "$t" --scale-report "$report" "$@" > "$log" 2>&1; then
+    echo "scale-init: $n ranks over $t ($mode$SUFFIX) failed; see $log" >&2
+    tail -n 5 "$log" >&2
+    status=1
+    return
+  fi
+  python3 - "$report" "$n" "$mode" >> "$table" <<'PY' || status=1
 import json, sys
 path, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 lines = [json.loads(l) for l in open(path)]
@@ -87,15 +91,37 @@ def size(b):
             return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
         b /= 1024
 peers = [l["peers"] for l in ranks]
-print(f"| {n} | {ranks[0]['transport']} | {mode} | {la['wall_us'] / 1e6:.2f} | {most('start_us') / 1e6:.2f} "
+threads = la.get("ranks_in_process", False)
+transport = ranks[0]["transport"] + (", threads" if threads else "")
+# With threads, the process's bytes are every rank's as well as the root's.
+root = ("(one process)", "(one process)") if threads else (size(la["root_in"]), size(la["root_out"]))
+print(f"| {n} | {transport} | {mode} | {la['wall_us'] / 1e6:.2f} | {most('start_us') / 1e6:.2f} "
       f"| {most('init_us') / 1e6:.2f} | {most('first_us') / 1e6:.2f} "
-      f"| {most('done_us') / 1e6:.2f} | {size(la['root_in'])} | {size(la['root_out'])} "
+      f"| {most('done_us') / 1e6:.2f} | {root[0]} | {root[1]} "
       f"| {max(peers)}, {sum(peers) / len(peers):.1f} | {most('fds')} | {most('sockets')} "
       f"| {mib(most('rss_kib'))} | {mib(most('shmem_kib'))} |")
 PY
-    tail -n 1 "$table"
+  tail -n 1 "$table"
+}
+SUFFIX=
+for t in $TRANSPORTS; do
+ for mode in $MODES; do
+  for n in "${SIZES[@]}"; do
+    if [ "$t" = auto ] && [ "$mode" = eager ] && [ "$n" -gt "$AUTO_MAX" ]; then
+      echo "scale-init: skipping $n eager ranks over auto (above AUTO_MAX=$AUTO_MAX: its memory grows as N^2)"
+      continue
+    fi
+    run "$t" "$mode" "$n"
   done
  done
+done
+SUFFIX=-threads
+for n in $THREAD_SIZES; do
+  if [ $((n * 20 + 100)) -gt "$(ulimit -n)" ]; then
+    echo "scale-init: skipping $n ranks as threads: about $((n * 20)) descriptors in one process, past the open-file limit of $(ulimit -n) (ulimit -Hn)"
+    continue
+  fi
+  run tcp lazy "$n" --threads
 done
 echo "scale-init: table in $table"
 cat "$table"

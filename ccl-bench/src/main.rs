@@ -128,10 +128,14 @@ fn size_arg(s: &str) -> Result<usize, String> {
 
 #[derive(Args, Debug, Clone)]
 struct BenchArgs {
-    /// Start N local ranks (processes; threads with --transport local) instead of reading the
-    /// rank from a launcher's environment.
+    /// Start N local ranks (processes; threads with --threads or --transport local) instead of
+    /// reading the rank from a launcher's environment.
     #[arg(long, value_name = "N")]
     np: Option<usize>,
+    /// With --np: the ranks are threads of this process, over the transport chosen (real
+    /// sockets over tcp), rather than processes.
+    #[arg(long)]
+    threads: bool,
     /// Smallest size in bytes (K/M/G suffixes).
     #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = size_arg)]
     min_bytes: usize,
@@ -248,10 +252,12 @@ fn main() -> ExitCode {
             eprintln!("ccl-bench: --np must be at least 1");
             ExitCode::from(2)
         }
-        Some(n) if config.transport == TransportKind::Local => run_threads(&coll, args, config, n),
+        Some(n) if config.transport == TransportKind::Local || args.threads => {
+            run_threads(&coll, args, config, n)
+        }
         Some(n) => launch(&config, n, args),
         None => match Communicator::from_env_with_config(config) {
-            Ok(comm) => bench_rank(&coll, &comm, args, scale::now_us()),
+            Ok(comm) => bench_rank(&coll, &comm, args, scale::now_us(), None),
             Err(e) => {
                 eprintln!("ccl-bench: {e}");
                 ExitCode::FAILURE
@@ -303,7 +309,14 @@ fn plan(args: &BenchArgs) -> Plan {
 
 /// Runs the benchmark as one rank; rank 0 prints and writes the JSON.
 /// `init_done`: when the communicator was ready ([`scale::now_us`]).
-fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs, init_done: u64) -> ExitCode {
+/// `gate`: where ranks that are threads of this process meet for the scale report.
+fn bench_rank(
+    coll: &dyn Bench,
+    comm: &Communicator,
+    args: &BenchArgs,
+    init_done: u64,
+    gate: Option<&scale::Gate>,
+) -> ExitCode {
     // Only rank 0 prints. Never hold the stdout lock across a collective: in thread mode the
     // other ranks share this process's stdout.
     let mut out: Box<dyn Write> = if comm.rank() == 0 {
@@ -312,11 +325,12 @@ fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs, init_done
         Box::new(std::io::sink())
     };
     // What a job's start costs ends at its first collective's result, connections included.
-    let first_result = match args
+    let first = args
         .scale_report
         .as_ref()
-        .map(|_| scale::first_allreduce(comm))
-    {
+        .map(|_| scale::first_allreduce(comm));
+    let shared = gate.map(|g| (comm.size(), g.meet()));
+    let first_result = match first {
         Some(Ok(t)) => t,
         Some(Err(e)) => {
             eprintln!("ccl-bench: {e}");
@@ -333,7 +347,7 @@ fn bench_rank(coll: &dyn Bench, comm: &Communicator, args: &BenchArgs, init_done
         }
     };
     if let Some(path) = &args.scale_report
-        && let Err(e) = scale::report_rank(path, comm, init_done, first_result)
+        && let Err(e) = scale::report_rank(path, comm, init_done, first_result, shared)
     {
         eprintln!("ccl-bench: {e}");
         return ExitCode::FAILURE;
@@ -392,25 +406,47 @@ fn run_threads(coll: &colls::Coll, args: &BenchArgs, config: Config, n: usize) -
             return ExitCode::FAILURE;
         }
     };
+    let gate = args
+        .scale_report
+        .as_ref()
+        .map(|_| scale::Gate::new(n, config.timeout));
     let codes: Vec<ExitCode> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|rank| {
-                let (id, config) = (id.clone(), config.clone());
-                s.spawn(
-                    move || match Communicator::init_with_config(&id, rank, n, config) {
-                        Ok(comm) => bench_rank(coll, &comm, args, scale::now_us()),
-                        Err(e) => {
-                            eprintln!("ccl-bench: rank {rank}: {e}");
-                            ExitCode::FAILURE
-                        }
-                    },
-                )
-            })
-            .collect();
-        hs.into_iter()
+        let mut hs = Vec::with_capacity(n);
+        for rank in 0..n {
+            let (id, config, gate) = (id.clone(), config.clone(), gate.as_ref());
+            let run = move || match Communicator::init_with_config(&id, rank, n, config) {
+                Ok(comm) => bench_rank(coll, &comm, args, scale::now_us(), gate),
+                Err(e) => {
+                    eprintln!("ccl-bench: rank {rank}: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+            match std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn_scoped(s, run)
+            {
+                Ok(h) => hs.push(h),
+                Err(e) => {
+                    // The ranks started fail at their deadline, naming those that never came.
+                    eprintln!("ccl-bench: cannot start a thread for rank {rank}: {e}");
+                    break;
+                }
+            }
+        }
+        let started = hs.len();
+        let mut codes: Vec<ExitCode> = hs
+            .into_iter()
             .map(|h| h.join().unwrap_or(ExitCode::FAILURE))
-            .collect()
+            .collect();
+        codes.resize(n.max(started), ExitCode::FAILURE);
+        codes
     });
+    if let Some(path) = &args.scale_report
+        && let Err(e) = scale::report_launcher(path, n, true)
+    {
+        eprintln!("ccl-bench: {e}");
+        return ExitCode::FAILURE;
+    }
     if codes.iter().all(|c| *c == ExitCode::SUCCESS) {
         ExitCode::SUCCESS
     } else {
@@ -447,7 +483,7 @@ fn launch(config: &Config, n: usize, args: &BenchArgs) -> ExitCode {
     };
     let failed = wait_ranks(&mut children, config);
     if let Some(path) = &args.scale_report
-        && let Err(e) = scale::report_launcher(path, n)
+        && let Err(e) = scale::report_launcher(path, n, false)
     {
         eprintln!("ccl-bench: {e}");
         return ExitCode::FAILURE;

@@ -10,8 +10,8 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ccl::Communicator;
 
@@ -70,6 +70,82 @@ fn descriptors() -> (usize, usize) {
     (fds, sockets)
 }
 
+/// What the process holds, read from the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    fds: usize,
+    sockets: usize,
+    threads: u64,
+    rss_kib: u64,
+    shmem_kib: u64,
+}
+
+impl Usage {
+    fn of_this_process() -> Usage {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let (fds, sockets) = descriptors();
+        Usage {
+            fds,
+            sockets,
+            threads: status_field(&status, "Threads"),
+            rss_kib: status_field(&status, "VmRSS"),
+            shmem_kib: status_field(&status, "RssShmem"),
+        }
+    }
+
+    /// One rank's share of a process that runs `n` ranks (rounded up).
+    fn share(self, n: usize) -> Usage {
+        let n = n.max(1);
+        Usage {
+            fds: self.fds.div_ceil(n),
+            sockets: self.sockets.div_ceil(n),
+            threads: self.threads.div_ceil(n as u64),
+            rss_kib: self.rss_kib.div_ceil(n as u64),
+            shmem_kib: self.shmem_kib.div_ceil(n as u64),
+        }
+    }
+}
+
+/// Ranks that are threads of one process (`--threads`) meet here after their first allreduce,
+/// so that the process's descriptors and memory are read once, while every rank's
+/// communicator is up, and shared among them: reading `/proc/self/fd` per rank would cost
+/// N times the whole table.
+pub(crate) struct Gate {
+    ranks: usize,
+    /// How long a rank waits for the others (the communicators' deadline).
+    wait: Duration,
+    state: Mutex<(usize, Option<Usage>)>,
+    all_in: Condvar,
+}
+
+impl Gate {
+    pub(crate) fn new(ranks: usize, wait: Duration) -> Gate {
+        Gate {
+            ranks,
+            wait,
+            state: Mutex::new((0, None)),
+            all_in: Condvar::new(),
+        }
+    }
+
+    /// Called once by every rank, whether its first allreduce worked or not; the last to come
+    /// reads the process's usage. Returns this rank's share of it, or none when some rank did
+    /// not come in time (a rank whose thread ended early).
+    pub(crate) fn meet(&self) -> Option<Usage> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0 += 1;
+        if st.0 == self.ranks {
+            st.1 = Some(Usage::of_this_process());
+            self.all_in.notify_all();
+        }
+        let (st, _) = self
+            .all_in
+            .wait_timeout_while(st, self.wait, |st| st.1.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        st.1.map(|u| u.share(self.ranks))
+    }
+}
+
 #[derive(serde::Serialize)]
 struct RankLine {
     rank: usize,
@@ -90,6 +166,9 @@ struct RankLine {
     done_us: u64,
     /// Peers this rank holds a connection to.
     peers: usize,
+    /// Ranks in this process (more than 1 with `--threads`): the figures below are then the
+    /// process's divided among them.
+    ranks_in_process: usize,
     fds: usize,
     sockets: usize,
     threads: u64,
@@ -106,6 +185,8 @@ struct LauncherLine {
     root_in: u64,
     root_out: u64,
     rss_kib: u64,
+    /// Whether the ranks ran in this process too (`--threads`): the bytes are then everyone's.
+    ranks_in_process: bool,
 }
 
 fn append(path: &Path, line: String) -> Result<(), String> {
@@ -137,16 +218,20 @@ pub(crate) fn first_allreduce(comm: &Communicator) -> Result<u64, String> {
 }
 
 /// This rank's line; `init_done` is when its communicator was ready and `first_result` when
-/// [`first_allreduce`] returned ([`now_us`]).
+/// [`first_allreduce`] returned ([`now_us`]). `shared`: with ranks as threads, the ranks in
+/// the process and this rank's share of its usage ([`Gate::meet`]), if it was read.
 pub(crate) fn report_rank(
     path: &Path,
     comm: &Communicator,
     init_done: u64,
     first_result: u64,
+    shared: Option<(usize, Option<Usage>)>,
 ) -> Result<(), String> {
     let done = now_us();
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let (fds, sockets) = descriptors();
+    let (ranks_in_process, usage) = match shared {
+        Some((n, u)) => (n, u.unwrap_or_default()),
+        None => (1, Usage::of_this_process()),
+    };
     let line = RankLine {
         rank: comm.rank(),
         size: comm.size(),
@@ -159,17 +244,18 @@ pub(crate) fn report_rank(
         first_us: since_start(first_result),
         done_us: since_start(done),
         peers: comm.connected_peers().len(),
-        fds,
-        sockets,
-        threads: status_field(&status, "Threads"),
-        rss_kib: status_field(&status, "VmRSS"),
-        shmem_kib: status_field(&status, "RssShmem"),
+        ranks_in_process,
+        fds: usage.fds,
+        sockets: usage.sockets,
+        threads: usage.threads,
+        rss_kib: usage.rss_kib,
+        shmem_kib: usage.shmem_kib,
     };
     append(path, serde_json::to_string(&line).expect("plain fields"))
 }
 
-/// The launcher's line, once its ranks are done.
-pub(crate) fn report_launcher(path: &Path, ranks: usize) -> Result<(), String> {
+/// The launcher's line, once its ranks are done; `in_process`: they were its threads.
+pub(crate) fn report_launcher(path: &Path, ranks: usize, in_process: bool) -> Result<(), String> {
     let (root_in, root_out) = ccl_bootstrap::wire::traffic();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let line = LauncherLine {
@@ -179,6 +265,7 @@ pub(crate) fn report_launcher(path: &Path, ranks: usize) -> Result<(), String> {
         root_in,
         root_out,
         rss_kib: status_field(&status, "VmRSS"),
+        ranks_in_process: in_process,
     };
     append(path, serde_json::to_string(&line).expect("plain fields"))
 }
@@ -194,5 +281,33 @@ mod tests {
         assert_eq!(status_field(s, "RssShmem"), 56);
         assert_eq!(status_field(s, "Threads"), 7);
         assert_eq!(status_field(s, "Rss"), 0);
+    }
+
+    #[test]
+    fn a_share_rounds_up() {
+        let u = Usage {
+            fds: 10,
+            sockets: 4,
+            threads: 9,
+            rss_kib: 1001,
+            shmem_kib: 0,
+        };
+        let s = u.share(4);
+        assert_eq!((s.fds, s.sockets, s.threads, s.rss_kib), (3, 1, 3, 251));
+        assert_eq!(u.share(0), u);
+    }
+
+    #[test]
+    fn the_gate_reads_once_all_came_and_does_not_wait_forever() {
+        let gate = Gate::new(3, Duration::from_secs(60));
+        let shares: Vec<Option<Usage>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3).map(|_| s.spawn(|| gate.meet())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(shares.iter().all(|u| u.is_some_and(|u| u.fds > 0)));
+        assert!(shares.windows(2).all(|w| w[0] == w[1]));
+        // A rank that never comes: the others' wait ends at the deadline, without figures.
+        let gate = Gate::new(2, Duration::from_millis(50));
+        assert_eq!(gate.meet(), None);
     }
 }

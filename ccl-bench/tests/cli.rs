@@ -554,8 +554,8 @@ fn a_flag_given_twice_takes_its_last_value() {
 }
 
 /// Runs an 8-byte allreduce of `np` rank processes over TCP with `--scale-report`, `vars` in
-/// the environment; returns the run's output and the report's lines.
-fn scale_run(np: &str, vars: &[(&str, &str)]) -> (Output, Vec<serde_json::Value>) {
+/// the environment and `extra` flags; returns the run's output and the report's lines.
+fn scale_run(np: &str, vars: &[(&str, &str)], extra: &[&str]) -> (Output, Vec<serde_json::Value>) {
     let path =
         std::env::temp_dir().join(format!("ccl-bench-scale-{np}-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&path);
@@ -577,6 +577,7 @@ fn scale_run(np: &str, vars: &[(&str, &str)]) -> (Output, Vec<serde_json::Value>
         ])
         .args(["--bind", "none", "--transport", "tcp"])
         .args(["--scale-report", path.to_str().unwrap()])
+        .args(extra)
         .output()
         .unwrap();
     let lines = std::fs::read_to_string(&path)
@@ -594,7 +595,7 @@ fn scale_run(np: &str, vars: &[(&str, &str)]) -> (Output, Vec<serde_json::Value>
 #[test]
 fn scale_report_has_a_line_per_rank_and_the_launchers() {
     let start = Instant::now();
-    let (o, lines) = scale_run("4", &[("CCL_CONNECT", "eager")]);
+    let (o, lines) = scale_run("4", &[("CCL_CONNECT", "eager")], &[]);
     let wall = start.elapsed().as_micros() as u64;
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(lines.len(), 5, "{lines:?}");
@@ -641,6 +642,7 @@ fn two_hundred_fifty_six_ranks_hold_a_logarithmic_number_of_connections() {
             ("CCL_TIMEOUT", "300"),
             ("CCL_SPIN_US", "0"),
         ],
+        &[],
     );
     assert!(o.status.success(), "{}", text(&o));
     let ranks: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("rank").is_some()).collect();
@@ -656,4 +658,35 @@ fn two_hundred_fifty_six_ranks_hold_a_logarithmic_number_of_connections() {
     for k in ["root_in", "root_out"] {
         assert!(root[k].as_u64().unwrap() <= 1024 * n as u64, "{k}: {root}");
     }
+}
+
+/// `--threads`: the ranks are threads of the launcher's process over real TCP sockets; each
+/// reports its share of the process's descriptors and memory, read once while every rank is up,
+/// and the launcher's line says its bytes are everyone's.
+#[test]
+fn ranks_as_threads_report_their_share_of_the_process() {
+    let (o, lines) = scale_run("6", &[("CCL_CONNECT", "lazy")], &["--threads"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let ranks: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("rank").is_some()).collect();
+    let mut seen: Vec<u64> = ranks.iter().map(|l| l["rank"].as_u64().unwrap()).collect();
+    seen.sort();
+    assert_eq!(seen, [0, 1, 2, 3, 4, 5], "{lines:?}");
+    for l in &ranks {
+        assert_eq!(l["transport"], "tcp", "{l}");
+        assert_eq!(l["ranks_in_process"], 6, "{l}");
+        // Each rank's connections, its listener and monitor line are sockets of the process.
+        let peers = l["peers"].as_u64().unwrap();
+        assert!((1..=5).contains(&peers), "{l}");
+        assert!(l["sockets"].as_u64().unwrap() >= 1, "{l}");
+        assert!(l["fds"].as_u64() >= l["sockets"].as_u64(), "{l}");
+        assert!(l["rss_kib"].as_u64().unwrap() > 0, "{l}");
+    }
+    // Every rank read the same process figures.
+    assert!(
+        ranks.windows(2).all(|w| w[0]["fds"] == w[1]["fds"]),
+        "{lines:?}"
+    );
+    let l = lines.iter().find(|l| l.get("launcher").is_some()).unwrap();
+    assert_eq!(l["ranks_in_process"], true, "{l}");
+    assert_eq!(l["ranks"], 6, "{l}");
 }
