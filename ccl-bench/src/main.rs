@@ -548,30 +548,58 @@ fn spawn_ranks(
 /// Waits for every rank process and returns those that failed. Once one fails, the others get a
 /// grace period to fail on their own (they see the dead peer) and are then stopped, so a failure
 /// never leaves the launcher hanging.
+///
+/// Children are reaped as they end (`waitpid(-1)`), not polled one by one: polling a thousand
+/// ranks 50 times a second would take a CPU-second of a 2-CPU machine from the ranks it waits
+/// for.
 fn wait_ranks(children: &mut [Option<Child>], config: &Config) -> Vec<String> {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     let grace = Duration::from_secs(10).min(config.timeout);
+    let rank_of: std::collections::HashMap<u32, usize> = children
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, c)| Some((c.as_ref()?.id(), rank)))
+        .collect();
     let mut failed: Vec<String> = Vec::new();
     let mut first_failure: Option<Instant> = None;
-    let mut left = children.len();
+    let mut left = children.iter().flatten().count();
     while left > 0 {
-        for (rank, slot) in children.iter_mut().enumerate() {
-            let Some(child) = slot else { continue };
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    if !status.success() {
-                        failed.push(format!("rank {rank} ({status})"));
-                        first_failure.get_or_insert_with(Instant::now);
-                    }
-                    *slot = None;
-                    left -= 1;
+        loop {
+            let (pid, why) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, 0)) => (pid, None),
+                Ok(WaitStatus::Exited(pid, code)) => (pid, Some(format!("exit status: {code}"))),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                    (pid, Some(format!("signal: {} ({sig})", sig as i32)))
                 }
-                Ok(None) => {}
+                // Stopped or continued (a debugger): still running.
+                Ok(WaitStatus::StillAlive) | Ok(_) => break,
                 Err(e) => {
-                    failed.push(format!("rank {rank} (wait failed: {e})"));
-                    *slot = None;
-                    left -= 1;
+                    // ECHILD: none left to wait for, though some were thought alive.
+                    for (rank, slot) in children.iter_mut().enumerate() {
+                        if slot.take().is_some() {
+                            failed.push(format!("rank {rank} (wait failed: {e})"));
+                        }
+                    }
+                    return failed;
                 }
+            };
+            let Some(&rank) = u32::try_from(pid.as_raw())
+                .ok()
+                .and_then(|p| rank_of.get(&p))
+            else {
+                continue;
+            };
+            // Reaped: the handle must not be waited for or signalled again.
+            if children[rank].take().is_some() {
+                left -= 1;
             }
+            if let Some(why) = why {
+                failed.push(format!("rank {rank} ({why})"));
+                first_failure.get_or_insert_with(Instant::now);
+            }
+        }
+        if left == 0 {
+            break;
         }
         if first_failure.is_some_and(|t| t.elapsed() > grace) {
             for (rank, slot) in children.iter().enumerate() {

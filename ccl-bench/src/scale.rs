@@ -14,6 +14,7 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ccl::Communicator;
+use nix::sys::resource::{UsageWho, getrusage};
 
 /// The launcher's start, in microseconds since the epoch, passed to the ranks it starts so that
 /// their times include being started.
@@ -166,6 +167,9 @@ struct RankLine {
     done_us: u64,
     /// Peers this rank holds a connection to.
     peers: usize,
+    /// CPU time of the process from its start to this rank's first result (all its threads;
+    /// with `--threads`, of every rank's so far: none then).
+    cpu_us: Option<u64>,
     /// Ranks in this process (more than 1 with `--threads`): the figures below are then the
     /// process's divided among them.
     ranks_in_process: usize,
@@ -184,6 +188,9 @@ struct LauncherLine {
     /// Bytes the rendezvous root and the job monitor read and wrote.
     root_in: u64,
     root_out: u64,
+    /// CPU time of this process's threads but the main one: the rendezvous root's and the job
+    /// monitor's (the main thread starts the ranks and waits for them).
+    root_cpu_us: u64,
     rss_kib: u64,
     /// Whether the ranks ran in this process too (`--threads`): the bytes are then everyone's.
     ranks_in_process: bool,
@@ -200,6 +207,19 @@ fn append(path: &Path, line: String) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// CPU time (user and system) of this process's threads, live and ended, or of the calling
+/// thread only, in microseconds.
+fn cpu_us(who: UsageWho) -> u64 {
+    getrusage(who).map_or(0, |u| {
+        let us = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+        us(u.user_time()) + us(u.system_time())
+    })
+}
+
+/// The process's CPU time when this rank's first allreduce returned: its share of starting
+/// the job, for the set-up model (`scripts/scale-model.py`).
+static FIRST_CPU: OnceLock<u64> = OnceLock::new();
+
 /// Runs one 8-byte allreduce (a sum of ones, checked) and returns when its result came
 /// ([`now_us`]).
 pub(crate) fn first_allreduce(comm: &Communicator) -> Result<u64, String> {
@@ -207,6 +227,7 @@ pub(crate) fn first_allreduce(comm: &Communicator) -> Result<u64, String> {
     comm.all_reduce_in_place(&mut x, ccl::ReduceOp::Sum)
         .map_err(|e| e.to_string())?;
     let t = now_us();
+    FIRST_CPU.get_or_init(|| cpu_us(UsageWho::RUSAGE_SELF));
     if x[0] != comm.size() as u64 {
         return Err(format!(
             "the first allreduce of {} ones gave {}",
@@ -244,6 +265,7 @@ pub(crate) fn report_rank(
         first_us: since_start(first_result),
         done_us: since_start(done),
         peers: comm.connected_peers().len(),
+        cpu_us: FIRST_CPU.get().copied().filter(|_| ranks_in_process == 1),
         ranks_in_process,
         fds: usage.fds,
         sockets: usage.sockets,
@@ -264,6 +286,7 @@ pub(crate) fn report_launcher(path: &Path, ranks: usize, in_process: bool) -> Re
         wall_us: since_start(now_us()),
         root_in,
         root_out,
+        root_cpu_us: cpu_us(UsageWho::RUSAGE_SELF).saturating_sub(cpu_us(UsageWho::RUSAGE_THREAD)),
         rss_kib: status_field(&status, "VmRSS"),
         ranks_in_process: in_process,
     };
