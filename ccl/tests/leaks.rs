@@ -3,7 +3,8 @@
 //! its own (its bootstrap's server, the monitor line, the accept and connect threads of
 //! connections made on demand) and holds descriptors (listeners, life lines, eventfds); a job
 //! that splits, shrinks or re-creates communicators for hours must not pile them up. Its own
-//! test binary, so no other test's threads are counted.
+//! test binary, so no other test's threads are counted. And a job that does not use verbs does
+//! not load libibverbs.
 
 mod common;
 
@@ -50,8 +51,20 @@ fn settled(limit: Duration) -> (usize, usize) {
 
 #[test]
 fn communicators_leave_no_threads_or_descriptors_behind() {
-    let transports = [TransportKind::Tcp, TransportKind::Auto, TransportKind::Local];
+    let transports = [
+        TransportKind::Tcp,
+        TransportKind::Auto,
+        TransportKind::Local,
+    ];
     // The first round sets up what lives for the whole process (the logger, lazy statics).
+    cycle(TransportKind::Tcp);
+    // libibverbs is opened only by the verbs transport: a TCP job does not load it (nor its
+    // netlink libraries), which costs every process at start and needs rdma-core installed.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(
+        !maps.contains("libibverbs"),
+        "a TCP job loaded libibverbs:\n{maps}"
+    );
     for &t in &transports {
         cycle(t);
     }
