@@ -9,7 +9,9 @@
 #   first     the slowest rank's time to the result of its first allreduce (connections included)
 #   done      the slowest rank's time to the end of its benchmark (the harness's barriers,
 #             checks and statistics: eight more allreduces)
-#   root in/out  bytes the launcher's process (the rendezvous root and job monitor) read and wrote
+#   CPU       each rank process's CPU time from its start to its first result (mean, ms)
+#   root in/out  bytes the launcher's process (the rendezvous root and job monitor) read and wrote;
+#             root CPU: the CPU time of its root and monitor threads
 #   peers     connections per rank (most, mean); fds and sockets per rank (most)
 #   rss, shm  resident and shared memory per rank (most, MiB)
 # With ranks as threads, descriptors and memory are the process's divided by N, read once when
@@ -24,10 +26,12 @@
 #                           at 64 ranks); lazy ones map the rings their operations use
 #   THREAD_SIZES="256 1024 4096"  also run N ranks as threads of one process (--threads) over
 #                           real TCP sockets, lazy connections (set it empty to skip). A size
-#                           whose descriptors (about 20 per rank, all in one process) would
+#                           whose descriptors (about 18 per rank, all in one process) would
 #                           pass the open-file limit is skipped with a message.
 #   OUT=target/scale-init   where the reports and the table go
 # --quick (CI): N = 16 over each transport, checking that every rank reported.
+# Then scripts/scale-model.py fits set-up's costs to the TCP runs (three lazy sizes or more) and
+# predicts 1K-32K ranks on a cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -57,14 +61,22 @@ ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) CPUs; open files: $(ulimit -n)"
 table="$OUT/table.md"
 {
-  echo "| ranks | transport | connect | wall s | started s | ready s | first s | done s | root in | root out | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| ranks | transport | connect | wall s | started s | ready s | first s | done s | CPU ms per rank | root in | root out | root CPU ms | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 status=0
+# Connections closed by one job stay in the kernel for a minute (TIME_WAIT: a 1,024-rank job
+# leaves about 14,000) and slow the next job's connections; each job starts once they are gone.
+time_wait() { awk '/^TCP:/ { for (i = 1; i <= NF; i++) if ($i == "tw") print $(i + 1) }' /proc/net/sockstat; }
+settle() {
+  local waited=0
+  while [ "$(time_wait)" -gt 1000 ] && [ "$waited" -lt 120 ]; do sleep 2; waited=$((waited + 2)); done
+}
 # run NAME MODE N [ccl-bench flags...]: one job, one row of the table.
 run() {
   local t=$1 mode=$2 n=$3
   shift 3
+  settle
   local report="$OUT/$t-$mode-$n$SUFFIX.jsonl" log="$OUT/$t-$mode-$n$SUFFIX.log"
   rm -f "$report"
   if ! CCL_CONNECT=$mode timeout 900 ./target/release/ccl-bench allreduce --np "$n" -b 8 -e 8 -n 1 -w 0 \
@@ -94,10 +106,13 @@ peers = [l["peers"] for l in ranks]
 threads = la.get("ranks_in_process", False)
 transport = ranks[0]["transport"] + (", threads" if threads else "")
 # With threads, the process's bytes are every rank's as well as the root's.
-root = ("(one process)", "(one process)") if threads else (size(la["root_in"]), size(la["root_out"]))
+root = ("(one process)",) * 3 if threads else (
+    size(la["root_in"]), size(la["root_out"]), f"{la['root_cpu_us'] / 1e3:.0f}")
+cpu = [l["cpu_us"] for l in ranks if l.get("cpu_us") is not None]
+cpu = f"{sum(cpu) / len(cpu) / 1e3:.1f}" if cpu else "-"
 print(f"| {n} | {transport} | {mode} | {la['wall_us'] / 1e6:.2f} | {most('start_us') / 1e6:.2f} "
       f"| {most('init_us') / 1e6:.2f} | {most('first_us') / 1e6:.2f} "
-      f"| {most('done_us') / 1e6:.2f} | {root[0]} | {root[1]} "
+      f"| {most('done_us') / 1e6:.2f} | {cpu} | {root[0]} | {root[1]} | {root[2]} "
       f"| {max(peers)}, {sum(peers) / len(peers):.1f} | {most('fds')} | {most('sockets')} "
       f"| {mib(most('rss_kib'))} | {mib(most('shmem_kib'))} |")
 PY
@@ -117,12 +132,15 @@ for t in $TRANSPORTS; do
 done
 SUFFIX=-threads
 for n in $THREAD_SIZES; do
-  if [ $((n * 20 + 100)) -gt "$(ulimit -n)" ]; then
-    echo "scale-init: skipping $n ranks as threads: about $((n * 20)) descriptors in one process, past the open-file limit of $(ulimit -n) (ulimit -Hn)"
+  if [ $((n * 18 + 100)) -gt "$(ulimit -n)" ]; then
+    echo "scale-init: skipping $n ranks as threads: about $((n * 18)) descriptors in one process, past the open-file limit of $(ulimit -n) (ulimit -Hn)"
     continue
   fi
   run tcp lazy "$n" --threads
 done
 echo "scale-init: table in $table"
 cat "$table"
+if [ "$QUICK" = 0 ] && [ "$(ls "$OUT"/tcp-lazy-*.jsonl 2>/dev/null | wc -l)" -ge 3 ]; then
+  python3 scripts/scale-model.py "$OUT" | tee "$OUT/model.md" || status=1
+fi
 exit "$status"

@@ -25,6 +25,7 @@ if [ "$rc" = 77 ]; then echo "(skipped: needs root)"; elif [ "$rc" != 0 ]; then 
 
 echo "== set-up at scale: a small case of scripts/scale-init.sh"
 scripts/scale-init.sh --quick
+python3 scripts/scale-model.py --self-test
 
 python_tests() {
 echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun, PyTorch's tests)"

@@ -26,7 +26,7 @@ mod sim;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitCode};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use ccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
@@ -255,6 +255,7 @@ fn main() -> ExitCode {
         Some(n) if config.transport == TransportKind::Local || args.threads => {
             run_threads(&coll, args, config, n)
         }
+        Some(n) if std::env::var_os(SPAWNER_VAR).is_some() => spawner(&config, n, args),
         Some(n) => launch(&config, n, args),
         None => match Communicator::from_env_with_config(config) {
             Ok(comm) => bench_rank(&coll, &comm, args, scale::now_us(), None),
@@ -454,27 +455,94 @@ fn run_threads(coll: &colls::Coll, args: &BenchArgs, config: Config, n: usize) -
     }
 }
 
+/// Set in the environment of the helper that starts the ranks of `--np` ([`launch`]).
+const SPAWNER_VAR: &str = "CCLBENCH_SPAWNER";
+
 /// `--np N`: start N rank processes of this program and be their rendezvous root.
+///
+/// A helper process, started first, starts the ranks and waits for them ([`spawner`]). A new
+/// process gets a copy of its parent's descriptor table and closes it again at exec, and the
+/// launcher's fills with the rendezvous root's connections as the ranks arrive: starting 1,024
+/// ranks from it cost about a CPU-second more on a 2-CPU machine, taken from the ranks.
 fn launch(config: &Config, n: usize, args: &BenchArgs) -> ExitCode {
-    let bind = args.bind == "core";
-    let ip = match &config.socket_ifname {
-        Some(spec) => match ccl_core::net::pick_local_ip(Some(spec)) {
-            Ok(ip) => ip,
-            Err(e) => {
-                eprintln!("ccl-bench: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
-    };
-    let id = match UniqueId::new_at(ip, config) {
-        Ok(id) => id,
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
         Err(e) => {
-            eprintln!("ccl-bench: {e}");
+            eprintln!("ccl-bench: cannot find my own executable: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let mut children = match spawn_ranks(config, &id, n, bind) {
+    let mut helper = match Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .env(SPAWNER_VAR, "1")
+        .env(scale::T0_VAR, scale::mark_start().to_string())
+        .stdin(Stdio::piped())
+        .spawn()
+    {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("ccl-bench: cannot start the process that starts the ranks: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let id = match unique_id(config) {
+        Ok(id) => id,
+        Err((code, e)) => {
+            // The helper reads an empty line and ends.
+            eprintln!("ccl-bench: {e}");
+            drop(helper.stdin.take());
+            let _ = helper.wait();
+            return code;
+        }
+    };
+    if let Some(mut to) = helper.stdin.take() {
+        // A helper that died already is reported by its exit status below.
+        let _ = writeln!(to, "{}", id.to_hex());
+    }
+    let status = helper.wait();
+    if let Some(path) = &args.scale_report
+        && let Err(e) = scale::report_launcher(path, n, false)
+    {
+        eprintln!("ccl-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("ccl-bench: waiting for the process that starts the ranks: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The job's id, its rendezvous root on the address the ranks will reach (loopback unless
+/// `CCL_SOCKET_IFNAME` says otherwise); on failure the exit code and the error.
+fn unique_id(config: &Config) -> Result<UniqueId, (ExitCode, String)> {
+    let ip = match &config.socket_ifname {
+        Some(spec) => ccl_core::net::pick_local_ip(Some(spec))
+            .map_err(|e| (ExitCode::from(2), e.to_string()))?,
+        None => IpAddr::V4(Ipv4Addr::LOCALHOST),
+    };
+    UniqueId::new_at(ip, config).map_err(|e| (ExitCode::FAILURE, e.to_string()))
+}
+
+/// The helper of [`launch`]: reads the job's id from its standard input, starts the ranks,
+/// waits for them and says which failed.
+fn spawner(config: &Config, n: usize, args: &BenchArgs) -> ExitCode {
+    let mut line = String::new();
+    if std::io::stdin().read_line(&mut line).is_err() || line.trim().is_empty() {
+        // The launcher could not make the id, and said why.
+        return ExitCode::FAILURE;
+    }
+    let id = match UniqueId::from_hex(line.trim()) {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("ccl-bench: the job's id from the launcher: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut children = match spawn_ranks(config, &id, n, args.bind == "core") {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ccl-bench: {e}");
@@ -482,12 +550,6 @@ fn launch(config: &Config, n: usize, args: &BenchArgs) -> ExitCode {
         }
     };
     let failed = wait_ranks(&mut children, config);
-    if let Some(path) = &args.scale_report
-        && let Err(e) = scale::report_launcher(path, n, false)
-    {
-        eprintln!("ccl-bench: {e}");
-        return ExitCode::FAILURE;
-    }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -519,6 +581,8 @@ fn spawn_ranks(
     for rank in 0..n {
         let mut cmd = Command::new(&exe);
         cmd.args(&child_args)
+            .stdin(Stdio::null())
+            .env_remove(SPAWNER_VAR)
             .env("CCL_UNIQUE_ID", id.to_hex())
             .env(scale::T0_VAR, scale::mark_start().to_string())
             .env("CCL_RANK", rank.to_string())

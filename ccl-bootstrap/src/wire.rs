@@ -513,6 +513,12 @@ pub fn encode_blobs(blobs: &[Vec<u8>]) -> Vec<u8> {
 }
 
 pub fn decode_blobs(p: &[u8]) -> Result<Vec<Vec<u8>>> {
+    Ok(blob_slices(p)?.into_iter().map(<[u8]>::to_vec).collect())
+}
+
+/// The blobs of [`encode_blobs`] as slices of `p`, copying nothing: every rank decodes every
+/// rank's record at set-up, so a copy per field is N of them per rank.
+pub fn blob_slices(p: &[u8]) -> Result<Vec<&[u8]>> {
     let bad = || Error::remote("malformed bootstrap allgather reply");
     let mut off = 0usize;
     let mut take = |n: usize| -> Result<&[u8]> {
@@ -532,7 +538,7 @@ pub fn decode_blobs(p: &[u8]) -> Result<Vec<Vec<u8>>> {
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let n = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
-        out.push(take(n)?.to_vec());
+        out.push(take(n)?);
     }
     if off != p.len() {
         return Err(bad());

@@ -108,25 +108,24 @@ impl Record {
     /// Decodes rank `from`'s record; anything malformed is an error naming it.
     pub(crate) fn decode(b: &[u8], from: usize) -> Result<Record> {
         let bad = || Error::remote(format!("malformed set-up record from rank {from}")).peer(from);
-        let blobs = wire::decode_blobs(b).map_err(|_| bad())?;
+        let blobs = wire::blob_slices(b).map_err(|_| bad())?;
         if blobs.len() < FIXED_BLOBS || (blobs.len() - FIXED_BLOBS) % 2 != 0 {
             return Err(bad());
         }
-        let text = |v: &[u8]| String::from_utf8(v.to_vec()).map_err(|_| bad());
+        let text = |v: &[u8]| std::str::from_utf8(v).map(str::to_owned).map_err(|_| bad());
         let u64_of = |v: &[u8]| v.try_into().map(u64::from_le_bytes).map_err(|_| bad());
         let offers = blobs[FIXED_BLOBS..]
             .chunks(2)
-            .map(|p| Ok((text(&p[0])?, Handle::new(&p[1]).map_err(|_| bad())?)))
+            .map(|p| Ok((text(p[0])?, Handle::new(p[1]).map_err(|_| bad())?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Record {
             runs_root: blobs[0] == [1],
-            topo_fp: u64_of(&blobs[1])?,
+            topo_fp: u64_of(blobs[1])?,
             host: HostId {
-                name: text(&blobs[2])?,
-                boot_id: text(&blobs[3])?,
-                netns: u64_of(&blobs[4])?,
+                name: text(blobs[2])?,
+                boot_id: text(blobs[3])?,
+                netns: u64_of(blobs[4])?,
                 pid: blobs[5]
-                    .as_slice()
                     .try_into()
                     .map(u32::from_le_bytes)
                     .map_err(|_| bad())?,
