@@ -183,7 +183,7 @@ def main():
         print(f"- eager: c = {c * 1e6:.0f} us per extra connection")
     print()
     print("Check on this host (every rank on its CPUs: (ranks' CPU + root's) / CPUs, against "
-          "the slowest rank's first result less the launch):")
+          "the slowest rank's first result, launching included):")
     print()
     print("| ranks | connect | CPU model s | measured first s | of which launching s |")
     print("|---|---|---|---|---|")
