@@ -37,6 +37,9 @@ impl Bootstrap {
     /// failure on to the others for as long as the communicator lives, and asks this rank for
     /// its state (see [`Monitor::set_state_source`]).
     pub fn into_monitor(mut self) -> Result<Monitor> {
+        if let Some(e) = self.broken.take() {
+            return Err(e);
+        }
         self.settle()?;
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut who = std::process::id().to_le_bytes().to_vec();

@@ -488,8 +488,9 @@ pub struct Bootstrap {
     pub(crate) timeout: Duration,
     pub(crate) round: u32,
     pub(crate) done: bool,
-    /// An allgather of this rank failed (and the root was told).
-    pub(crate) broken: bool,
+    /// Why an allgather of this rank failed (the root was told): later calls fail with it
+    /// rather than wait on a job that has ended.
+    pub(crate) broken: Option<Error>,
     /// This rank's part in the allgathers among the ranks (none when alone).
     pub(crate) gather: Option<Gather>,
     /// From the start of [`Bootstrap::connect`] to the root's welcome (every rank had joined).
@@ -586,7 +587,7 @@ impl Bootstrap {
             timeout,
             round: 0,
             done: false,
-            broken: false,
+            broken: None,
             gather,
             joined: started.elapsed(),
         })
@@ -631,12 +632,15 @@ impl Bootstrap {
         let deadline = Instant::now() + self.timeout + Duration::from_secs(2);
         let round = self.round;
         self.round += 1;
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
         let Some(g) = &self.gather else {
             return Ok(vec![data.to_vec()]);
         };
         g.allgather(&mut self.stream, round, data, deadline)
             .inspect_err(|e| {
-                self.broken = true;
+                self.broken = Some(e.clone());
                 self.tell_root(e)
             })
     }
@@ -646,7 +650,7 @@ impl Bootstrap {
     /// each of them reaches its own verdict on the same records instead of learning that this
     /// rank left; then the root passes `e` on to the ranks still in the bootstrap.
     pub fn fail(mut self, e: &Error) {
-        if !self.broken && self.settle().is_ok() {
+        if self.broken.is_none() && self.settle().is_ok() {
             self.tell_root(e);
         }
     }
@@ -672,8 +676,12 @@ impl Bootstrap {
         }
     }
 
-    /// Tells the root this rank is done with the bootstrap.
+    /// Tells the root this rank is done with the bootstrap; after a failed allgather, returns
+    /// that failure again (the job has ended: there is nobody left to serve).
     pub fn finish(mut self) -> Result<()> {
+        if let Some(e) = self.broken.take() {
+            return Err(e);
+        }
         self.settle()?;
         self.say_bye()
     }
