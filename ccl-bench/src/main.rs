@@ -434,12 +434,12 @@ fn run_threads(coll: &colls::Coll, args: &BenchArgs, config: Config, n: usize) -
                 }
             }
         }
-        let started = hs.len();
+        // A rank whose thread did not start counts as failed.
         let mut codes: Vec<ExitCode> = hs
             .into_iter()
             .map(|h| h.join().unwrap_or(ExitCode::FAILURE))
             .collect();
-        codes.resize(n.max(started), ExitCode::FAILURE);
+        codes.resize(n, ExitCode::FAILURE);
         codes
     });
     if let Some(path) = &args.scale_report
@@ -635,8 +635,9 @@ fn wait_ranks(children: &mut [Option<Child>], config: &Config) -> Vec<String> {
                 Ok(WaitStatus::Signaled(pid, sig, _)) => {
                     (pid, Some(format!("signal: {} ({sig})", sig as i32)))
                 }
-                // Stopped or continued (a debugger): still running.
-                Ok(WaitStatus::StillAlive) | Ok(_) => break,
+                // None ended since the last look (or one was stopped or continued: a
+                // debugger; it is still running).
+                Ok(_) => break,
                 Err(e) => {
                     // ECHILD: none left to wait for, though some were thought alive.
                     for (rank, slot) in children.iter_mut().enumerate() {
