@@ -61,8 +61,8 @@ ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "# $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) CPUs; open files: $(ulimit -n)"
 table="$OUT/table.md"
 {
-  echo "| ranks | transport | connect | wall s | started s | ready s | first s | done s | CPU ms per rank | root in | root out | root CPU ms | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| ranks | transport | connect | wall s | started s | ready s | first s | done s | CPU ms per rank | root in | root out | root CPU ms | root lines | peers (most, mean) | fds | sockets | rss MiB | shm MiB |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 status=0
 # Connections closed by one job stay in the kernel for a minute (TIME_WAIT: a 1,024-rank job
@@ -108,11 +108,12 @@ transport = ranks[0]["transport"] + (", threads" if threads else "")
 # With threads, the process's bytes are every rank's as well as the root's.
 root = ("(one process)",) * 3 if threads else (
     size(la["root_in"]), size(la["root_out"]), f"{la['root_cpu_us'] / 1e3:.0f}")
+lines = la.get("root_lines", "-")
 cpu = [l["cpu_us"] for l in ranks if l.get("cpu_us") is not None]
 cpu = f"{sum(cpu) / len(cpu) / 1e3:.1f}" if cpu else "-"
 print(f"| {n} | {transport} | {mode} | {la['wall_us'] / 1e6:.2f} | {most('start_us') / 1e6:.2f} "
       f"| {most('init_us') / 1e6:.2f} | {most('first_us') / 1e6:.2f} "
-      f"| {most('done_us') / 1e6:.2f} | {cpu} | {root[0]} | {root[1]} | {root[2]} "
+      f"| {most('done_us') / 1e6:.2f} | {cpu} | {root[0]} | {root[1]} | {root[2]} | {lines} "
       f"| {max(peers)}, {sum(peers) / len(peers):.1f} | {most('fds')} | {most('sockets')} "
       f"| {mib(most('rss_kib'))} | {mib(most('shmem_kib'))} |")
 PY

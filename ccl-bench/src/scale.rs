@@ -191,6 +191,8 @@ struct LauncherLine {
     /// CPU time of this process's threads but the main one: the rendezvous root's and the job
     /// monitor's (the main thread starts the ranks and waits for them).
     root_cpu_us: u64,
+    /// Monitor connections the root held once the ranks had moved to their hubs.
+    root_lines: usize,
     rss_kib: u64,
     /// Whether the ranks ran in this process too (`--threads`): the bytes are then everyone's.
     ranks_in_process: bool,
@@ -287,6 +289,7 @@ pub(crate) fn report_launcher(path: &Path, ranks: usize, in_process: bool) -> Re
         root_in,
         root_out,
         root_cpu_us: cpu_us(UsageWho::RUSAGE_SELF).saturating_sub(cpu_us(UsageWho::RUSAGE_THREAD)),
+        root_lines: ccl_bootstrap::root_lines(),
         rss_kib: status_field(&status, "VmRSS"),
         ranks_in_process: in_process,
     };

@@ -625,13 +625,17 @@ fn scale_report_has_a_line_per_rank_and_the_launchers() {
     assert!(l["root_in"].as_u64().unwrap() > 4 * 48, "{l}");
     assert!(l["root_out"].as_u64().unwrap() >= 4 * 5, "{l}");
     assert!(l["wall_us"].as_u64().unwrap() <= wall, "{l}");
+    // Four ranks, fewer than CCL_MONITOR_FANOUT: each on its own line to the root.
+    assert_eq!(l["root_lines"], 4, "{l}");
 }
 
 /// 256 rank processes over TCP with pairs connected on demand finish set-up and an 8-byte
 /// allreduce (recursive doubling: log2 256 = 8 peers), every rank within 2*log2(N)+4
 /// connections, not N-1, and the root moving a bounded number of bytes per rank (its hello,
 /// welcome, monitor request and the connection requests it passes on), not the N records per
-/// rank of a relayed allgather. Counts connections and bytes, not time.
+/// rank of a relayed allgather. The job monitor is a tree of fan-out 8 (three levels): the root
+/// holds the lines of the four top-level ranks (0, 64, 128, 192) once the others moved to their
+/// hubs. Counts connections and bytes, not time.
 #[test]
 fn two_hundred_fifty_six_ranks_hold_a_logarithmic_number_of_connections() {
     let n = 256;
@@ -641,6 +645,7 @@ fn two_hundred_fifty_six_ranks_hold_a_logarithmic_number_of_connections() {
             ("CCL_CONNECT", "lazy"),
             ("CCL_TIMEOUT", "300"),
             ("CCL_SPIN_US", "0"),
+            ("CCL_MONITOR_FANOUT", "8"),
         ],
         &[],
     );
@@ -651,10 +656,17 @@ fn two_hundred_fifty_six_ranks_hold_a_logarithmic_number_of_connections() {
     for l in ranks {
         let peers = l["peers"].as_u64().unwrap();
         assert!((1..=bound).contains(&peers), "{l}");
-        // The sockets a rank holds: its peers', its monitor line and its listener.
-        assert!(l["sockets"].as_u64().unwrap() <= bound + 3, "{l}");
+        // The sockets a rank holds: its peers', its monitor line and its listener; a hub (a
+        // multiple of 8) also its listener for the monitor and up to 7 lines per level below.
+        let hub = if l["rank"].as_u64().unwrap() % 8 == 0 {
+            1 + 2 * 7
+        } else {
+            0
+        };
+        assert!(l["sockets"].as_u64().unwrap() <= bound + 3 + hub, "{l}");
     }
     let root = lines.iter().find(|l| l.get("launcher").is_some()).unwrap();
+    assert_eq!(root["root_lines"], 4, "{root}");
     for k in ["root_in", "root_out"] {
         assert!(root[k].as_u64().unwrap() <= 1024 * n as u64, "{k}: {root}");
     }

@@ -39,12 +39,14 @@ mod gather;
 mod id;
 mod monitor;
 mod recovery;
+mod relay;
 pub mod rendezvous;
+mod tree;
 mod watch;
 pub mod wire;
 
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
 pub use monitor::Monitor;
 pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, root_is_local};
-pub use watch::{GATHER, live_query};
+pub use watch::{GATHER, live_query, root_lines};
 pub use wire::Notice;

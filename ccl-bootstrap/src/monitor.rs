@@ -7,18 +7,18 @@
 //! connection.
 
 use std::collections::VecDeque;
-use std::io::Read;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::LOG_SUBSYS;
+use crate::relay::Relay;
 use crate::rendezvous::Bootstrap;
+use crate::tree::Tree;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::{ccl_trace, ccl_warn};
@@ -35,38 +35,67 @@ pub(crate) type ConnectHook = Box<dyn Fn(usize) + Send + Sync>;
 impl Bootstrap {
     /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
     /// failure on to the others for as long as the communicator lives, and asks this rank for
-    /// its state (see [`Monitor::set_state_source`]).
-    pub fn into_monitor(mut self) -> Result<Monitor> {
+    /// its state (see [`Monitor::set_state_source`]). With more than `fanout` ranks the root
+    /// moves this line to a hub rank of the monitor tree (`tree`); every rank must give the
+    /// same `fanout` (`CCL_MONITOR_FANOUT`).
+    pub fn into_monitor(mut self, fanout: usize) -> Result<Monitor> {
         if let Some(e) = self.broken.take() {
             return Err(e);
         }
         self.settle()?;
+        let rank = self.rank;
+        let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
+        let tree = Tree::new(self.size, fanout);
+        // A hub takes its children's lines where it reached the root from.
+        let listener = if tree.is_hub(rank) {
+            let ip = self.local_ip()?;
+            let l = TcpListener::bind(SocketAddr::new(ip, 0))
+                .map_err(|e| sys("monitor: cannot listen for the ranks it watches", e))?;
+            l.set_nonblocking(true)
+                .map_err(|e| sys("monitor listener", e))?;
+            Some(l)
+        } else {
+            None
+        };
+        let me = wire::Watchme {
+            pid: std::process::id(),
+            fanout: tree.fanout() as u32,
+            listen: listener
+                .as_ref()
+                .map(|l| l.local_addr())
+                .transpose()
+                .map_err(|e| sys("monitor listener", e))?,
+            host: ccl_core::log::hostname().to_string(),
+        };
         let deadline = Instant::now() + Duration::from_secs(5);
-        let mut who = std::process::id().to_le_bytes().to_vec();
-        who.extend_from_slice(ccl_core::log::hostname().as_bytes());
-        wire::write_frame(
-            &mut self.stream,
-            &Frame::new(FrameKind::Monitor, who),
-            deadline,
-        )
-        .map_err(|e| e.rank(self.rank))?;
+        wire::write_frame(&mut self.stream, &me.encode(), deadline).map_err(|e| e.rank(rank))?;
         self.done = true;
-        let sys =
-            |e: std::io::Error| Error::io(ErrorKind::System, "bootstrap socket", e).rank(self.rank);
-        self.stream.set_nonblocking(true).map_err(sys)?;
-        let reader = self.stream.try_clone().map_err(sys)?;
-        let writer = self.stream.try_clone().map_err(sys)?;
+        self.stream
+            .set_nonblocking(true)
+            .map_err(|e| sys("bootstrap socket", e))?;
+        let reader = self
+            .stream
+            .try_clone()
+            .map_err(|e| sys("bootstrap socket", e))?;
+        let writer = self
+            .stream
+            .try_clone()
+            .map_err(|e| sys("bootstrap socket", e))?;
         let efd = || {
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-                .map_err(|e| Error::io(ErrorKind::System, "eventfd", e.into()).rank(self.rank))
+                .map_err(|e| sys("eventfd", e.into()))
         };
         let shared = Arc::new(Shared {
             writer: Mutex::new(writer),
-            rank: self.rank,
+            rank,
+            root: self.root,
+            secret: self.secret,
+            tree,
             notices: Mutex::new(VecDeque::new()),
             wake: efd()?,
             stop: efd()?,
             root_gone: AtomicBool::new(false),
+            hub: AtomicUsize::new(usize::MAX),
             acks: AtomicU64::new(0),
             state: OnceLock::new(),
             on_notice: OnceLock::new(),
@@ -77,27 +106,32 @@ impl Bootstrap {
         let s = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("ccl-monitor".into())
-            .spawn(move || s.read_loop(reader))
-            .map_err(|e| {
-                Error::io(ErrorKind::System, "spawning the monitor thread", e).rank(self.rank)
-            })?;
+            .spawn(move || Relay::new(s, reader, listener).run())
+            .map_err(|e| sys("spawning the monitor thread", e))?;
         Ok(Monitor {
             shared,
             root: self.root,
+            bye: true,
         })
     }
 }
 
 /// What the rank's threads and its monitor thread share.
-struct Shared {
-    writer: Mutex<TcpStream>,
-    rank: usize,
+pub(crate) struct Shared {
+    /// This rank's line up the monitor tree (to the root, or to its hub).
+    pub(crate) writer: Mutex<TcpStream>,
+    pub(crate) rank: usize,
+    pub(crate) root: SocketAddr,
+    pub(crate) secret: [u8; 32],
+    pub(crate) tree: Tree,
     notices: Mutex<VecDeque<Notice>>,
     /// Readable once a notice arrived or the root's connection closed.
-    wake: EventFd,
+    pub(crate) wake: EventFd,
     /// Readable once the monitor is dropped: ends the thread.
-    stop: EventFd,
-    root_gone: AtomicBool,
+    pub(crate) stop: EventFd,
+    pub(crate) root_gone: AtomicBool,
+    /// The hub this rank reports through (`usize::MAX`: the root itself).
+    pub(crate) hub: AtomicUsize,
     /// Acknowledgements from the root (it is alive and working on a report of ours).
     acks: AtomicU64,
     state: OnceLock<StateSource>,
@@ -127,50 +161,20 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    fn read_loop(&self, stream: TcpStream) {
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            {
-                let mut fds = [
-                    PollFd::new(stream.as_fd(), PollFlags::POLLIN),
-                    PollFd::new(self.stop.as_fd(), PollFlags::POLLIN),
-                ];
-                let _ = nix::poll::poll(&mut fds, PollTimeout::from(1000u16));
-                if fds[1].any().unwrap_or(false) {
-                    return;
-                }
-            }
-            let closed = loop {
-                match (&stream).read(&mut chunk) {
-                    Ok(0) => break true,
-                    Ok(k) => {
-                        wire::count_in(k);
-                        buf.extend_from_slice(&chunk[..k])
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
-                    Err(_) => break true,
-                }
-            };
-            let frames = wire::take_frames(&mut buf).unwrap_or_default();
-            for f in frames {
-                self.handle(f);
-            }
-            if closed {
-                // The root's process ended (it may simply have finished): no news, but waits
-                // look again.
-                self.root_gone.store(true, Ordering::Release);
-                let _ = self.wake.write(1);
-                return;
-            }
-        }
-    }
-
-    fn handle(&self, f: Frame) {
+    pub(crate) fn handle(&self, f: Frame) {
         match f.kind {
             FrameKind::Notice => {
                 if let Ok(n) = Notice::decode(&f.payload) {
+                    // The root sends again what a hub that died may have taken with it.
+                    let known = self
+                        .notices
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .any(|k| k.rank == n.rank && k.died == n.died && k.message == n.message);
+                    if known {
+                        return;
+                    }
                     // A rank whose error only echoes another's failure did not fail itself.
                     if n.died || !n.message.starts_with(ErrorKind::Remote.as_str()) {
                         self.recovery().failed.insert(n.rank);
@@ -242,25 +246,31 @@ impl Shared {
         self.recovery.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn send(&self, f: &Frame) {
-        use std::io::Write;
+    /// Sends `f` up this rank's line (see [`write_within`]).
+    pub(crate) fn send(&self, f: &Frame) {
         let s = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        // Small frames fit the socket buffer; a root that does not read gets a short grace.
-        let bytes = f.encode();
-        let until = Instant::now() + Duration::from_millis(500);
-        let mut off = 0;
-        while off < bytes.len() && Instant::now() < until {
-            match (&*s).write(&bytes[off..]) {
-                Ok(k) => {
-                    wire::count_out(k);
-                    off += k
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return,
+        write_within(&s, &f.encode());
+    }
+}
+
+/// Writes `bytes` to a non-blocking monitor line. Small frames fit the socket buffer; a reader
+/// that does not read gets a short grace, then the rest is dropped (a monitor thread must not
+/// hang on one line).
+pub(crate) fn write_within(s: &TcpStream, bytes: &[u8]) {
+    use std::io::Write;
+    let until = Instant::now() + Duration::from_millis(500);
+    let mut off = 0;
+    while off < bytes.len() && Instant::now() < until {
+        match (&*s).write(&bytes[off..]) {
+            Ok(k) => {
+                wire::count_out(k);
+                off += k
             }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
         }
     }
 }
@@ -271,6 +281,8 @@ impl Shared {
 pub struct Monitor {
     shared: Arc<Shared>,
     root: SocketAddr,
+    /// Whether dropping it says goodbye (always, outside tests of a rank that vanishes).
+    bye: bool,
 }
 
 impl Monitor {
@@ -474,12 +486,27 @@ impl Monitor {
     pub fn root_gone(&self) -> bool {
         self.shared.root_gone.load(Ordering::Acquire)
     }
+
+    /// The hub rank this rank reports to the root through, if it does not report directly
+    /// (with more ranks than `CCL_MONITOR_FANOUT`).
+    pub fn hub(&self) -> Option<usize> {
+        Some(self.shared.hub.load(Ordering::Acquire)).filter(|&h| h != usize::MAX)
+    }
+
+    /// Drops this monitor as a rank whose process died would: its lines close without a
+    /// goodbye.
+    #[cfg(test)]
+    pub(crate) fn vanish(mut self) {
+        self.bye = false;
+    }
 }
 
 impl Drop for Monitor {
     fn drop(&mut self) {
         // A goodbye tells the root this rank's closing is no failure.
-        self.shared.send(&Frame::new(FrameKind::Bye, Vec::new()));
+        if self.bye {
+            self.shared.send(&Frame::new(FrameKind::Bye, Vec::new()));
+        }
         let _ = self.shared.stop.write(1);
     }
 }

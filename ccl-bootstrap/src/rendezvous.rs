@@ -26,6 +26,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use crate::LOG_SUBSYS;
 use crate::gather::{Gather, list_ranks};
 use crate::id::{UniqueId, random_secret};
+use crate::tree::Tree;
 use crate::wire::{self, Frame, FrameKind};
 use crate::{recovery, watch};
 
@@ -293,10 +294,23 @@ impl Root {
                 Ok(())
             }
             Done::Monitor(who) => {
-                ccl_trace!(None, "bootstrap root {}: watching the job", self.addr);
+                let tree = match monitor_tree(&who) {
+                    Ok(t) => t,
+                    Err(msg) => {
+                        broadcast_error_streams(&mut streams, &msg);
+                        return Err(Error::invalid_argument(msg));
+                    }
+                };
+                ccl_trace!(
+                    None,
+                    "bootstrap root {}: watching the job (monitor fan-out {})",
+                    self.addr,
+                    tree.fanout()
+                );
                 let _ = self.listener.set_nonblocking(true);
                 watch::Watch::new(
                     streams.into_iter().zip(who).collect(),
+                    tree,
                     &self.listener,
                     self.secret,
                     self.addr,
@@ -375,9 +389,19 @@ impl Root {
             .count();
         match watchers {
             0 => Ok(Done::Bye),
-            w if w == size => Ok(Done::Monitor(
-                frames.into_iter().map(|f| f.payload).collect(),
-            )),
+            w if w == size => {
+                let mut who = Vec::with_capacity(size);
+                for (r, f) in frames.iter().enumerate() {
+                    match wire::Watchme::decode(&f.payload) {
+                        Ok(m) => who.push(m),
+                        Err(e) => {
+                            let msg = format!("rank {r}: {e}");
+                            return fail(streams, msg, r);
+                        }
+                    }
+                }
+                Ok(Done::Monitor(who))
+            }
             _ => {
                 let msg = "ranks disagree on whether the root watches the job (some said goodbye, some asked for the monitor)".to_string();
                 broadcast_error_streams(streams, &msg);
@@ -392,7 +416,26 @@ enum Done {
     /// Every rank is done with the bootstrap.
     Bye,
     /// Every rank wants the root to watch the job; what each said of itself.
-    Monitor(Vec<Vec<u8>>),
+    Monitor(Vec<wire::Watchme>),
+}
+
+/// The monitor tree the ranks asked for; an error when they disagree on its fan-out (each
+/// rank works out its own place in it, so they must agree).
+fn monitor_tree(who: &[wire::Watchme]) -> std::result::Result<Tree, String> {
+    let f = who.first().map_or(2, |w| w.fanout);
+    if let Some((r, w)) = who.iter().enumerate().find(|(_, w)| w.fanout != f) {
+        return Err(format!(
+            "ranks disagree on CCL_MONITOR_FANOUT: rank 0 has {f}, rank {r} has {} (every rank must use the same value)",
+            w.fanout
+        ));
+    }
+    let tree = Tree::new(who.len(), f as usize);
+    if let Some(h) = (0..who.len()).find(|&h| tree.is_hub(h) && who[h].listen.is_none()) {
+        return Err(format!(
+            "rank {h} is a hub of the monitor tree (fan-out {f}) but does not listen for its ranks"
+        ));
+    }
+    Ok(tree)
 }
 
 /// Why the rank that sent `h` from `from` cannot join the ranks admitted so far (`ranks` is as

@@ -12,11 +12,13 @@ use std::collections::VecDeque;
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::LOG_SUBSYS;
+use crate::tree::Tree;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::{ccl_trace, ccl_warn};
 use ccl_diag::verdict::{self as diag, Presence, RankView};
@@ -29,24 +31,70 @@ pub const GATHER: Duration = Duration::from_secs(1);
 const REUSE: Duration = Duration::from_millis(250);
 /// How long a live client may take to present its request.
 const CLIENT_GRACE: Duration = Duration::from_secs(2);
-/// Most live clients served at once (more are dropped).
-const MAX_CLIENTS: usize = 16;
+/// Most live clients, and ranks joining after their hub died, served at once (more are
+/// dropped).
+const MAX_CLIENTS: usize = 1024;
+
+/// How long the ranks below a hub that died have to join the root themselves before the root
+/// names them dead too. Only the naming waits: the hub's own death is passed on at once.
+const ADOPT_GRACE: Duration = Duration::from_secs(10);
+
+static SETTLED_LINES: AtomicUsize = AtomicUsize::new(0);
+
+/// The most monitor connections a root of this process held once the ranks had moved to their
+/// hubs (the root's share of the monitor tree: at most `CCL_MONITOR_FANOUT`).
+pub fn root_lines() -> usize {
+    SETTLED_LINES.load(Ordering::Relaxed)
+}
 
 /// What the root knows of one rank while watching.
 struct Watched {
-    stream: TcpStream,
-    buf: Vec<u8>,
     frames: VecDeque<Frame>,
     open: bool,
     /// Said goodbye, or its failure was already passed on: its closing is no news.
     quiet: bool,
+    /// Said goodbye: its communicator is gone, and it answers no state query (a hub's line
+    /// may stay open a while, passing its ranks' frames).
+    left: bool,
     host: String,
     pid: u32,
+    /// Its own line to the root, if it has one (else it reports through its hubs).
+    link: Option<usize>,
+    /// Since when its way up has been cut (a hub above it died) without it joining the root.
+    orphaned: Option<Instant>,
+    /// The hub whose death cut it off.
+    lost_hub: usize,
+    /// Frames for it that had no way to it (a hub above it had died): sent once it joins.
+    undelivered: Vec<Frame>,
 }
 
-impl Watched {
-    /// Reads what has arrived without waiting; marks the rank closed at end of stream.
-    fn read(&mut self) {
+/// A line the root holds: a rank's own, which carries the frames of the ranks below it too.
+struct Link {
+    rank: usize,
+    stream: TcpStream,
+    buf: Vec<u8>,
+    open: bool,
+    /// The rank said it reports through its hub from now on: this line's end is no news.
+    moved: bool,
+    /// The root told the rank to move to its hub.
+    attached: bool,
+}
+
+impl Link {
+    fn new(rank: usize, stream: TcpStream) -> Link {
+        let _ = stream.set_nonblocking(true);
+        Link {
+            rank,
+            stream,
+            buf: Vec::new(),
+            open: true,
+            moved: false,
+            attached: false,
+        }
+    }
+
+    /// Reads what has arrived without waiting: its frames, and whether the line ended.
+    fn read(&mut self) -> (Vec<Frame>, bool) {
         let mut chunk = [0u8; 4096];
         let closed = loop {
             match (&self.stream).read(&mut chunk) {
@@ -61,12 +109,9 @@ impl Watched {
             }
         };
         match wire::take_frames(&mut self.buf) {
-            Ok(f) => self.frames.extend(f),
+            Ok(f) => (f, closed),
             // Garbage from a rank: treat it as gone.
-            Err(_) => self.open = false,
-        }
-        if closed {
-            self.open = false;
+            Err(_) => (Vec::new(), true),
         }
     }
 
@@ -87,9 +132,16 @@ struct Client {
 }
 
 /// The root's watch over a job: `streams` are the ranks' connections with what each said of
-/// itself when it asked to be watched (`[u32 pid][host]`).
+/// itself when it asked to be watched.
 pub(super) struct Watch<'a> {
     ranks: Vec<Watched>,
+    links: Vec<Link>,
+    tree: Tree,
+    /// Every rank told to move to its hub has moved (or gone).
+    settled: bool,
+    /// The notices and revocations sent so far (each once): a rank that joins the root after
+    /// its hub died gets them again, as a hub that dies may take some with it.
+    told: Vec<Frame>,
     listener: &'a TcpListener,
     secret: [u8; 32],
     addr: SocketAddr,
@@ -105,7 +157,8 @@ pub(super) struct Watch<'a> {
 
 impl<'a> Watch<'a> {
     pub(super) fn new(
-        streams: Vec<(TcpStream, Vec<u8>)>,
+        streams: Vec<(TcpStream, wire::Watchme)>,
+        tree: Tree,
         listener: &'a TcpListener,
         secret: [u8; 32],
         addr: SocketAddr,
@@ -113,29 +166,38 @@ impl<'a> Watch<'a> {
         spawn_root: crate::recovery::SpawnRoot,
     ) -> Watch<'a> {
         let n = streams.len();
-        let ranks = streams
-            .into_iter()
-            .map(|(stream, who)| {
-                let _ = stream.set_nonblocking(true);
-                let pid = who
-                    .get(..4)
-                    .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
-                let host = who
-                    .get(4..)
-                    .map_or(String::new(), |b| String::from_utf8_lossy(b).into_owned());
-                Watched {
-                    stream,
-                    buf: Vec::new(),
-                    frames: VecDeque::new(),
-                    open: true,
-                    quiet: false,
-                    host,
-                    pid,
-                }
-            })
-            .collect();
+        let listens: Vec<Option<SocketAddr>> = streams.iter().map(|(_, w)| w.listen).collect();
+        let mut links = Vec::with_capacity(n);
+        let mut ranks = Vec::with_capacity(n);
+        for (r, (stream, who)) in streams.into_iter().enumerate() {
+            let mut link = Link::new(r, stream);
+            // Below the top of the tree, a rank reports through its hub.
+            if let Some(hub) = tree.parent(r)
+                && let Some(at) = listens[hub]
+            {
+                link.send(&wire::attach(hub, at));
+                link.attached = true;
+            }
+            links.push(link);
+            ranks.push(Watched {
+                frames: VecDeque::new(),
+                open: true,
+                quiet: false,
+                left: false,
+                host: who.host,
+                pid: who.pid,
+                link: Some(r),
+                orphaned: None,
+                lost_hub: 0,
+                undelivered: Vec::new(),
+            });
+        }
         Watch {
             ranks,
+            links,
+            tree,
+            settled: false,
+            told: Vec::new(),
             listener,
             secret,
             addr,
@@ -147,13 +209,149 @@ impl<'a> Watch<'a> {
         }
     }
 
+    /// Reads every line the root holds and sorts what arrived by rank: frames into each rank's
+    /// queue, ended lines and the hubs' `Gone` into closed ranks.
+    fn pump(&mut self) {
+        for l in 0..self.links.len() {
+            if !self.links[l].open {
+                continue;
+            }
+            let (frames, closed) = self.links[l].read();
+            let from = self.links[l].rank;
+            for f in frames {
+                match f.kind {
+                    FrameKind::Up => match wire::open_envelope(&f.payload) {
+                        Ok((origin, inner)) if (origin as usize) < self.ranks.len() => {
+                            let origin = origin as usize;
+                            if inner.kind == FrameKind::Gone {
+                                // Only the line it reports on counts: a rank that joined the
+                                // root since is not gone.
+                                if self.ranks[origin].link.is_none() {
+                                    self.closed(origin);
+                                }
+                            } else {
+                                self.ranks[origin].frames.push_back(inner);
+                            }
+                        }
+                        _ => ccl_warn!(
+                            None,
+                            "bootstrap root {}: rank {from} passed on a bad frame",
+                            self.addr
+                        ),
+                    },
+                    FrameKind::Moved => {
+                        self.links[l].moved = true;
+                        if self.ranks[from].link == Some(l) {
+                            self.ranks[from].link = None;
+                        }
+                        // Its last frame on this line: closing it tells the rank so.
+                        let _ = self.links[l].stream.shutdown(std::net::Shutdown::Both);
+                    }
+                    _ => self.ranks[from].frames.push_back(f),
+                }
+            }
+            if closed || self.links[l].moved {
+                self.links[l].open = false;
+                if !self.links[l].moved && self.ranks[from].link == Some(l) {
+                    self.ranks[from].link = None;
+                    self.closed(from);
+                }
+            }
+        }
+        self.links.iter_mut().filter(|l| !l.open).for_each(|l| {
+            // Keep the slot (ranks refer to lines by index); the socket goes.
+            if l.buf.capacity() > 0 {
+                l.buf = Vec::new();
+            }
+        });
+        if !self.settled && self.links.iter().all(|l| !(l.attached && l.open)) {
+            self.settled = true;
+            let lines = self.links.iter().filter(|l| l.open).count();
+            SETTLED_LINES.fetch_max(lines, Ordering::Relaxed);
+        }
+        // Ranks cut off by a hub's death that did not join the root in time.
+        let now = Instant::now();
+        for r in 0..self.ranks.len() {
+            let w = &mut self.ranks[r];
+            if w.open && w.link.is_none() && w.orphaned.is_some_and(|t| now - t >= ADOPT_GRACE) {
+                w.open = false;
+            }
+        }
+    }
+
+    /// Rank `r` is gone (its line ended without it having moved); the ranks that reported
+    /// through it are cut off until they join the root.
+    fn closed(&mut self, r: usize) {
+        self.ranks[r].open = false;
+        for t in r + 1..self.tree.end(r) {
+            if self.ranks[t].open && self.ranks[t].link.is_none() && self.way_up(t).is_none() {
+                self.ranks[t].orphaned.get_or_insert_with(Instant::now);
+                self.ranks[t].lost_hub = r;
+            }
+        }
+    }
+
+    /// The line a frame for rank `t` goes on: its own, or that of the lowest hub above it that
+    /// has one, with every hub between them alive.
+    fn way_up(&self, t: usize) -> Option<usize> {
+        for a in self.tree.path(t) {
+            if !self.ranks[a].open && a != t {
+                return None;
+            }
+            if let Some(l) = self.ranks[a].link {
+                return Some(l);
+            }
+        }
+        None
+    }
+
+    /// Keeps a notice or revocation for the ranks that join the root later.
+    fn remember(&mut self, f: &Frame) {
+        if matches!(f.kind, FrameKind::Notice | FrameKind::Revoked) && !self.told.contains(f) {
+            self.told.push(f.clone());
+        }
+    }
+
+    /// Sends `f` to rank `r`, through the hubs above it when it has no line of its own.
+    fn send_to(&mut self, r: usize, f: &Frame) {
+        self.remember(f);
+        let Some(l) = self.way_up(r) else {
+            if self.ranks[r].open && !self.told.contains(f) {
+                self.ranks[r].undelivered.push(f.clone());
+            }
+            return;
+        };
+        if self.links[l].rank == r {
+            self.links[l].send(f);
+        } else {
+            let e = wire::envelope(FrameKind::Down, r as u32, f);
+            self.links[l].send(&e);
+        }
+    }
+
+    /// Sends `f` to every rank still here, through the lines the root holds; ranks in this
+    /// process last (one of them may exit as soon as it has the frame, and this thread with it).
+    fn broadcast(&mut self, f: &Frame) {
+        self.remember(f);
+        let all = wire::envelope(FrameKind::Down, wire::ALL, f);
+        let me = std::process::id();
+        for local in [false, true] {
+            for l in 0..self.links.len() {
+                let r = self.links[l].rank;
+                if !self.links[l].open || (self.ranks[r].pid == me) != local {
+                    continue;
+                }
+                let below = self.tree.is_hub(r);
+                self.links[l].send(if below { &all } else { f });
+            }
+        }
+    }
+
     /// Runs until every rank has gone.
     pub(super) fn run(mut self) {
         while self.ranks.iter().any(|w| w.open) {
             self.sleep();
-            for w in self.ranks.iter_mut().filter(|w| w.open) {
-                w.read();
-            }
+            self.pump();
             // Also the ranks found closed while gathering states.
             for r in (0..self.ranks.len()).filter(|&r| !self.ranks[r].open) {
                 self.recovery.on_gone(r);
@@ -165,10 +363,17 @@ impl<'a> Watch<'a> {
             for (r, w) in self.ranks.iter_mut().enumerate() {
                 if !w.open && !w.quiet {
                     w.quiet = true;
+                    let message = match w.orphaned {
+                        Some(_) if w.link.is_none() => format!(
+                            "the job's monitor lost it: its hub, rank {}, died, and it did not join the rendezvous itself within {ADOPT_GRACE:?} (its process ended too, or cannot reach the rendezvous)",
+                            w.lost_hub
+                        ),
+                        _ => "its connection to the rendezvous closed without a goodbye (the process exited, crashed or was killed)".into(),
+                    };
                     notices.push(Notice {
                         rank: r,
                         died: true,
-                        message: "its connection to the rendezvous closed without a goodbye (the process exited, crashed or was killed)".into(),
+                        message,
                         verdict: String::new(),
                         culprit: None,
                     });
@@ -185,7 +390,7 @@ impl<'a> Watch<'a> {
                 };
                 let text = format!("{preamble}: {line}");
                 if self.ranks[r].open {
-                    self.ranks[r].send(&Frame::new(FrameKind::Verdict, text.into_bytes()));
+                    self.send_to(r, &Frame::new(FrameKind::Verdict, text.into_bytes()));
                 }
             }
             self.serve_clients();
@@ -222,7 +427,7 @@ impl<'a> Watch<'a> {
         outs.extend(self.recovery.decide(&open));
         for (r, f) in outs {
             if self.ranks[r].open {
-                self.ranks[r].send(&f);
+                self.send_to(r, &f);
             }
         }
     }
@@ -231,10 +436,10 @@ impl<'a> Watch<'a> {
     /// say something.
     fn sleep(&self) {
         let mut fds: Vec<PollFd<'_>> = self
-            .ranks
+            .links
             .iter()
-            .filter(|w| w.open)
-            .map(|w| PollFd::new(w.stream.as_fd(), PollFlags::POLLIN))
+            .filter(|l| l.open)
+            .map(|l| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN))
             .collect();
         fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
         fds.extend(
@@ -242,11 +447,15 @@ impl<'a> Watch<'a> {
                 .iter()
                 .map(|c| PollFd::new(c.stream.as_fd(), PollFlags::POLLIN)),
         );
-        let wait = self.recovery.deadline().map_or(1000, |t| {
-            t.saturating_duration_since(Instant::now())
-                .as_millis()
-                .clamp(1, 1000) as u16
-        });
+        let orphans = self.ranks.iter().any(|w| w.open && w.orphaned.is_some());
+        let wait = self
+            .recovery
+            .deadline()
+            .map_or(if orphans { 100 } else { 1000 }, |t| {
+                t.saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .clamp(1, 1000) as u16
+            });
         let _ = nix::poll::poll(&mut fds, PollTimeout::from(wait));
     }
 
@@ -257,25 +466,29 @@ impl<'a> Watch<'a> {
         let mut failures = Vec::new();
         let mut requests = Vec::new();
         let mut asks = Vec::new();
-        for (r, w) in self.ranks.iter_mut().enumerate() {
-            while let Some(f) = w.frames.pop_front() {
+        for r in 0..self.ranks.len() {
+            while let Some(f) = self.ranks[r].frames.pop_front() {
+                let open = self.ranks[r].open;
                 match f.kind {
-                    FrameKind::Bye => w.quiet = true,
+                    FrameKind::Bye => {
+                        self.ranks[r].quiet = true;
+                        self.ranks[r].left = true;
+                    }
                     FrameKind::Failure => {
-                        if w.open {
-                            w.send(&Frame::new(FrameKind::Ack, Vec::new()));
+                        if open {
+                            self.send_to(r, &Frame::new(FrameKind::Ack, Vec::new()));
                         }
                         if let Ok(mut n) = Notice::decode(&f.payload) {
                             n.rank = r;
-                            if !w.quiet {
-                                w.quiet = true;
+                            if !self.ranks[r].quiet {
+                                self.ranks[r].quiet = true;
                                 failures.push(n);
                             }
                         }
                     }
                     FrameKind::VerdictRequest => {
-                        if w.open {
-                            w.send(&Frame::new(FrameKind::Ack, Vec::new()));
+                        if open {
+                            self.send_to(r, &Frame::new(FrameKind::Ack, Vec::new()));
                         }
                         requests.push((r, String::from_utf8_lossy(&f.payload).into_owned()));
                     }
@@ -311,16 +524,7 @@ impl<'a> Watch<'a> {
             );
             n.verdict = verdict.clone();
             n.culprit = culprit;
-            let frame = n.encode(FrameKind::Notice);
-            // Ranks in this process last: one of them may exit as soon as it has the notice,
-            // and this thread with it.
-            let me = std::process::id();
-            for w in self.ranks.iter_mut().filter(|w| w.open && w.pid != me) {
-                w.send(&frame);
-            }
-            for w in self.ranks.iter_mut().filter(|w| w.open && w.pid == me) {
-                w.send(&frame);
-            }
+            self.broadcast(&n.encode(FrameKind::Notice));
         }
     }
 
@@ -345,24 +549,22 @@ impl<'a> Watch<'a> {
         let id = self.query_id;
         let q = Frame::new(FrameKind::StateQuery, id.to_le_bytes().to_vec());
         let mut views: Vec<Option<RankView>> = vec![None; self.ranks.len()];
-        for w in self.ranks.iter_mut().filter(|w| w.open) {
-            w.send(&q);
-        }
+        self.broadcast(&q);
         let until = Instant::now() + GATHER;
         loop {
-            for (r, w) in self.ranks.iter_mut().enumerate() {
-                if !w.open || views[r].is_some() {
+            self.pump();
+            for (r, view) in views.iter_mut().enumerate() {
+                if !self.ranks[r].open || view.is_some() {
                     continue;
                 }
-                w.read();
                 let mut keep = VecDeque::new();
-                while let Some(f) = w.frames.pop_front() {
+                while let Some(f) = self.ranks[r].frames.pop_front() {
                     match f.kind {
                         FrameKind::StateReply if f.payload.get(..4) == Some(&id.to_le_bytes()) => {
                             match diag::decode(&f.payload[4..]) {
                                 Ok(mut v) => {
                                     v.rank = r;
-                                    views[r] = Some(v);
+                                    *view = Some(v);
                                 }
                                 Err(why) => ccl_warn!(
                                     None,
@@ -372,26 +574,27 @@ impl<'a> Watch<'a> {
                             }
                         }
                         FrameKind::StateReply => {}
-                        FrameKind::Failure if w.open => {
+                        FrameKind::Failure => {
                             // Acknowledge now: its sender waits to know the root is alive.
-                            w.send(&Frame::new(FrameKind::Ack, Vec::new()));
+                            self.send_to(r, &Frame::new(FrameKind::Ack, Vec::new()));
                             keep.push_back(f);
                         }
                         _ => keep.push_back(f),
                     }
                 }
-                w.frames = keep;
+                self.ranks[r].frames = keep;
             }
-            let waiting: Vec<usize> = (0..self.ranks.len())
-                .filter(|&r| self.ranks[r].open && views[r].is_none())
-                .collect();
+            let waiting = (0..self.ranks.len())
+                .any(|r| self.ranks[r].open && !self.ranks[r].left && views[r].is_none());
             let left = until.saturating_duration_since(Instant::now());
-            if waiting.is_empty() || left.is_zero() {
+            if !waiting || left.is_zero() {
                 break;
             }
-            let mut fds: Vec<PollFd<'_>> = waiting
+            let mut fds: Vec<PollFd<'_>> = self
+                .links
                 .iter()
-                .map(|&r| PollFd::new(self.ranks[r].stream.as_fd(), PollFlags::POLLIN))
+                .filter(|l| l.open)
+                .map(|l| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN))
                 .collect();
             let ms = left.as_millis().clamp(1, 100) as u16;
             let _ = nix::poll::poll(&mut fds, PollTimeout::from(ms));
@@ -402,7 +605,7 @@ impl<'a> Watch<'a> {
             .map(|(r, v)| {
                 let w = &self.ranks[r];
                 v.unwrap_or_else(|| {
-                    let presence = if w.open {
+                    let presence = if w.open && !w.left {
                         Presence::Silent
                     } else {
                         Presence::Dead
@@ -411,6 +614,53 @@ impl<'a> Watch<'a> {
                 })
             })
             .collect()
+    }
+
+    /// Takes the line of a rank whose hub died (or left) as that rank's own, if it presents the
+    /// job's secret and the rank is still watched.
+    fn adopt(&mut self, c: Client, join: &Frame, after: Vec<Frame>) {
+        let r = match wire::read_join(join) {
+            Some((secret, r))
+                if ccl_core::transport::handshake::secrets_equal(&secret, &self.secret)
+                    && r < self.ranks.len()
+                    && self.ranks[r].open =>
+            {
+                r
+            }
+            _ => {
+                ccl_warn!(
+                    None,
+                    "bootstrap root {}: refused a monitor line from {}: not a watched rank of this job with its secret",
+                    self.addr,
+                    c.from
+                );
+                return;
+            }
+        };
+        ccl_trace!(
+            None,
+            "bootstrap root {}: rank {r} reports here directly now",
+            self.addr
+        );
+        let mut link = Link::new(r, c.stream);
+        link.buf = c.buf;
+        self.links.push(link);
+        let l = self.links.len() - 1;
+        let w = &mut self.ranks[r];
+        w.link = Some(l);
+        w.orphaned = None;
+        w.frames.extend(after);
+        // What its hub may have taken with it (a rank ignores a notice it already has), and
+        // what had no way to it.
+        let missed: Vec<Frame> = self
+            .told
+            .iter()
+            .cloned()
+            .chain(std::mem::take(&mut self.ranks[r].undelivered))
+            .collect();
+        for f in &missed {
+            self.links[l].send(f);
+        }
     }
 
     /// Accepts live clients, and answers each that presents the secret with every rank's state
@@ -452,10 +702,10 @@ impl<'a> Watch<'a> {
                     Err(_) => break,
                 }
             }
-            let frame = wire::take_frames(&mut c.buf)
-                .ok()
-                .and_then(|f| f.into_iter().next());
-            let Some(frame) = frame else {
+            let mut frames = wire::take_frames(&mut c.buf)
+                .unwrap_or_default()
+                .into_iter();
+            let Some(frame) = frames.next() else {
                 if closed || Instant::now() >= c.by {
                     self.clients.swap_remove(i);
                 } else {
@@ -464,6 +714,10 @@ impl<'a> Watch<'a> {
                 continue;
             };
             let c = self.clients.swap_remove(i);
+            if frame.kind == FrameKind::Join {
+                self.adopt(c, &frame, frames.collect());
+                continue;
+            }
             let ok = wire::query_secret(&frame)
                 .is_some_and(|s| ccl_core::transport::handshake::secrets_equal(&s, &self.secret));
             if !ok {

@@ -94,6 +94,21 @@ pub enum FrameKind {
     Query = 15,
     /// Root to live client: the answer (payload: text).
     Report = 16,
+    /// Root to rank, when the monitor is a tree: report through hub `[u32 rank]`, listening at
+    /// `[addr]` (see `tree`).
+    Attach = 30,
+    /// Rank to root, on its first line, once it reports through its hub: nothing more comes
+    /// this way (no payload).
+    Moved = 31,
+    /// Rank to hub, or an orphan to the root: `[secret][u32 rank]`, this line is that rank's
+    /// monitor line.
+    Join = 32,
+    /// Towards the root: `[u32 origin]` and a frame of rank `origin`.
+    Up = 33,
+    /// Away from the root: `[u32 target, or u32::MAX for every rank]` and a frame for it.
+    Down = 34,
+    /// Hub to root, inside an [`FrameKind::Up`]: the origin's line to this hub closed.
+    Gone = 35,
 }
 
 impl FrameKind {
@@ -122,6 +137,12 @@ impl FrameKind {
             14 => FrameKind::Ack,
             15 => FrameKind::Query,
             16 => FrameKind::Report,
+            30 => FrameKind::Attach,
+            31 => FrameKind::Moved,
+            32 => FrameKind::Join,
+            33 => FrameKind::Up,
+            34 => FrameKind::Down,
+            35 => FrameKind::Gone,
             _ => return None,
         })
     }
@@ -469,6 +490,101 @@ pub fn read_round_flag(p: &[u8]) -> Result<(u32, bool)> {
     }
 }
 
+/// Every rank, in a [`FrameKind::Down`].
+pub const ALL: u32 = u32::MAX;
+
+/// `frame` wrapped for the tree: `kind` is [`FrameKind::Up`] (`who` is its origin) or
+/// [`FrameKind::Down`] (`who` is its target, or [`ALL`]).
+pub fn envelope(kind: FrameKind, who: u32, frame: &Frame) -> Frame {
+    let mut p = Vec::with_capacity(9 + frame.payload.len());
+    p.extend_from_slice(&who.to_le_bytes());
+    p.extend_from_slice(&frame.encode());
+    Frame::new(kind, p)
+}
+
+/// The rank and the frame inside an [`envelope`].
+pub fn open_envelope(p: &[u8]) -> Result<(u32, Frame)> {
+    let bad = || Error::remote("malformed monitor envelope");
+    let (who, rest) = p.split_first_chunk::<4>().ok_or_else(bad)?;
+    let (h, body) = rest.split_first_chunk::<5>().ok_or_else(bad)?;
+    let (len, kind) = decode_header(h)?;
+    if body.len() != len {
+        return Err(bad());
+    }
+    Ok((u32::from_le_bytes(*who), Frame::new(kind, body.to_vec())))
+}
+
+/// What a rank says of itself when it asks to be watched ([`FrameKind::Monitor`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watchme {
+    pub pid: u32,
+    /// The monitor tree's fan-out this rank was configured with (`CCL_MONITOR_FANOUT`).
+    pub fanout: u32,
+    /// Where this rank takes its children's lines, if it is a hub.
+    pub listen: Option<SocketAddr>,
+    pub host: String,
+}
+
+impl Watchme {
+    /// `[u32 pid][u32 fanout][u8 addr length][addr][host]`.
+    pub fn encode(&self) -> Frame {
+        let mut p = self.pid.to_le_bytes().to_vec();
+        p.extend_from_slice(&self.fanout.to_le_bytes());
+        let a = self.listen.map(encode_addr).unwrap_or_default();
+        p.push(a.len() as u8);
+        p.extend_from_slice(&a);
+        p.extend_from_slice(self.host.as_bytes());
+        Frame::new(FrameKind::Monitor, p)
+    }
+
+    pub fn decode(p: &[u8]) -> Result<Watchme> {
+        let bad = || Error::remote("malformed monitor request");
+        let (pid, rest) = p.split_first_chunk::<4>().ok_or_else(bad)?;
+        let (fanout, rest) = rest.split_first_chunk::<4>().ok_or_else(bad)?;
+        let (&alen, rest) = rest.split_first().ok_or_else(bad)?;
+        let a = rest.get(..alen as usize).ok_or_else(bad)?;
+        let listen = match alen {
+            0 => None,
+            _ => Some(decode_addr(a).ok_or_else(bad)?),
+        };
+        Ok(Watchme {
+            pid: u32::from_le_bytes(*pid),
+            fanout: u32::from_le_bytes(*fanout),
+            listen,
+            host: String::from_utf8_lossy(&rest[alen as usize..]).into_owned(),
+        })
+    }
+}
+
+/// `[u32 rank][addr]`: an [`FrameKind::Attach`] to the hub `rank` at `addr`.
+pub fn attach(hub: usize, addr: SocketAddr) -> Frame {
+    let mut p = (hub as u32).to_le_bytes().to_vec();
+    p.extend_from_slice(&encode_addr(addr));
+    Frame::new(FrameKind::Attach, p)
+}
+
+/// Reads an [`attach`] payload.
+pub fn read_attach(p: &[u8]) -> Option<(usize, SocketAddr)> {
+    let (hub, a) = p.split_first_chunk::<4>()?;
+    Some((u32::from_le_bytes(*hub) as usize, decode_addr(a)?))
+}
+
+/// A [`FrameKind::Join`]: `[secret][u32 rank]`.
+pub fn join(secret: &[u8; 32], rank: usize) -> Frame {
+    let mut p = secret.to_vec();
+    p.extend_from_slice(&(rank as u32).to_le_bytes());
+    Frame::new(FrameKind::Join, p)
+}
+
+/// The secret and rank of a [`join`] frame.
+pub fn read_join(f: &Frame) -> Option<([u8; 32], usize)> {
+    if f.kind != FrameKind::Join || f.payload.len() != 36 {
+        return None;
+    }
+    let secret = f.payload[..32].try_into().ok()?;
+    Some((secret, rank_of(&f.payload[32..])?))
+}
+
 const QUERY_MAGIC: [u8; 8] = *b"CCLLIVE1";
 
 /// A live client's request: `[magic][secret]`.
@@ -549,6 +665,45 @@ pub fn blob_slices(p: &[u8]) -> Result<Vec<&[u8]>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn monitor_tree_frames_round_trip() {
+        let inner = Frame::new(FrameKind::StateReply, vec![1, 2, 3]);
+        for kind in [FrameKind::Up, FrameKind::Down] {
+            let e = envelope(kind, 77, &inner);
+            assert_eq!(e.kind, kind);
+            assert_eq!(open_envelope(&e.payload).unwrap(), (77, inner.clone()));
+            // Cut anywhere, or with bytes after it, it is an error, never a panic.
+            for cut in 0..e.payload.len() {
+                assert!(open_envelope(&e.payload[..cut]).is_err());
+            }
+            let mut long = e.payload.clone();
+            long.push(0);
+            assert!(open_envelope(&long).is_err());
+        }
+        let w = Watchme {
+            pid: 42,
+            fanout: 64,
+            listen: Some("10.0.0.9:1234".parse().unwrap()),
+            host: "node-3".into(),
+        };
+        let f = w.encode();
+        assert_eq!(Watchme::decode(&f.payload).unwrap(), w);
+        let leaf = Watchme { listen: None, ..w };
+        assert_eq!(Watchme::decode(&leaf.encode().payload).unwrap(), leaf);
+        for cut in 0..9 {
+            assert!(Watchme::decode(&f.payload[..cut]).is_err());
+        }
+        let a = attach(5, "[::1]:99".parse().unwrap());
+        assert_eq!(
+            read_attach(&a.payload),
+            Some((5, "[::1]:99".parse().unwrap()))
+        );
+        assert_eq!(read_attach(&a.payload[..3]), None);
+        let j = join(&[3; 32], 9);
+        assert_eq!(read_join(&j), Some(([3; 32], 9)));
+        assert_eq!(read_join(&Frame::new(FrameKind::Join, vec![0; 35])), None);
+    }
 
     #[test]
     fn blobs_round_trip() {

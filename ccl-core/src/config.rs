@@ -106,6 +106,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "when pairs of ranks connect: lazy (a pair the first time an operation needs it; pairs in shared memory still connect at set-up) or eager (every pair at set-up)",
     },
     Setting {
+        name: "CCL_MONITOR_FANOUT",
+        default: "64",
+        help: "ranks per hub of the job monitor's tree (2-65536): with more ranks than this, ranks report to the root through hub ranks, so the root holds at most this many connections",
+    },
+    Setting {
         name: "CCL_SOCKET_IFNAME",
         default: "",
         help: "interfaces for bootstrap and TCP: comma-separated name prefixes, '^' to exclude, '=' for an exact name",
@@ -397,6 +402,8 @@ pub struct Config {
     pub transport: TransportKind,
     /// `CCL_CONNECT`
     pub connect: ConnectMode,
+    /// `CCL_MONITOR_FANOUT`
+    pub monitor_fanout: usize,
     /// `CCL_SOCKET_IFNAME`
     pub socket_ifname: Option<String>,
     /// `CCL_SPIN_US`
@@ -599,6 +606,8 @@ impl Config {
             connect: req("CCL_CONNECT")
                 .parse()
                 .map_err(|e| Error::invalid_argument(format!("CCL_CONNECT: {e}")))?,
+            monitor_fanout: parse_in("CCL_MONITOR_FANOUT", &req("CCL_MONITOR_FANOUT"), 2, 65536)?
+                as usize,
             socket_ifname: get("CCL_SOCKET_IFNAME"),
             spin: Duration::from_micros(parse_num("CCL_SPIN_US", &req("CCL_SPIN_US"))?),
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
@@ -845,6 +854,7 @@ mod tests {
             ("CCL_DEBUG", "loud"),
             ("CCL_TRANSPORT", "carrier-pigeon"),
             ("CCL_CONNECT", "whenever"),
+            ("CCL_MONITOR_FANOUT", "1"),
             ("CCL_CHUNK_SIZE", "0"),
             ("CCL_CHUNK_SIZE", "12Q"),
             ("CCL_CHUNK_SIZE", "99999999999999999999G"),

@@ -200,6 +200,25 @@ impl Peers {
                 .rank(self.rank)
                 .peer(h)
             }
+            // Through a hub of the monitor tree, silence has two suspects.
+            None if reported && m.acks() == acks && m.hub().is_some() => {
+                let h = m.hub().expect("checked");
+                let root = self.root_host.map_or_else(
+                    || format!("at {}", m.root()),
+                    |r| format!("in {}'s process", self.who(r)),
+                );
+                Error::new(
+                    e.kind(),
+                    format!(
+                        "the job's monitor did not acknowledge this rank's report within {:.1} s: this rank reports through {}, its hub, to the rendezvous {root}, and one of the two is stopped or hung; {}",
+                        ROOT_SILENT.as_secs_f64(),
+                        self.who(h),
+                        e.message()
+                    ),
+                )
+                .rank(self.rank)
+                .peer(h)
+            }
             // Silence blames the root only when it had something to answer: a peer that left
             // cleanly (it said goodbye) gives the root no failure to announce.
             None if reported

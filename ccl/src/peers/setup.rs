@@ -353,6 +353,7 @@ impl Peers {
         }
         let t_exchange = Instant::now();
         let join = bootstrap.join_time();
+        let fanout = config.monitor_fanout;
         let met = Met::exchange(&mut bootstrap, &candidates, config)
             .and_then(|met| Ok((wireup::choose(rank, &met.records, &candidates)?, met)));
         let (chosen, mut met) = match met {
@@ -366,7 +367,7 @@ impl Peers {
         // From here on the root passes failures on: a rank that dies or fails while the others
         // connect is named to them at once. A rank alone has nobody to tell.
         let monitor = if size > 1 {
-            Some(bootstrap.into_monitor()?)
+            Some(bootstrap.into_monitor(fanout)?)
         } else {
             bootstrap.finish()?;
             None

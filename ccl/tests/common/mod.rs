@@ -13,7 +13,9 @@ pub(crate) const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Settings for tests: loopback only, a deadline short enough that a hang fails the test.
 /// `CCL_CONNECT` in the environment chooses when pairs connect (the library's default when
-/// unset), so that whole suites run both ways (scripts/test.sh runs some with `eager`).
+/// unset), so that whole suites run both ways (scripts/test.sh runs some with `eager`), and
+/// `CCL_MONITOR_FANOUT` the job monitor's tree (scripts/test.sh runs the fault suites with 2,
+/// so that a few ranks make hubs).
 pub(crate) fn config(transport: TransportKind, timeout: Duration) -> Config {
     Config {
         transport,
@@ -22,6 +24,10 @@ pub(crate) fn config(transport: TransportKind, timeout: Duration) -> Config {
         connect: std::env::var("CCL_CONNECT")
             .map_or(Ok(Config::default().connect), |v| v.parse())
             .expect("CCL_CONNECT: eager or lazy"),
+        monitor_fanout: std::env::var("CCL_MONITOR_FANOUT")
+            .map_or(Config::default().monitor_fanout, |v| {
+                v.parse().expect("CCL_MONITOR_FANOUT: a number")
+            }),
         ..Config::default()
     }
 }

@@ -1,0 +1,531 @@
+//! A rank's monitor thread: it reads the rank's line up the monitor tree, and on a hub also the
+//! lines of the ranks below it, passing their frames up and the root's frames down.
+//!
+//! - A frame from a child goes up wrapped as `Up{origin}` (a grandchild's frame arrives wrapped
+//!   already and goes up as it is); a child's line that closes goes up as `Up{origin, Gone}`,
+//!   so the root learns of a death from the hub as it would from its own line.
+//! - A `Down{target}` frame is handled here when this rank is the target, passed to the child
+//!   whose subtree holds the target otherwise; `Down{ALL}` does both.
+//! - The root's `Attach` moves the line to the hub it names: the rank joins the hub, tells the
+//!   root `Moved` on the old line and keeps reading that line until the root closes it, so no
+//!   frame the root sent before it read `Moved` is lost.
+//! - When the line to a hub closes (the hub's process ended, or it dropped its communicator), the
+//!   rank *adopts* itself: it joins the root directly and goes on. Only when the root cannot be
+//!   reached is the job's monitor gone for this rank.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use crate::LOG_SUBSYS;
+use crate::monitor::{Shared, write_within};
+use crate::wire::{self, Frame, FrameKind};
+use ccl_core::{ccl_trace, ccl_warn};
+
+/// How long a new line may take to say which rank it is.
+const JOIN_GRACE: Duration = Duration::from_secs(5);
+/// How long a frame for a child that has not joined yet is kept (it joins, then the root
+/// routes to it through this hub, so its line may still wait in this rank's accept queue).
+const UNJOINED_GRACE: Duration = Duration::from_secs(5);
+/// How long joining the root (or a hub) may take.
+const CONNECT_GRACE: Duration = Duration::from_secs(5);
+/// How long a hub whose communicator was dropped goes on passing frames for its ranks.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// One monitor line and what has arrived on it.
+struct Line {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Line {
+    fn new(stream: TcpStream) -> Line {
+        let _ = stream.set_nonblocking(true);
+        Line {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// What arrived, and whether the line closed (or sent garbage).
+    fn read(&mut self) -> (Vec<Frame>, bool) {
+        let mut chunk = [0u8; 4096];
+        let mut closed = loop {
+            match (&self.stream).read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(k) => {
+                    wire::count_in(k);
+                    self.buf.extend_from_slice(&chunk[..k])
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                Err(_) => break true,
+            }
+        };
+        let frames = wire::take_frames(&mut self.buf).unwrap_or_else(|_| {
+            closed = true;
+            Vec::new()
+        });
+        (frames, closed)
+    }
+
+    fn send(&self, f: &Frame) {
+        write_within(&self.stream, &f.encode());
+    }
+}
+
+pub(crate) struct Relay {
+    s: Arc<Shared>,
+    /// The line up: to the root, or to this rank's hub.
+    up: Line,
+    up_is_root: bool,
+    /// The first line to the root, after the root moved this rank to a hub: read until the
+    /// root closes it.
+    old: Option<Line>,
+    listener: Option<TcpListener>,
+    /// New lines to this hub that have not said which rank they are.
+    joiners: Vec<(Line, Instant)>,
+    children: Vec<(usize, Line)>,
+    /// Frames for children that have not joined yet.
+    unjoined: Vec<(usize, Frame, Instant)>,
+}
+
+impl Relay {
+    pub(crate) fn new(s: Arc<Shared>, up: TcpStream, listener: Option<TcpListener>) -> Relay {
+        Relay {
+            s,
+            up: Line::new(up),
+            up_is_root: true,
+            old: None,
+            listener,
+            joiners: Vec::new(),
+            children: Vec::new(),
+            unjoined: Vec::new(),
+        }
+    }
+
+    pub(crate) fn run(mut self) {
+        let mut linger: Option<Instant> = None;
+        loop {
+            if self.sleep(linger.is_some()) {
+                // The communicator is being dropped. A hub goes on passing frames a while, so
+                // that what the root sent its ranks before they learn of its goodbye (the
+                // revocation, a shrink's answer) still reaches them; then their lines close
+                // with this thread, and they join the root.
+                let _ = self.s.stop.read();
+                linger = Some(Instant::now() + LINGER);
+            }
+            if linger.is_some_and(|t| {
+                Instant::now() >= t || (self.children.is_empty() && self.joiners.is_empty())
+            }) {
+                return;
+            }
+            if let Some(old) = &mut self.old {
+                let (frames, closed) = old.read();
+                if closed {
+                    self.old = None;
+                }
+                for f in frames {
+                    self.take_down(f);
+                }
+            }
+            let (frames, closed) = self.up.read();
+            for f in frames {
+                self.take_down(f);
+            }
+            if closed && !self.adopt() {
+                // The root's process ended (it may simply have finished): no news, but waits
+                // look again.
+                self.s.root_gone.store(true, Ordering::Release);
+                let _ = self.s.wake.write(1);
+                return;
+            }
+            self.accept();
+            self.take_up();
+            self.retry_unjoined();
+        }
+    }
+
+    /// Waits up to a second (less when `short`) for any line; true once the monitor is being
+    /// dropped.
+    fn sleep(&self, short: bool) -> bool {
+        let mut fds = vec![
+            PollFd::new(self.s.stop.as_fd(), PollFlags::POLLIN),
+            PollFd::new(self.up.stream.as_fd(), PollFlags::POLLIN),
+        ];
+        fds.extend(
+            self.old
+                .iter()
+                .map(|l| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN)),
+        );
+        fds.extend(
+            self.listener
+                .iter()
+                .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
+        );
+        fds.extend(
+            self.joiners
+                .iter()
+                .map(|(l, _)| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN)),
+        );
+        fds.extend(
+            self.children
+                .iter()
+                .map(|(_, l)| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN)),
+        );
+        let ms: u16 = if !short && self.joiners.is_empty() && self.unjoined.is_empty() {
+            1000
+        } else {
+            50
+        };
+        let _ = nix::poll::poll(&mut fds, PollTimeout::from(ms));
+        fds[0].any().unwrap_or(false)
+    }
+
+    /// A frame from the root's side.
+    fn take_down(&mut self, f: Frame) {
+        match f.kind {
+            FrameKind::Down => {
+                let Ok((target, inner)) = wire::open_envelope(&f.payload) else {
+                    return;
+                };
+                if target == wire::ALL {
+                    for (_, c) in &self.children {
+                        c.send(&f);
+                    }
+                    self.s.handle(inner);
+                } else if target as usize == self.s.rank {
+                    self.s.handle(inner);
+                } else {
+                    self.pass_down(target as usize, f);
+                }
+            }
+            FrameKind::Attach => self.attach(&f.payload),
+            _ => self.s.handle(f),
+        }
+    }
+
+    /// Passes `f` to the child whose subtree holds `target`; keeps it a while if that child has
+    /// not joined yet.
+    fn pass_down(&mut self, target: usize, f: Frame) {
+        let Some(c) = self.s.tree.toward(Some(self.s.rank), target) else {
+            ccl_trace!(
+                Some(self.s.rank),
+                "monitor: dropped a frame for rank {target}, not below this rank"
+            );
+            return;
+        };
+        match self.children.iter().find(|(r, _)| *r == c) {
+            Some((_, line)) => line.send(&f),
+            None => self
+                .unjoined
+                .push((target, f, Instant::now() + UNJOINED_GRACE)),
+        }
+    }
+
+    fn retry_unjoined(&mut self) {
+        let now = Instant::now();
+        for (target, f, by) in std::mem::take(&mut self.unjoined) {
+            let c = self.s.tree.toward(Some(self.s.rank), target);
+            match self.children.iter().find(|(r, _)| Some(*r) == c) {
+                Some((_, line)) => line.send(&f),
+                None if now < by => self.unjoined.push((target, f, by)),
+                None => ccl_trace!(
+                    Some(self.s.rank),
+                    "monitor: dropped a frame for rank {target}: its line never joined this hub"
+                ),
+            }
+        }
+    }
+
+    /// Moves this rank's line to the hub the root named.
+    fn attach(&mut self, payload: &[u8]) {
+        let rank = self.s.rank;
+        let Some((hub, addr)) = wire::read_attach(payload) else {
+            return;
+        };
+        if !self.up_is_root || self.old.is_some() || self.s.tree.parent(rank) != Some(hub) {
+            ccl_warn!(
+                Some(rank),
+                "monitor: ignored the root's move to rank {hub}, which is not this rank's hub"
+            );
+            return;
+        }
+        let Some(line) = self.join(addr, &format!("its monitor hub, rank {hub}")) else {
+            // Stay on the root's line: the root keeps watching this rank directly.
+            return;
+        };
+        let Ok(w) = line.stream.try_clone() else {
+            return;
+        };
+        {
+            let mut writer = self.s.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let first = std::mem::replace(&mut *writer, w);
+            // Under the writer's lock: this rank's own frames go to the hub from here on.
+            write_within(&first, &Frame::new(FrameKind::Moved, Vec::new()).encode());
+        }
+        self.old = Some(std::mem::replace(&mut self.up, line));
+        self.up_is_root = false;
+        self.s.hub.store(hub, Ordering::Release);
+        ccl_trace!(
+            Some(rank),
+            "monitor: reporting through rank {hub} at {addr}"
+        );
+    }
+
+    /// After the line to this rank's hub closed: joins the root directly. False when this rank
+    /// was on the root's line, or the root cannot be reached.
+    fn adopt(&mut self) -> bool {
+        if self.up_is_root {
+            return false;
+        }
+        let root = self.s.root;
+        let Some(line) = self.join(root, "the job's rendezvous") else {
+            return false;
+        };
+        let Ok(w) = line.stream.try_clone() else {
+            return false;
+        };
+        *self.s.writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
+        self.up = line;
+        self.up_is_root = true;
+        self.s.hub.store(usize::MAX, Ordering::Release);
+        ccl_trace!(
+            Some(self.s.rank),
+            "monitor: its hub's line closed; reporting to the root at {root} directly"
+        );
+        true
+    }
+
+    /// A new monitor line to `addr`, on which this rank has said who it is.
+    fn join(&self, addr: std::net::SocketAddr, what: &str) -> Option<Line> {
+        let by = Instant::now() + CONNECT_GRACE;
+        let describe = || format!("monitor: joining {what} at {addr}");
+        let joined = ccl_core::net::connect_to_listening(addr, by, &describe).and_then(|mut s| {
+            let _ = s.set_nodelay(true);
+            wire::write_frame(&mut s, &wire::join(&self.s.secret, self.s.rank), by)?;
+            Ok(s)
+        });
+        match joined {
+            Ok(s) => Some(Line::new(s)),
+            Err(e) => {
+                ccl_warn!(Some(self.s.rank), "{e}");
+                None
+            }
+        }
+    }
+
+    /// Takes the lines of ranks joining this hub; keeps those that are this hub's children and
+    /// present the job's secret.
+    fn accept(&mut self) {
+        if let Some(l) = &self.listener {
+            while let Ok((s, _)) = l.accept() {
+                self.joiners
+                    .push((Line::new(s), Instant::now() + JOIN_GRACE));
+            }
+        }
+        let now = Instant::now();
+        for (mut line, by) in std::mem::take(&mut self.joiners) {
+            let (frames, closed) = line.read();
+            let Some(first) = frames.first() else {
+                if !closed && now < by {
+                    self.joiners.push((line, by));
+                }
+                continue;
+            };
+            let me = self.s.rank;
+            match wire::read_join(first) {
+                Some((secret, r))
+                    if ccl_core::transport::handshake::secrets_equal(&secret, &self.s.secret)
+                        && self.s.tree.parent(r) == Some(me) =>
+                {
+                    self.children.retain(|(c, _)| *c != r);
+                    for f in frames.into_iter().skip(1) {
+                        self.pass_up(r, f);
+                    }
+                    if closed {
+                        self.pass_up(r, Frame::new(FrameKind::Gone, Vec::new()));
+                    } else {
+                        self.children.push((r, line));
+                    }
+                }
+                _ => ccl_warn!(
+                    Some(me),
+                    "monitor: dropped a line that is not one of this hub's ranks with the job's secret"
+                ),
+            }
+        }
+    }
+
+    /// Reads the children's lines and passes what they say up.
+    fn take_up(&mut self) {
+        let mut i = 0;
+        while i < self.children.len() {
+            let (frames, closed) = self.children[i].1.read();
+            let r = self.children[i].0;
+            for f in frames {
+                self.pass_up(r, f);
+            }
+            if closed {
+                self.children.swap_remove(i);
+                self.pass_up(r, Frame::new(FrameKind::Gone, Vec::new()));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Sends child `r`'s frame up: wrapped with its origin, unless a hub below wrapped it.
+    fn pass_up(&self, r: usize, f: Frame) {
+        if f.kind == FrameKind::Up {
+            self.s.send(&f);
+        } else {
+            self.s.send(&wire::envelope(FrameKind::Up, r as u32, &f));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use crate::{Bootstrap, Monitor, UniqueId};
+    use ccl_core::config::Config;
+    use ccl_diag::verdict::{self as diag, Presence, RankView};
+
+    /// `n` ranks of one job (threads of this process) with monitors of fan-out `f`, each
+    /// answering state queries, with the ranks that asked each to connect.
+    type Asked = std::sync::Arc<Mutex<Vec<usize>>>;
+
+    fn job(n: usize, f: usize) -> (UniqueId, Vec<Monitor>, Vec<Asked>) {
+        let c = Config {
+            timeout: Duration::from_secs(20),
+            ..Config::default()
+        };
+        let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let id = id.clone();
+                std::thread::spawn(move || {
+                    let mut b = Bootstrap::connect(&id, r, n, Duration::from_secs(20)).unwrap();
+                    b.allgather(&[r as u8]).unwrap();
+                    b.into_monitor(f).unwrap()
+                })
+            })
+            .collect();
+        let mut asked = Vec::new();
+        let ms: Vec<Monitor> = hs
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let m = h.join().unwrap();
+                m.set_state_source(Box::new(move || {
+                    diag::encode(&RankView::absent(r, "test", 1, Presence::Answered))
+                }));
+                let a = std::sync::Arc::new(Mutex::new(Vec::new()));
+                let a2 = std::sync::Arc::clone(&a);
+                m.set_connect_hook(Box::new(move |from| a2.lock().unwrap().push(from)));
+                asked.push(a);
+                m
+            })
+            .collect();
+        (id, ms, asked)
+    }
+
+    fn until(what: &str, mut ok: impl FnMut() -> bool) {
+        let by = Instant::now() + Duration::from_secs(30);
+        while !ok() {
+            assert!(Instant::now() < by, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn report(id: &UniqueId) -> String {
+        crate::live_query(id.root_addr(), &id.secret(), Duration::from_secs(10)).unwrap()
+    }
+
+    /// 13 ranks with fan-out 3 make three levels: 0 and 9 report to the root; 3 and 6 to 0,
+    /// 12 to 9; 4 and 5 to 3, and so on. Frames cross every level both ways, a dead hub's
+    /// ranks join the root and stay watched, and deaths are named however a rank reported.
+    #[test]
+    fn a_tree_of_hubs_watches_the_job_and_survives_a_hub() {
+        let (id, mut ms, asked) = job(13, 3);
+        let hub_of = |r: usize| match r {
+            0 | 9 => None,
+            1..=3 | 6 => Some(0),
+            12 => Some(9),
+            r => Some(r - r % 3),
+        };
+        until("every rank reports through its hub", || {
+            (0..13).all(|r| ms[r].hub() == hub_of(r))
+        });
+        // A state query reaches every rank through the tree and every answer comes back.
+        let text = report(&id);
+        assert!(!text.contains("does not answer"), "{text}");
+        // Up two levels and down two: rank 8 (under 6, under 0) asks rank 10 (under 9).
+        ms[8].ask_connect(10);
+        until("rank 10 is asked by rank 8", || {
+            asked[10].lock().unwrap().contains(&8)
+        });
+        // A rank's failure reaches every other rank.
+        ms[11].report("rank 11 broke");
+        for (r, m) in ms.iter().enumerate().filter(|(r, _)| *r != 11) {
+            let n = m.wait(Duration::from_secs(30)).expect("a notice");
+            assert_eq!(n.rank, 11, "rank {r}: {n:?}");
+            assert!(!n.died);
+        }
+        // Hub 3 dies: it is named, and ranks 4 and 5 go on reporting to the root directly.
+        let hub = ms.remove(3);
+        hub.vanish();
+        until("ranks 4 and 5 join the root", || {
+            ms[3].hub().is_none() && ms[4].hub().is_none()
+        });
+        until("rank 3's death is named", || {
+            report(&id).contains("rank 3") && report(&id).contains("its process ended")
+        });
+        let text = report(&id);
+        assert!(!text.contains("does not answer"), "{text}");
+        // Rank 4, now on its own line to the root, dies: named to the others too.
+        let four = ms.remove(3);
+        four.vanish();
+        until("rank 4's death is named", || {
+            ms[3].failed_ranks().contains(&4)
+        });
+        // Rank 5 still hears rank 1 (under hub 0), and rank 1 hears rank 5.
+        ms[1].ask_connect(5);
+        until("rank 5 is asked by rank 1", || {
+            asked[5].lock().unwrap().contains(&1)
+        });
+        ms[3].ask_connect(2);
+        until("rank 2 is asked by rank 5", || {
+            asked[2].lock().unwrap().contains(&5)
+        });
+    }
+
+    /// A goodbye through a hub is no death; the ranks below a hub that leaves join the root.
+    #[test]
+    fn a_hub_that_leaves_hands_its_ranks_to_the_root() {
+        let (id, mut ms, _) = job(9, 2);
+        // Fan-out 2, 9 ranks: rank 4 is the hub of 5 (and of 6, the hub of 7).
+        until("rank 5 reports through rank 4", || ms[5].hub() == Some(4));
+        let four = ms.remove(4);
+        drop(four);
+        until("rank 5 (now at index 4) joins the root", || {
+            ms[4].hub().is_none()
+        });
+        let text = report(&id);
+        assert!(!text.contains("does not answer"), "{text}");
+        // A goodbye is no death: nobody hears of a failure.
+        std::thread::sleep(Duration::from_millis(300));
+        for m in &ms {
+            assert!(m.poll().is_none(), "{:?}", m.poll());
+        }
+    }
+}
