@@ -16,9 +16,9 @@ scripts/install-deps.sh test
 echo "== cargo test (workspace, release)"
 cargo test --release --workspace
 echo "== the collectives again, with every pair connected at set-up (CCL_CONNECT=eager)"
-CCL_CONNECT=eager cargo test --release -p ccl --test collectives --test vcoll --test mismatch
+CCL_CONNECT=eager cargo test --release -p ccl --test suite -- collectives:: vcoll:: mismatch::
 echo "== the fault suites again, with the job monitor a tree of hubs (CCL_MONITOR_FANOUT=2: of 4 ranks, 0 and 2 are hubs)"
-CCL_MONITOR_FANOUT=2 cargo test --release -p ccl --test recover --test diagnosis --test errors --test lazy
+CCL_MONITOR_FANOUT=2 cargo test --release -p ccl --test suite -- recover:: diagnosis:: errors:: lazy::
 CCL_MONITOR_FANOUT=2 cargo test --release -p ccl-bench --test faults -- \
   killing_a_rank_fails_every_survivor_naming_it survivors_of_random_kills
 echo "== simulator: one small experiment"

@@ -1,10 +1,10 @@
 //! The root's part in surviving a rank's death: revoking a communicator and agreeing on the
 //! survivors of a shrink.
 //!
-//! **Why the root decides.** The root already holds a connection to every rank and is the one
-//! that sees a rank die (its connection closes without a goodbye). Agreement through it is one
-//! request and one answer per rank, and a further death during the shrink is just another closed
-//! connection it sees. The price: the root's process must outlive the failure. It is the process
+//! **Why the root decides.** The root already hears from every rank (on its own line or
+//! through the hubs of the monitor tree) and is the one that sees a rank die (its line closes
+//! without a goodbye). Agreement through it is one request and one answer per rank, and a
+//! further death during the shrink is just another closed line it sees. The price: the root's process must outlive the failure. It is the process
 //! that made the unique id (a launcher, or the application's rank 0); when that process is the
 //! one that died, survivors get an error saying so.
 //!

@@ -5,7 +5,7 @@
 //! tells each where its successor listens; the ranks' allgathers then run among themselves
 //! (`gather`). The communicator uses one allgather to exchange transport connection handles
 //! and host names; after that the root stays on as the job's monitor (`watch`): it watches
-//! every rank's connection, passes failures on, answers live queries and runs recovery
+//! every rank's line (its own, or through the hubs of the monitor tree), passes failures on, answers live queries and runs recovery
 //! agreements.
 //!
 //! Every read and write is bounded by a deadline, and the root tells every rank which ranks

@@ -1,8 +1,10 @@
 //! The root's last phase: watching the job while its communicator lives.
 //!
-//! The root keeps every rank's connection and passes each rank's failure on to the others,
-//! including the failure nobody can report: a rank whose process died closes its connection
-//! without a goodbye. Before passing the first failure on, it asks every live rank what it is
+//! The root watches every rank's line, its own or, with more ranks than the fan-out, through
+//! the hub ranks of the monitor tree (`tree`, `relay`): the root then holds only the top
+//! level's lines and sorts what arrives by the rank it came from. It passes each rank's failure
+//! on to the others, including the failure nobody can report: a rank whose process died closes
+//! its line without a goodbye (a hub reports a line of its own ranks that closed). Before passing the first failure on, it asks every live rank what it is
 //! doing ([`FrameKind::StateQuery`], answered by the rank's monitor thread even while the rank
 //! waits or runs its own code), gives the answers a deadline, and runs the analysis of
 //! `ccl_diag::verdict` on them: every notice carries that verdict. A rank whose operation runs late

@@ -4,7 +4,7 @@
 //! closed-form results; and counts that disagree between ranks, which must fail fast on both
 //! sides naming the peer, never hang or misplace data.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! Bad input and failures: clear errors naming the rank and peer, never a hang or a panic.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

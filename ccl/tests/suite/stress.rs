@@ -2,7 +2,7 @@
 //! every result checked against closed-form values, and the process's resident memory before and
 //! after: flat (no leak).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

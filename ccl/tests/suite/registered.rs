@@ -5,7 +5,7 @@
 //! (zero-copy sends; `#[ignore]`d without a device, `scripts/rxe-tests.sh` runs them in the
 //! SoftRoCE VM). Also: the registered-bytes count and its bound (`CCL_REG_MAX_BYTES`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

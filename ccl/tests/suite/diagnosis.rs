@@ -1,6 +1,6 @@
 //! The slow-rank report and the flight recorder seen through the API.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

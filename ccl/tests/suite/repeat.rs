@@ -3,7 +3,7 @@
 //! Whatever changes between calls (type, operator, count, placement, buffer lengths, root, the
 //! algorithm forced) must be seen: each change gets its own result or its own error.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

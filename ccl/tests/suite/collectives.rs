@@ -2,7 +2,7 @@
 //! every dtype and op where it applies, in place and out of place, over the in-process and TCP
 //! transports, against closed-form results.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

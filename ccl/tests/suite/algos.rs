@@ -6,7 +6,7 @@
 //! topology-ordered ring and trees. The tree broadcast and reduce run from every root over the
 //! same made-up hosts.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

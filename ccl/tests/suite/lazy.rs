@@ -3,7 +3,7 @@
 //! programs whose point-to-point order needs a peer's connection before that peer reaches the
 //! matching call still finish.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Revoke, shrink and grow with ranks as threads (ranks killed as processes: ccl-bench's
 //! `shrink-trials`, run by ccl-bench/tests/faults.rs).
 
-mod common;
+use crate::common;
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

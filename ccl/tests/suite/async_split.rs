@@ -1,6 +1,6 @@
 //! Non-blocking operations and `split`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

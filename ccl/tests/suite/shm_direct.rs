@@ -3,7 +3,7 @@
 //! every size, in and out of place; ranks that mix shared and plain buffers fail clearly, all of
 //! them; allocations beyond the arena or the host's memory fail naming the size and the setting.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@
 
 #![cfg(feature = "ib")]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

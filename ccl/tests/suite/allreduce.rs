@@ -2,7 +2,7 @@
 //! every dtype and op, in place and out of place, over the in-process and TCP transports, with
 //! exact expected values. Both algorithms are forced in turn for the small counts.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

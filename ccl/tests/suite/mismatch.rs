@@ -3,7 +3,7 @@
 //! waits for the other side (a send completes once the transport has the bytes; two "roots" both
 //! only send, and the next operation finds the streams out of step).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
