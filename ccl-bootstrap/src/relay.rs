@@ -13,7 +13,6 @@
 //!   rank *adopts* itself: it joins the root directly and goes on. Only when the root cannot be
 //!   reached is the job's monitor gone for this rank.
 
-use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -54,24 +53,7 @@ impl Line {
 
     /// What arrived, and whether the line closed (or sent garbage).
     fn read(&mut self) -> (Vec<Frame>, bool) {
-        let mut chunk = [0u8; 4096];
-        let mut closed = loop {
-            match (&self.stream).read(&mut chunk) {
-                Ok(0) => break true,
-                Ok(k) => {
-                    wire::count_in(k);
-                    self.buf.extend_from_slice(&chunk[..k])
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
-                Err(_) => break true,
-            }
-        };
-        let frames = wire::take_frames(&mut self.buf).unwrap_or_else(|_| {
-            closed = true;
-            Vec::new()
-        });
-        (frames, closed)
+        wire::read_ready(&self.stream, &mut self.buf)
     }
 
     fn send(&self, f: &Frame) {

@@ -97,24 +97,7 @@ impl Link {
 
     /// Reads what has arrived without waiting: its frames, and whether the line ended.
     fn read(&mut self) -> (Vec<Frame>, bool) {
-        let mut chunk = [0u8; 4096];
-        let closed = loop {
-            match (&self.stream).read(&mut chunk) {
-                Ok(0) => break true,
-                Ok(k) => {
-                    wire::count_in(k);
-                    self.buf.extend_from_slice(&chunk[..k])
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break true,
-            }
-        };
-        match wire::take_frames(&mut self.buf) {
-            Ok(f) => (f, closed),
-            // Garbage from a rank: treat it as gone.
-            Err(_) => (Vec::new(), true),
-        }
+        wire::read_ready(&self.stream, &mut self.buf)
     }
 
     fn send(&mut self, f: &Frame) {

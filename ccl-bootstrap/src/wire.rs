@@ -600,6 +600,29 @@ pub fn query_secret(f: &Frame) -> Option<[u8; 32]> {
         .then(|| f.payload[8..].try_into().expect("32 bytes"))
 }
 
+/// Reads what has arrived on the non-blocking `stream` into `buf` and splits off its complete
+/// frames; also whether the stream ended (or sent bytes that are no frame: treated as ended).
+pub fn read_ready(stream: &TcpStream, buf: &mut Vec<u8>) -> (Vec<Frame>, bool) {
+    use std::io::Read;
+    let mut chunk = [0u8; 4096];
+    let closed = loop {
+        match (&*stream).read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(k) => {
+                count_in(k);
+                buf.extend_from_slice(&chunk[..k])
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+        }
+    };
+    match take_frames(buf) {
+        Ok(f) => (f, closed),
+        Err(_) => (Vec::new(), true),
+    }
+}
+
 /// Splits the complete frames off the front of `buf` (a non-blocking reader's accumulator).
 pub fn take_frames(buf: &mut Vec<u8>) -> Result<Vec<Frame>> {
     let mut out = Vec::new();
