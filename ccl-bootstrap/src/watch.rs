@@ -177,7 +177,7 @@ impl<'a> Watch<'a> {
                 undelivered: Vec::new(),
             });
         }
-        Watch {
+        let mut w = Watch {
             ranks,
             links,
             tree,
@@ -191,7 +191,10 @@ impl<'a> Watch<'a> {
             recent: None,
             query_id: 0,
             recovery: crate::recovery::Recovery::new(n, addr, timeout, spawn_root),
-        }
+        };
+        // A star is settled from the start.
+        w.settle();
+        w
     }
 
     /// Reads every line the root holds and sorts what arrived by rank: frames into each rank's
@@ -249,11 +252,7 @@ impl<'a> Watch<'a> {
                 l.buf = Vec::new();
             }
         });
-        if !self.settled && self.links.iter().all(|l| !(l.attached && l.open)) {
-            self.settled = true;
-            let lines = self.links.iter().filter(|l| l.open).count();
-            SETTLED_LINES.fetch_max(lines, Ordering::Relaxed);
-        }
+        self.settle();
         // Ranks cut off by a hub's death that did not join the root in time.
         let now = Instant::now();
         for r in 0..self.ranks.len() {
@@ -261,6 +260,16 @@ impl<'a> Watch<'a> {
             if w.open && w.link.is_none() && w.orphaned.is_some_and(|t| now - t >= ADOPT_GRACE) {
                 w.open = false;
             }
+        }
+    }
+
+    /// Counts the root's lines once every rank told to move to its hub has moved (or gone):
+    /// [`root_lines`].
+    fn settle(&mut self) {
+        if !self.settled && self.links.iter().all(|l| !(l.attached && l.open)) {
+            self.settled = true;
+            let lines = self.links.iter().filter(|l| l.open).count();
+            SETTLED_LINES.fetch_max(lines, Ordering::Relaxed);
         }
     }
 
