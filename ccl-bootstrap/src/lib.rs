@@ -41,6 +41,7 @@ mod monitor;
 mod recovery;
 mod relay;
 pub mod rendezvous;
+mod shared;
 mod tree;
 mod watch;
 pub mod wire;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::LOG_SUBSYS;
-use crate::monitor::{Shared, write_within};
+use crate::shared::{Shared, write_within};
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::{ccl_trace, ccl_warn};
 
@@ -75,6 +75,8 @@ pub(crate) struct Relay {
     children: Vec<(usize, Line)>,
     /// Frames for children that have not joined yet.
     unjoined: Vec<(usize, Frame, Instant)>,
+    /// Frames for every rank, kept a while for children that join late.
+    recent_all: Vec<(Frame, Instant)>,
 }
 
 impl Relay {
@@ -88,6 +90,7 @@ impl Relay {
             joiners: Vec::new(),
             children: Vec::new(),
             unjoined: Vec::new(),
+            recent_all: Vec::new(),
         }
     }
 
@@ -177,9 +180,15 @@ impl Relay {
                     return;
                 };
                 if target == wire::ALL {
+                    // A rank the root routes through this hub has written its join: take it
+                    // first. One whose join is still on its way gets the frame when it joins.
+                    self.accept();
                     for (_, c) in &self.children {
                         c.send(&f);
                     }
+                    let now = Instant::now();
+                    self.recent_all.retain(|(_, by)| *by > now);
+                    self.recent_all.push((f, now + UNJOINED_GRACE));
                     self.s.handle(inner);
                 } else if target as usize == self.s.rank {
                     self.s.handle(inner);
@@ -333,6 +342,11 @@ impl Relay {
                     if closed {
                         self.pass_up(r, Frame::new(FrameKind::Gone, Vec::new()));
                     } else {
+                        for (f, by) in &self.recent_all {
+                            if *by > now {
+                                line.send(f);
+                            }
+                        }
                         self.children.push((r, line));
                     }
                 }
@@ -499,9 +513,11 @@ mod tests {
         until("rank 5 reports through rank 4", || ms[5].hub() == Some(4));
         let four = ms.remove(4);
         drop(four);
-        until("rank 5 (now at index 4) joins the root", || {
-            ms[4].hub().is_none()
+        // Rank 5 and rank 6 (now at indices 4 and 5) join the root; 7 stays under 6.
+        until("ranks 5 and 6 join the root", || {
+            ms[4].hub().is_none() && ms[5].hub().is_none()
         });
+        assert_eq!(ms[6].hub(), Some(6));
         let text = report(&id);
         assert!(!text.contains("does not answer"), "{text}");
         // A goodbye is no death: nobody hears of a failure.

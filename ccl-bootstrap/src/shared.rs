@@ -1,0 +1,185 @@
+//! What a rank's threads and its monitor thread share: the line up the monitor tree, what the
+//! root said (notices, revocation, shrink answers), the hooks the communicator sets, and how a
+//! frame from the root is handled. `relay` runs the thread; `monitor` is the rank's side.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::EventFd;
+
+use crate::LOG_SUBSYS;
+use crate::tree::Tree;
+use crate::wire::{self, Frame, FrameKind, Notice};
+use ccl_core::error::ErrorKind;
+use ccl_core::{ccl_trace, ccl_warn};
+
+/// Describes this rank for a state query ([`ccl_diag::verdict::encode`]d).
+pub(crate) type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
+
+/// Called on the monitor thread with each failure notice as it arrives.
+pub(crate) type NoticeHook = Box<dyn Fn(&Notice) + Send + Sync>;
+
+/// What a rank does when another asks it to connect (with the asker's rank).
+pub(crate) type ConnectHook = Box<dyn Fn(usize) + Send + Sync>;
+
+/// What the rank's threads and its monitor thread share.
+pub(crate) struct Shared {
+    /// This rank's line up the monitor tree (to the root, or to its hub).
+    pub(crate) writer: Mutex<TcpStream>,
+    pub(crate) rank: usize,
+    pub(crate) root: SocketAddr,
+    pub(crate) secret: [u8; 32],
+    pub(crate) tree: Tree,
+    pub(crate) notices: Mutex<VecDeque<Notice>>,
+    /// Readable once a notice arrived or the root's connection closed.
+    pub(crate) wake: EventFd,
+    /// Readable once the monitor is dropped: ends the thread.
+    pub(crate) stop: EventFd,
+    pub(crate) root_gone: AtomicBool,
+    /// The hub this rank reports through (`usize::MAX`: the root itself).
+    pub(crate) hub: AtomicUsize,
+    /// Acknowledgements from the root (it is alive and working on a report of ours).
+    pub(crate) acks: AtomicU64,
+    pub(crate) state: OnceLock<StateSource>,
+    pub(crate) on_notice: OnceLock<NoticeHook>,
+    pub(crate) on_connect: OnceLock<ConnectHook>,
+    /// Requests to connect that came before the hook was set (the asker finished set-up first).
+    pub(crate) early_connects: Mutex<Vec<usize>>,
+    pub(crate) recovery: Mutex<Recovery>,
+}
+
+/// What the root said about revoking and shrinking, and which ranks it reported failed.
+#[derive(Debug, Default)]
+pub(crate) struct Recovery {
+    pub(crate) failed: std::collections::BTreeSet<usize>,
+    pub(crate) revoked: Option<Notice>,
+    /// Answers to a shrink request or outcome (or an error frame), in order.
+    pub(crate) answers: VecDeque<Frame>,
+    /// The error the root failed the job with while the ranks set up (a rank left during a
+    /// round), or refused a shrink request with.
+    pub(crate) root_error: Option<String>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("rank", &self.rank).finish()
+    }
+}
+
+impl Shared {
+    pub(crate) fn handle(&self, f: Frame) {
+        match f.kind {
+            FrameKind::Notice => {
+                if let Ok(n) = Notice::decode(&f.payload) {
+                    // The root sends again what a hub that died may have taken with it.
+                    let known = self
+                        .notices
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .any(|k| k.rank == n.rank && k.died == n.died && k.message == n.message);
+                    if known {
+                        return;
+                    }
+                    // A rank whose error only echoes another's failure did not fail itself.
+                    if n.died || !n.message.starts_with(ErrorKind::Remote.as_str()) {
+                        self.recovery().failed.insert(n.rank);
+                    }
+                    if let Some(hook) = self.on_notice.get() {
+                        hook(&n);
+                    }
+                    self.notices
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_back(n);
+                    let _ = self.wake.write(1);
+                }
+            }
+            FrameKind::StateQuery => {
+                let mut reply = f.payload.get(..4).unwrap_or(&[0; 4]).to_vec();
+                // Nothing to say while the communicator is being dropped: no answer.
+                let body = self.state.get().map(|src| src()).unwrap_or_default();
+                if !body.is_empty() {
+                    reply.extend(body);
+                    self.send(&Frame::new(FrameKind::StateReply, reply));
+                }
+            }
+            FrameKind::ConnectMe => {
+                let Some(from) = wire::rank_of(&f.payload) else {
+                    return;
+                };
+                let mut early = self
+                    .early_connects
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                match self.on_connect.get() {
+                    Some(hook) => {
+                        drop(early);
+                        hook(from);
+                    }
+                    None => early.push(from),
+                }
+            }
+            FrameKind::Verdict => {
+                ccl_warn!(Some(self.rank), "{}", String::from_utf8_lossy(&f.payload));
+            }
+            FrameKind::Ack => {
+                self.acks.fetch_add(1, Ordering::AcqRel);
+            }
+            FrameKind::Revoked => {
+                if let Ok(n) = Notice::decode(&f.payload) {
+                    self.recovery().revoked.get_or_insert(n);
+                    let _ = self.wake.write(1);
+                }
+            }
+            FrameKind::Error => {
+                let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                let mut r = self.recovery();
+                r.root_error.get_or_insert(msg);
+                r.answers.push_back(f);
+                drop(r);
+                let _ = self.wake.write(1);
+            }
+            FrameKind::Shrunk | FrameKind::Commit => {
+                self.recovery().answers.push_back(f);
+                let _ = self.wake.write(1);
+            }
+            k => ccl_trace!(Some(self.rank), "monitor: ignored {k:?} from the root"),
+        }
+    }
+
+    pub(crate) fn recovery(&self) -> std::sync::MutexGuard<'_, Recovery> {
+        self.recovery.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends `f` up this rank's line (see [`write_within`]).
+    pub(crate) fn send(&self, f: &Frame) {
+        let s = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        write_within(&s, &f.encode());
+    }
+}
+
+/// Writes `bytes` to a non-blocking monitor line. Small frames fit the socket buffer; a reader
+/// that does not read gets a short grace, then the rest is dropped (a monitor thread must not
+/// hang on one line).
+pub(crate) fn write_within(s: &TcpStream, bytes: &[u8]) {
+    use std::io::Write;
+    let until = Instant::now() + Duration::from_millis(500);
+    let mut off = 0;
+    while off < bytes.len() && Instant::now() < until {
+        match (&*s).write(&bytes[off..]) {
+            Ok(k) => {
+                wire::count_out(k);
+                off += k
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
