@@ -129,6 +129,10 @@ impl Peers {
     /// this rank's own failure to the job's monitor, waits (with deadlines) for its notice of
     /// the first failure, which carries the monitor's verdict on which rank the job waits for,
     /// and puts that verdict first in the error, with what was seen here.
+    ///
+    /// Not split, though over 100 lines: its last `match` is the one table of what a rank
+    /// concludes from a notice, a revocation, a root that ended, or silence (from the root or
+    /// from its hub), and every arm reads the same waits made just above it.
     pub(crate) fn explain(&self, e: Error) -> Error {
         if !matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout) {
             return e;

@@ -339,6 +339,10 @@ impl Peers {
     /// `candidates` are the transports usable on this rank, most preferred first; each pair of
     /// ranks uses the first one that both have and that can connect them ([`wireup::choose`]):
     /// shared memory within a host, verbs or TCP across.
+    ///
+    /// Not split, though over 100 lines: it is the set-up in order (exchange, monitor, host
+    /// join, connections, attach), each step failing through the same bootstrap or monitor
+    /// handle it owns; pieces would pass that handle and half-made state back and forth.
     pub(crate) fn connect(
         mut bootstrap: Bootstrap,
         candidates: Vec<Arc<dyn Transport>>,
