@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # rxe-tests.sh - the verbs-transport tests on a real SoftRoCE device.
 #
-#   scripts/rxe-tests.sh [--no-pair]
+#   scripts/rxe-tests.sh [--no-pair] [--full]
+#
+# --full runs the 1M+3-element and 64 MiB sweeps with every pairing of 2 and 4 ranks and 1
+# and 4 QPs (CI runs two of the four).
 #
 # Builds the test binaries on the host (release, `cargo test --no-run`), then
 #  1. one VM boot (scripts/rxe-vm.sh) runs every `ib` test: ccl's allreduce over ib with
@@ -22,8 +25,9 @@
 #     captured with tcpdump: each data QP must leave with its own UDP source port); then,
 #     in a second boot, a checked allreduce with 1% packet loss (netem) each way, and the
 #     link set down mid-run, which must fail both ranks naming the other within the timeout;
-#     in a third boot, four ranks (two per VM) whose link between the VMs stops delivering
-#     (netem delay) must each fail with a verdict naming that pair (scripts/rxe-link-verdict.sh).
+#     before those, in the same boot, four ranks (two per VM) whose link between the VMs stops
+#     delivering (netem delay) must each fail with a verdict naming that pair
+#     (scripts/rxe-link-verdict.sh).
 # On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
 # CCL_RXE_TESTS_DIRECT=1 to run step 1 without a VM.
 # The verbs tests are #[ignore]d on a host without a device; step 1 runs them with
@@ -35,9 +39,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
 PAIR=1
+FULL=0
 for a in "$@"; do
   case "$a" in
     --no-pair) PAIR=0 ;;
+    --full) FULL=1 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "rxe-tests: unknown argument $a" >&2; exit 2 ;;
   esac
@@ -72,9 +78,12 @@ cargo build --release -q -p ccl-bench || exit 1
 # They are #[ignore]d (they need a device), hence --include-ignored. A binary that runs no test
 # fails, and so does a missing one: a run that executed nothing must not pass. The guest leaves
 # its test counts in target/rxe-tests/guest-counts for the closing line.
-cat > target/rxe-tests/guest.sh <<'GUEST'
+cat > target/rxe-tests/guest.sh <<GUEST
 #!/usr/bin/env bash
 set -u
+$([ "$FULL" = 1 ] && echo "export CCL_IB_FULL=1")
+GUEST
+cat >> target/rxe-tests/guest.sh <<'GUEST'
 out=${TMPDIR:-/tmp}/rxe-test.out
 tests_ok=0 tests_bad=0 bad=0 ran=""
 run() {
@@ -190,11 +199,17 @@ if [ "$PAIR" = 1 ]; then
   [ "$ef" = 0 ] || log "entropy runs FAILED: see target/rxe-entropy/"
   log "two-VM allreduce and entropy: $(( $(date +%s) - t0 )) s"
 
-  # Faults on the link between the two VMs (one boot): 1% packet loss each way must leave
-  # results correct (RC retransmits); the link set down mid-run must fail both ranks with an
-  # error naming the other, within the timeout, not hang.
+  # Faults on the link between the two VMs (one boot). First a link that stops delivering
+  # while every rank is healthy (netem delay on one VM's RoCE packets, four ranks): every
+  # rank's verdict names the pair across the link (scripts/rxe-link-verdict.sh). Then 1% packet
+  # loss each way must leave results correct (RC retransmits); the link set down mid-run must
+  # fail both ranks with an error naming the other, within the timeout, not hang.
   t0=$(date +%s)
-  cmd='export CCL_WORLD_SIZE=2 CCL_SECRET=rxe-faults CCL_TRANSPORT=ib CCL_SOCKET_IFNAME="=$RXE_NETDEV";
+  mkdir -p target/rxe-link-verdict
+  rm -f target/rxe-link-verdict/a-ready
+  cmd='(scripts/rxe-link-verdict.sh --guest); echo "RESULT link verdict: exit $?";
+       [ "$RXE_ROLE" = a ] && tc qdisc del dev "$RXE_NETDEV" root 2>/dev/null;
+       export CCL_WORLD_SIZE=2 CCL_SECRET=rxe-faults CCL_TRANSPORT=ib CCL_SOCKET_IFNAME="=$RXE_NETDEV";
        if [ "$RXE_ROLE" = b ]; then export CCL_RANK=0; else export CCL_RANK=1; fi;
        modprobe sch_netem || exit 1;
        tc qdisc add dev "$RXE_NETDEV" root netem loss 1% || exit 1;
@@ -216,22 +231,19 @@ if [ "$PAIR" = 1 ]; then
        peer=$(( 1 - CCL_RANK ));
        grep -q "peer $peer" $TMPDIR/down || { echo "FAILED: the error does not name peer $peer"; exit 1; };
        echo "PASSED: link down failed rank $CCL_RANK naming peer $peer"'
-  if CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm-pair.sh "$cmd" "$cmd"; then
-    pass=$((pass + 1))
-  else
-    fail=$((fail + 1)); log "two-VM link faults FAILED"
-  fi
-  log "two-VM link faults: $(( $(date +%s) - t0 )) s"
-
-  # A link that stops delivering while every rank is healthy (netem delay on one VM's RoCE
-  # packets, four ranks): every rank's verdict names the pair across the link.
-  t0=$(date +%s)
-  if scripts/rxe-link-verdict.sh --no-build; then
+  CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm-pair.sh "$cmd" "$cmd" 2>&1 \
+    | tee target/rxe-tests/faults.log
+  if [ "$(grep -c '^\[[AB]\] PASSED: link verdict' target/rxe-tests/faults.log)" = 4 ]; then
     pass=$((pass + 1))
   else
     fail=$((fail + 1)); log "two-VM link verdict FAILED"
   fi
-  log "two-VM link verdict: $(( $(date +%s) - t0 )) s"
+  if [ "$(grep -c '^\[[AB]\] PASSED: link down failed rank' target/rxe-tests/faults.log)" = 2 ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1)); log "two-VM link faults FAILED"
+  fi
+  log "two-VM link verdict and link faults: $(( $(date +%s) - t0 )) s"
 fi
 echo "rxe-tests: $pass passed, $fail failed"
 [ "$fail" = 0 ]

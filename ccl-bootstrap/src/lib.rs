@@ -49,5 +49,5 @@ pub mod wire;
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
 pub use monitor::Monitor;
 pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, root_is_local};
-pub use watch::{GATHER, live_query, root_lines};
+pub use watch::{GATHER, live_query, root_lines, state_bytes};
 pub use wire::Notice;

@@ -15,6 +15,7 @@ use crate::tree::Tree;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::error::ErrorKind;
 use ccl_core::{ccl_trace, ccl_warn};
+use ccl_diag::digest::Digest;
 
 /// Describes this rank for a state query ([`ccl_diag::verdict::encode`]d).
 pub(crate) type StateSource = Box<dyn Fn() -> Vec<u8> + Send + Sync>;
@@ -107,6 +108,14 @@ impl Shared {
                     self.send(&Frame::new(FrameKind::StateReply, reply));
                 }
             }
+            FrameKind::DigestQuery => {
+                // A rank with no ranks below it answers for itself at once.
+                if let Some((id, _)) = wire::read_digest_query(&f.payload)
+                    && let Some(d) = self.own_digest()
+                {
+                    self.send(&wire::digest_reply(id, &d));
+                }
+            }
             FrameKind::ConnectMe => {
                 let Some(from) = wire::rank_of(&f.payload) else {
                     return;
@@ -148,6 +157,24 @@ impl Shared {
                 let _ = self.wake.write(1);
             }
             k => ccl_trace!(Some(self.rank), "monitor: ignored {k:?} from the root"),
+        }
+    }
+
+    /// The digest of this rank's own view; none while the communicator is being dropped.
+    pub(crate) fn own_digest(&self) -> Option<Digest> {
+        let body = self.state.get().map(|src| src()).unwrap_or_default();
+        if body.is_empty() {
+            return None;
+        }
+        match ccl_diag::verdict::decode(&body) {
+            Ok(mut v) => {
+                v.rank = self.rank;
+                Some(Digest::of(&[v]))
+            }
+            Err(why) => {
+                ccl_warn!(Some(self.rank), "monitor: this rank's own state: {why}");
+                None
+            }
         }
     }
 

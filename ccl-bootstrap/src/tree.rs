@@ -36,7 +36,6 @@ impl Tree {
     }
 
     /// Whether every rank reports to the root directly.
-    #[cfg(test)]
     pub(crate) fn is_star(&self) -> bool {
         self.levels == 1
     }

@@ -23,6 +23,7 @@ use crate::LOG_SUBSYS;
 use crate::tree::Tree;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::{ccl_trace, ccl_warn};
+use ccl_diag::digest::{Digest, Ranges};
 use ccl_diag::verdict::{self as diag, Presence, RankView};
 
 /// How long the root waits for every live rank to describe itself. A rank that has not
@@ -42,6 +43,14 @@ const MAX_CLIENTS: usize = 1024;
 const ADOPT_GRACE: Duration = Duration::from_secs(10);
 
 static SETTLED_LINES: AtomicUsize = AtomicUsize::new(0);
+static STATE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes of rank state (views and digests) the roots of this process have taken in for
+/// verdicts and live queries: with the monitor a tree, a verdict's share does not grow with
+/// the ranks.
+pub fn state_bytes() -> usize {
+    STATE_BYTES.load(Ordering::Relaxed)
+}
 
 /// The most monitor connections a root of this process held once the ranks had moved to their
 /// hubs (the root's share of the monitor tree: at most `CCL_MONITOR_FANOUT`).
@@ -524,89 +533,206 @@ impl<'a> Watch<'a> {
 
     /// Asks every rank where it is and says which rank the job waits for.
     fn judge(&mut self) -> (String, Option<usize>) {
-        let views = self.gather();
-        let v = diag::analyse(&views, self.ranks.len());
+        let n = self.ranks.len();
+        let v = if self.tree.is_star() {
+            let views = self.gather(None);
+            diag::analyse(&views, n)
+        } else {
+            let d = self.digest();
+            // Only ranks that answered the digest query are asked again.
+            d.verdict(n, &mut |ranks: &[usize]| {
+                let (ask, gone): (Vec<usize>, Vec<usize>) =
+                    ranks.iter().partition(|&&r| d.answered.contains(r));
+                let mut views = self.gather(Some(&ask));
+                views.extend(gone.into_iter().filter(|&r| r < n).map(|r| self.absent(r)));
+                views
+            })
+        };
         let culprit = match &v.culprit {
             diag::Culprit::Ranks(s) => s.iter().next().copied(),
             diag::Culprit::Link { to, .. } => Some(*to),
             diag::Culprit::Nothing => None,
         };
-        let out = (v.line(&views), culprit);
+        let out = (v.line(), culprit);
         self.recent = Some((Instant::now(), out.clone()));
         out
     }
 
-    /// Every rank's view: its answer to a state query, or how it failed to answer within
-    /// [`GATHER`]. Other frames that arrive meanwhile wait in each rank's queue.
-    pub(super) fn gather(&mut self) -> Vec<RankView> {
+    /// Takes rank `r`'s queued frames that `want` picks; the others stay. A failure report
+    /// met on the way is acknowledged now: its sender waits to know the root is alive.
+    fn pick(&mut self, r: usize, want: &dyn Fn(&Frame) -> bool) -> Vec<Frame> {
+        let mut keep = VecDeque::new();
+        let mut picked = Vec::new();
+        while let Some(f) = self.ranks[r].frames.pop_front() {
+            if want(&f) {
+                picked.push(f);
+                continue;
+            }
+            if f.kind == FrameKind::Failure {
+                self.send_to(r, &Frame::new(FrameKind::Ack, Vec::new()));
+            }
+            keep.push_back(f);
+        }
+        self.ranks[r].frames = keep;
+        picked
+    }
+
+    /// Waits up to 100 ms (at most until `until`) for any line the root holds.
+    fn wait_lines(&self, until: Instant) {
+        let left = until.saturating_duration_since(Instant::now());
+        let mut fds: Vec<PollFd<'_>> = self
+            .links
+            .iter()
+            .filter(|l| l.open)
+            .map(|l| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN))
+            .collect();
+        let ms = left.as_millis().clamp(1, 100) as u16;
+        let _ = nix::poll::poll(&mut fds, PollTimeout::from(ms));
+    }
+
+    /// Whether rank `r` is expected to answer a query.
+    fn answers(&self, r: usize) -> bool {
+        self.ranks[r].open && !self.ranks[r].left
+    }
+
+    /// How rank `r` is known when it gave no answer.
+    fn absent(&self, r: usize) -> RankView {
+        let w = &self.ranks[r];
+        let presence = if self.answers(r) {
+            Presence::Silent
+        } else {
+            Presence::Dead
+        };
+        RankView::absent(r, &w.host, w.pid, presence)
+    }
+
+    /// With the monitor a tree: the digest of every rank's view, merged hub by hub
+    /// ([`FrameKind::DigestQuery`]), so that no N-wide gather reaches the root. A rank that no
+    /// digest covers within [`GATHER`] counts as silent (or dead, if its line is gone): a hub
+    /// that does not answer leaves its whole subtree out.
+    fn digest(&mut self) -> Digest {
+        self.query_id = self.query_id.wrapping_add(1);
+        let id = self.query_id;
+        self.broadcast(&wire::digest_query(
+            id,
+            GATHER.saturating_sub(crate::relay::HOP),
+        ));
+        let until = Instant::now() + GATHER;
+        let mut acc = Digest::default();
+        loop {
+            self.pump();
+            for r in 0..self.ranks.len() {
+                if self.ranks[r].frames.is_empty() {
+                    continue;
+                }
+                for f in self.pick(r, &|f| f.kind == FrameKind::DigestReply) {
+                    STATE_BYTES.fetch_add(f.payload.len(), Ordering::Relaxed);
+                    let merged = wire::read_digest_reply(&f.payload).and_then(|(got, d)| {
+                        if got != id || !acc.covers.disjoint(&d.covers) {
+                            // An older query's, or a rank that answered on its first line and
+                            // through its hub too.
+                            return Ok(());
+                        }
+                        if !d
+                            .covers
+                            .minus(&Ranges::span(r, self.tree.end(r) - 1))
+                            .is_empty()
+                        {
+                            return Err(format!(
+                                "it covers ranks {} outside its subtree",
+                                d.covers
+                            ));
+                        }
+                        acc.merge(d)
+                    });
+                    if let Err(why) = merged {
+                        ccl_warn!(
+                            None,
+                            "bootstrap root {}: dropped rank {r}'s digest: {why}",
+                            self.addr
+                        );
+                    }
+                }
+            }
+            let waiting = (0..self.ranks.len()).any(|r| self.answers(r) && !acc.covers.contains(r));
+            if !waiting || Instant::now() >= until {
+                break;
+            }
+            self.wait_lines(until);
+        }
+        let missing: Vec<RankView> = (0..self.ranks.len())
+            .filter(|&r| !acc.covers.contains(r))
+            .map(|r| self.absent(r))
+            .collect();
+        if let Err(why) = acc.merge(Digest::of(&missing)) {
+            ccl_warn!(None, "bootstrap root {}: {why}", self.addr);
+        }
+        acc
+    }
+
+    /// The views of `ranks` (every rank's with `None`): each one's answer to a state query, or
+    /// how it failed to answer within [`GATHER`].
+    pub(super) fn gather(&mut self, ranks: Option<&[usize]>) -> Vec<RankView> {
         self.query_id = self.query_id.wrapping_add(1);
         let id = self.query_id;
         let q = Frame::new(FrameKind::StateQuery, id.to_le_bytes().to_vec());
-        let mut views: Vec<Option<RankView>> = vec![None; self.ranks.len()];
-        self.broadcast(&q);
-        let until = Instant::now() + GATHER;
-        loop {
-            self.pump();
-            for (r, view) in views.iter_mut().enumerate() {
-                if !self.ranks[r].open || view.is_some() {
-                    continue;
-                }
-                let mut keep = VecDeque::new();
-                while let Some(f) = self.ranks[r].frames.pop_front() {
-                    match f.kind {
-                        FrameKind::StateReply if f.payload.get(..4) == Some(&id.to_le_bytes()) => {
-                            match diag::decode(&f.payload[4..]) {
-                                Ok(mut v) => {
-                                    v.rank = r;
-                                    *view = Some(v);
-                                }
-                                Err(why) => ccl_warn!(
-                                    None,
-                                    "bootstrap root {}: rank {r} sent a bad state reply: {why}",
-                                    self.addr
-                                ),
-                            }
-                        }
-                        FrameKind::StateReply => {}
-                        FrameKind::Failure => {
-                            // Acknowledge now: its sender waits to know the root is alive.
-                            self.send_to(r, &Frame::new(FrameKind::Ack, Vec::new()));
-                            keep.push_back(f);
-                        }
-                        _ => keep.push_back(f),
+        let targets: Vec<usize> = match ranks {
+            Some(rs) => {
+                for &r in rs {
+                    if r < self.ranks.len() && self.answers(r) {
+                        self.send_to(r, &q);
                     }
                 }
-                self.ranks[r].frames = keep;
+                rs.iter()
+                    .copied()
+                    .filter(|&r| r < self.ranks.len())
+                    .collect()
             }
-            let waiting = (0..self.ranks.len())
-                .any(|r| self.ranks[r].open && !self.ranks[r].left && views[r].is_none());
-            let left = until.saturating_duration_since(Instant::now());
-            if !waiting || left.is_zero() {
+            None => {
+                self.broadcast(&q);
+                (0..self.ranks.len()).collect()
+            }
+        };
+        let mut views: Vec<Option<RankView>> = vec![None; targets.len()];
+        let until = Instant::now() + GATHER;
+        let tag = id.to_le_bytes();
+        loop {
+            self.pump();
+            for (i, &r) in targets.iter().enumerate() {
+                if views[i].is_some() || self.ranks[r].frames.is_empty() {
+                    continue;
+                }
+                for f in self.pick(r, &|f| f.kind == FrameKind::StateReply) {
+                    STATE_BYTES.fetch_add(f.payload.len(), Ordering::Relaxed);
+                    if f.payload.get(..4) != Some(&tag) {
+                        continue;
+                    }
+                    match diag::decode(&f.payload[4..]) {
+                        Ok(mut v) => {
+                            v.rank = r;
+                            views[i] = Some(v);
+                        }
+                        Err(why) => ccl_warn!(
+                            None,
+                            "bootstrap root {}: rank {r} sent a bad state reply: {why}",
+                            self.addr
+                        ),
+                    }
+                }
+            }
+            let waiting = targets
+                .iter()
+                .zip(&views)
+                .any(|(&r, v)| v.is_none() && self.answers(r));
+            if !waiting || Instant::now() >= until {
                 break;
             }
-            let mut fds: Vec<PollFd<'_>> = self
-                .links
-                .iter()
-                .filter(|l| l.open)
-                .map(|l| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN))
-                .collect();
-            let ms = left.as_millis().clamp(1, 100) as u16;
-            let _ = nix::poll::poll(&mut fds, PollTimeout::from(ms));
+            self.wait_lines(until);
         }
-        views
-            .into_iter()
-            .enumerate()
-            .map(|(r, v)| {
-                let w = &self.ranks[r];
-                v.unwrap_or_else(|| {
-                    let presence = if w.open && !w.left {
-                        Presence::Silent
-                    } else {
-                        Presence::Dead
-                    };
-                    RankView::absent(r, &w.host, w.pid, presence)
-                })
-            })
+        targets
+            .iter()
+            .zip(views)
+            .map(|(&r, v)| v.unwrap_or_else(|| self.absent(r)))
             .collect()
     }
 
@@ -723,7 +849,7 @@ impl<'a> Watch<'a> {
                 );
                 continue;
             }
-            let views = self.gather();
+            let views = self.gather(None);
             let text = diag::live_report(&views, self.ranks.len());
             let mut s = c.stream;
             let _ = s.set_nonblocking(false);

@@ -109,6 +109,13 @@ pub enum FrameKind {
     Down = 34,
     /// Hub to root, inside an [`FrameKind::Up`]: the origin's line to this hub closed.
     Gone = 35,
+    /// Root to every rank, when the monitor is a tree: describe your subtree
+    /// (`[u32 query id][u32 budget, ms]`); a hub asks its ranks with a smaller budget and
+    /// answers within its own.
+    DigestQuery = 36,
+    /// Towards the root: `[u32 query id]` and a [`ccl_diag::digest::Digest`] (JSON) of the
+    /// sender's view and of those of the ranks below it that answered in time.
+    DigestReply = 37,
 }
 
 impl FrameKind {
@@ -143,6 +150,8 @@ impl FrameKind {
             33 => FrameKind::Up,
             34 => FrameKind::Down,
             35 => FrameKind::Gone,
+            36 => FrameKind::DigestQuery,
+            37 => FrameKind::DigestReply,
             _ => return None,
         })
     }
@@ -514,6 +523,37 @@ pub fn open_envelope(p: &[u8]) -> Result<(u32, Frame)> {
     Ok((u32::from_le_bytes(*who), Frame::new(kind, body.to_vec())))
 }
 
+/// A [`FrameKind::DigestQuery`]: query `id`, to be answered within `budget`.
+pub fn digest_query(id: u32, budget: std::time::Duration) -> Frame {
+    let mut p = id.to_le_bytes().to_vec();
+    p.extend_from_slice(&(budget.as_millis().min(u32::MAX as u128) as u32).to_le_bytes());
+    Frame::new(FrameKind::DigestQuery, p)
+}
+
+/// Reads [`digest_query`]'s payload: the query id and the budget.
+pub fn read_digest_query(p: &[u8]) -> Option<(u32, std::time::Duration)> {
+    let id = u32::from_le_bytes(p.get(..4)?.try_into().ok()?);
+    let ms = u32::from_le_bytes(p.get(4..8)?.try_into().ok()?);
+    Some((id, std::time::Duration::from_millis(ms.into())))
+}
+
+/// A [`FrameKind::DigestReply`] to query `id`.
+pub fn digest_reply(id: u32, d: &ccl_diag::digest::Digest) -> Frame {
+    let mut p = id.to_le_bytes().to_vec();
+    p.extend(d.encode());
+    Frame::new(FrameKind::DigestReply, p)
+}
+
+/// Reads [`digest_reply`]'s payload; a bad one is an error, never a panic.
+pub fn read_digest_reply(p: &[u8]) -> std::result::Result<(u32, ccl_diag::digest::Digest), String> {
+    let id = p
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or("a digest reply without its query id")?;
+    Ok((id, ccl_diag::digest::Digest::decode(&p[4..])?))
+}
+
 /// What a rank says of itself when it asks to be watched ([`FrameKind::Monitor`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Watchme {
@@ -726,6 +766,23 @@ mod tests {
         let j = join(&[3; 32], 9);
         assert_eq!(read_join(&j), Some(([3; 32], 9)));
         assert_eq!(read_join(&Frame::new(FrameKind::Join, vec![0; 35])), None);
+        let q = digest_query(7, std::time::Duration::from_millis(900));
+        assert_eq!(
+            read_digest_query(&q.payload),
+            Some((7, std::time::Duration::from_millis(900)))
+        );
+        assert_eq!(read_digest_query(&q.payload[..7]), None);
+        let view =
+            ccl_diag::verdict::RankView::absent(4, "h", 1, ccl_diag::verdict::Presence::Dead);
+        let d = ccl_diag::digest::Digest::of(&[view]);
+        let r = digest_reply(7, &d);
+        assert_eq!(read_digest_reply(&r.payload), Ok((7, d)));
+        for cut in 0..r.payload.len() {
+            assert!(
+                read_digest_reply(&r.payload[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! - [`dump`]: the one schema of a dump ([`Dump`], [`Op`]): the JSON a rank writes, what
 //!   `ccl-trace` reads, what the live monitor receives.
 //! - [`verdict`]: from every rank's view, which rank (or link) the job waits for, in one line.
+//! - [`digest`]: the same analysis's input summed up, so that a monitor tree merges it hub by
+//!   hub instead of gathering every rank's view in one place.
 //! - [`report`]: the report `ccl-trace DIR` prints over a directory of dumps.
 //! - [`torch`] and [`chrome`]: the same dump as PyTorch's flight-recorder pickle (for its
 //!   analyser) and as a Chrome trace.
@@ -45,6 +47,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chrome;
+pub mod digest;
 pub mod dump;
 pub mod recorder;
 pub mod report;

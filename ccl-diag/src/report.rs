@@ -106,7 +106,6 @@ pub fn report(dumps: &[Dump]) -> String {
     }
     let mut out = String::new();
     for (comm, ds) in by_comm {
-        let (vs, _) = views(&ds);
         let v = analyse(&ds);
         let ranks: BTreeSet<usize> = ds.iter().map(|d| d.meta.rank).collect();
         let _ = writeln!(
@@ -140,7 +139,7 @@ pub fn report(dumps: &[Dump]) -> String {
             );
         }
         let _ = writeln!(out, "  => the job waits for rank(s) {}", list(&v.culprits));
-        let _ = writeln!(out, "  verdict: {}", v.line(&vs));
+        let _ = writeln!(out, "  verdict: {}", v.line());
     }
     out
 }

@@ -8,11 +8,12 @@
 //! never entered the operation, one inside it that stopped moving, or a link on which bytes the
 //! sender handed over never arrived.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::digest::{Digest, Lead, Link, MOVING_US, Ranges, stuck_link};
 use crate::dump::{Dump, Op};
 use crate::recorder::State;
 
@@ -80,12 +81,12 @@ impl RankView {
         }
     }
 
-    fn latest(&self) -> Option<&Op> {
+    pub(crate) fn latest(&self) -> Option<&Op> {
         self.ops.iter().max_by_key(|o| o.seq)
     }
 
     /// The newest operation this rank has not finished: where it waits, if it waits.
-    fn open(&self) -> Option<&Op> {
+    pub(crate) fn open(&self) -> Option<&Op> {
         self.ops
             .iter()
             .filter(|e| e.state != State::Done)
@@ -114,7 +115,7 @@ pub enum Culprit {
 }
 
 /// The analysis of one communicator.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Verdict {
     pub size: usize,
     /// The operation the job is in (the furthest any rank got).
@@ -124,186 +125,153 @@ pub struct Verdict {
     pub never_arrived: BTreeSet<usize>,
     /// Ranks that could not say what they do (no dump, no answer, dead).
     pub absent: BTreeSet<usize>,
-    /// Rank -> the peer it waits for.
-    pub waits: BTreeMap<usize, usize>,
+    /// Ranks that wait for a peer.
+    pub waiting: BTreeSet<usize>,
     /// Where the waits lead: the rank(s) the job waits for.
     pub culprits: BTreeSet<usize>,
     pub culprit: Culprit,
+    /// What the line needs: the operation the job is in as a rank inside it describes it, the
+    /// link's figures, the least time a waiting rank has gone without progress, and the views
+    /// of the culprits and of the link's ends.
+    op: Option<Op>,
+    link: Option<Link>,
+    stalled_s: Option<f64>,
+    views: Vec<RankView>,
 }
+
+/// Most culprits a line names one by one (and whose views a verdict fetches).
+const MAX_NAMED: usize = 16;
 
 /// Analyses the views of one communicator of `size` ranks (ranks without a view count as
 /// absent).
 pub fn analyse(views: &[RankView], size: usize) -> Verdict {
-    let by_rank: BTreeMap<usize, &RankView> = views
-        .iter()
-        .filter(|v| v.presence == Presence::Answered)
-        .map(|v| (v.rank, v))
-        .collect();
-    let stuck = by_rank
-        .values()
-        .filter_map(|v| v.latest())
-        .max_by_key(|e| e.seq);
-    let (stuck_seq, stuck_name) = stuck.map_or((0, String::new()), |e| (e.seq, e.name.clone()));
-    let absent: BTreeSet<usize> = (0..size).filter(|r| !by_rank.contains_key(r)).collect();
-    let mut never_arrived = absent.clone();
-    for (&r, v) in &by_rank {
-        match v.ops.iter().find(|e| e.seq == stuck_seq) {
-            None => {
-                never_arrived.insert(r);
-            }
-            Some(e) => {
-                // A peer whose header never came has not entered this operation.
-                for p in &e.peers {
-                    if !p.arrived && p.to_recv > 0 && e.state != State::Done {
-                        never_arrived.insert(p.peer);
-                    }
-                }
-            }
-        }
-    }
-    // What each rank waits for is read from its own latest unfinished operation: a rank still
-    // inside an earlier operation than the furthest one waits there, and the chain runs through
-    // it to the rank everyone is really behind.
-    let mut waits = BTreeMap::new();
-    for (&r, v) in &by_rank {
-        if let Some(p) = v.open().and_then(|e| e.waiting_on) {
-            waits.insert(r, p);
-        }
-    }
-    let mut culprits = follow(&waits, &never_arrived);
-    // A rank that died, or cannot answer, explains the chains that end elsewhere: a rank that
-    // was sending to it when its state was taken names nobody it waits for.
-    let dead: BTreeSet<usize> = views
-        .iter()
-        .filter(|v| v.presence == Presence::Dead)
-        .map(|v| v.rank)
-        .collect();
-    let absent_culprits: BTreeSet<usize> = culprits.intersection(&absent).copied().collect();
-    if !absent_culprits.is_empty() {
-        culprits = absent_culprits;
-    } else if !dead.is_empty() {
-        culprits = dead;
-    }
-    // A rank that died or cannot answer explains any link: its peers' sockets hold what it
-    // never read.
-    let link = if absent.is_empty() {
-        link(&by_rank, &waits)
-    } else {
-        None
-    };
-    let culprit = match link {
-        Some((from, to, seq)) => Culprit::Link { from, to, seq },
-        None if culprits.is_empty() => Culprit::Nothing,
-        None => Culprit::Ranks(culprits.clone()),
-    };
-    Verdict {
-        size,
-        stuck_seq,
-        stuck_name,
-        never_arrived,
-        absent,
-        waits,
-        culprits,
-        culprit,
-    }
-}
-
-/// Follows each rank's waits to where they end: a rank that cannot say or waits for nobody. A
-/// rank names only one of the peers it waits for, so waits can run in a cycle (two
-/// halving-doubling partners each stuck behind a third rank): a cycle proves nothing and counts
-/// only when no chain ends anywhere else, and then the ranks that never arrived come first.
-fn follow(waits: &BTreeMap<usize, usize>, never_arrived: &BTreeSet<usize>) -> BTreeSet<usize> {
-    let mut culprits = BTreeSet::new();
-    let mut cycles = BTreeSet::new();
-    for &start in waits.keys() {
-        let mut at = start;
-        let mut seen = BTreeSet::new();
-        let mut cycled = false;
-        while let Some(&next) = waits.get(&at) {
-            if !seen.insert(at) {
-                cycled = true;
-                break;
-            }
-            at = next;
-        }
-        if cycled {
-            cycles.insert(at);
-        } else {
-            culprits.insert(at);
-        }
-    }
-    if culprits.is_empty() {
-        culprits = if never_arrived.is_empty() {
-            cycles
-        } else {
-            never_arrived.clone()
-        };
-    }
-    culprits
-}
-
-/// A rank waiting for a peer that has handed the link more bytes for it, in the operation the
-/// waiter is in, than arrived: the bytes are somewhere between the two. The sender may still be
-/// inside that operation or may have finished it and moved on (a sender's part ends once its
-/// bytes are handed over, so with one more operation in flight the sender is ahead and only the
-/// waiter still shows the gap). Only counts when the waiter has been idle long enough for any
-/// healthy link to deliver what was in flight, which holds whenever a verdict is asked for (a
-/// timeout, a late operation).
-fn link(
-    by_rank: &BTreeMap<usize, &RankView>,
-    waits: &BTreeMap<usize, usize>,
-) -> Option<(usize, usize, u64)> {
-    for (&to, &from) in waits {
-        let (Some(a), Some(b)) = (by_rank.get(&to), by_rank.get(&from)) else {
-            continue;
-        };
-        let Some(ea) = a.open() else {
-            continue;
-        };
-        let Some(eb) = b.ops.iter().find(|e| e.seq == ea.seq) else {
-            continue;
-        };
-        if idle_s(a, ea) < MOVING_S {
-            continue;
-        }
-        let got = ea.peers.iter().find(|p| p.peer == from);
-        let gave = eb.peers.iter().find(|p| p.peer == to);
-        if let (Some(got), Some(gave)) = (got, gave)
-            && got.arrived
-            && gave.sent > got.received
-        {
-            return Some((from, to, ea.seq));
-        }
-    }
-    None
-}
-
-/// How long `e` of `v` had gone without progress when `v` answered (or when `e` ended).
-fn idle_s(v: &RankView, e: &Op) -> f64 {
-    let at = if e.progress_us > 0 {
-        e.progress_us
-    } else {
-        e.start_us
-    };
-    let now = if e.end_us > 0 { e.end_us } else { v.now_us };
-    now.saturating_sub(at) as f64 / 1e6
-}
-
-/// Bytes `from` handed the link for `to` in operation `seq`, bytes `to` got of them, and
-/// whether `from` had finished that operation.
-fn link_bytes(views: &[RankView], from: usize, to: usize, seq: u64) -> (u64, u64, bool) {
-    let op = |r: usize| {
+    Digest::of(views).verdict(size, &mut |ranks: &[usize]| {
         views
             .iter()
-            .find(|v| v.rank == r)
-            .and_then(|v| v.ops.iter().find(|e| e.seq == seq))
-    };
-    let stat = |r: usize, p: usize| op(r).and_then(|e| e.peers.iter().find(|s| s.peer == p));
-    (
-        stat(from, to).map_or(0, |s| s.sent),
-        stat(to, from).map_or(0, |s| s.received),
-        op(from).is_some_and(|e| e.state == State::Done),
-    )
+            .filter(|v| ranks.contains(&v.rank))
+            .cloned()
+            .collect()
+    })
+}
+
+impl Digest {
+    /// The verdict on a communicator of `size` ranks, from this digest of its views (ranks it
+    /// does not cover count as absent). `fetch` gives the full views of the ranks asked for,
+    /// of those it can (a monitor asks them again): the culprits, to say why they hold the job
+    /// up, and both ends of each link the digest could not check alone.
+    pub fn verdict(
+        &self,
+        size: usize,
+        fetch: &mut dyn FnMut(&[usize]) -> Vec<RankView>,
+    ) -> Verdict {
+        let all = if size == 0 {
+            Ranges::new()
+        } else {
+            Ranges::span(0, size - 1)
+        };
+        let absent_r = all.minus(&self.answered);
+        let absent: BTreeSet<usize> = absent_r.iter().collect();
+        let (stuck_seq, stuck_name) = self
+            .top
+            .as_ref()
+            .map_or((0, String::new()), |(s, _, op)| (*s, op.name.clone()));
+        let mut never_arrived = absent.clone();
+        never_arrived.extend(self.answered.minus(&self.at_top).iter());
+        never_arrived.extend(self.unheard.iter());
+        // Follows each rank's waits to where they end: a rank that cannot say or waits for
+        // nobody. A rank names only one of the peers it waits for, so waits can run in a cycle
+        // (two halving-doubling partners each stuck behind a third rank): a cycle proves
+        // nothing and counts only when no chain ends anywhere else, and then the ranks that
+        // never arrived come first.
+        let mut culprits = BTreeSet::new();
+        let mut cycles = BTreeSet::new();
+        for c in &self.chains {
+            match &c.lead {
+                Lead::End(e) | Lead::Exit(e) => {
+                    culprits.insert(*e);
+                }
+                Lead::Cycle(on) => cycles.extend(on.iter()),
+            }
+        }
+        if culprits.is_empty() {
+            culprits = if never_arrived.is_empty() {
+                cycles
+            } else {
+                never_arrived.clone()
+            };
+        }
+        // A rank that died, or cannot answer, explains the chains that end elsewhere: a rank
+        // that was sending to it when its state was taken names nobody it waits for.
+        let absent_culprits: BTreeSet<usize> = culprits.intersection(&absent).copied().collect();
+        if !absent_culprits.is_empty() {
+            culprits = absent_culprits;
+        } else if !self.dead.is_empty() {
+            culprits = self.dead.iter().collect();
+        }
+        // A rank that died or cannot answer explains any link: its peers' sockets hold what it
+        // never read.
+        let candidates: &[(usize, usize)] = if absent.is_empty() {
+            &self.pending
+        } else {
+            &[]
+        };
+        let mut ask: BTreeSet<usize> = culprits.iter().copied().take(MAX_NAMED).collect();
+        ask.extend(candidates.iter().flat_map(|&(to, from)| [to, from]));
+        if absent.is_empty()
+            && let Some(l) = &self.link
+        {
+            ask.extend([l.to, l.from]);
+        }
+        let ask: Vec<usize> = ask.into_iter().collect();
+        let mut views = if ask.is_empty() {
+            Vec::new()
+        } else {
+            fetch(&ask)
+        };
+        let view = |r: usize| {
+            views
+                .iter()
+                .find(|v| v.rank == r && v.presence == Presence::Answered)
+        };
+        let found = candidates
+            .iter()
+            .find_map(|&(to, from)| stuck_link(view(to)?, view(from)?));
+        let link = if absent.is_empty() {
+            found.or_else(|| self.link.clone())
+        } else {
+            None
+        };
+        let culprit = match &link {
+            Some(l) => Culprit::Link {
+                from: l.from,
+                to: l.to,
+                seq: l.seq,
+            },
+            None if culprits.is_empty() => Culprit::Nothing,
+            None => Culprit::Ranks(culprits.clone()),
+        };
+        // Only what the line reads stays.
+        views.retain(|v| {
+            culprits.contains(&v.rank)
+                || link
+                    .as_ref()
+                    .is_some_and(|l| l.to == v.rank || l.from == v.rank)
+        });
+        Verdict {
+            size,
+            stuck_seq,
+            stuck_name,
+            never_arrived,
+            absent,
+            waiting: self.waiting().iter().collect(),
+            culprits,
+            culprit,
+            op: self.top.as_ref().map(|t| t.2.clone()),
+            link,
+            stalled_s: self.idle_us.map(|us| us as f64 / 1e6),
+            views,
+        }
+    }
 }
 
 /// `4 MiB`, `512 B`.
@@ -332,26 +300,30 @@ fn and_list(s: impl IntoIterator<Item = usize>) -> String {
     }
 }
 
+/// `0, 2 and 3`; above [`MAX_NAMED`] ranks, runs (`0-36 and 38-1023`).
+fn rank_list(s: &BTreeSet<usize>) -> String {
+    if s.len() > MAX_NAMED {
+        s.iter().copied().collect::<Ranges>().to_string()
+    } else {
+        and_list(s.iter().copied())
+    }
+}
+
 impl Verdict {
     /// The ranks held up behind `c`: every other rank that waits (with a single culprit, a
     /// rank whose own wait runs in a cycle, such as halving-doubling partners, is behind it too).
     fn waiting_for(&self, c: usize) -> BTreeSet<usize> {
-        self.waits.keys().copied().filter(|&r| r != c).collect()
+        self.waiting.iter().copied().filter(|&r| r != c).collect()
     }
 
     /// The one line a user reads first, e.g. `allreduce #203 (ring, 4 MiB) is stuck behind
     /// rank 1 (host:pid), which does not answer (stopped, or its process is hung): the job has
     /// not progressed for 5.0 s; ranks 0, 2 and 3 wait on it`. A rank named as the culprit is
-    /// always written `rank R (host:pid)`.
-    pub fn line(&self, views: &[RankView]) -> String {
-        let view = |r: usize| views.iter().find(|v| v.rank == r);
+    /// always written `rank R (host:pid)` (when its host is known).
+    pub fn line(&self) -> String {
+        let view = |r: usize| self.views.iter().find(|v| v.rank == r);
         let who = |r: usize| view(r).map_or(format!("rank {r}"), |v| v.who());
-        // An operation as a rank inside it describes it.
-        let describe = |seq: u64| {
-            let op = views
-                .iter()
-                .filter(|v| v.presence == Presence::Answered)
-                .find_map(|v| v.ops.iter().find(|e| e.seq == seq));
+        let describe = |op: Option<&Op>, seq: u64| {
             let before = if seq == 0 {
                 "the job (before its first operation)".to_string()
             } else {
@@ -367,9 +339,8 @@ impl Verdict {
                 )
             })
         };
-        let op_text = describe(self.stuck_seq);
-        let stalled = self.stalled_s(views);
-        let since = match stalled {
+        let op_text = describe(self.op.as_ref(), self.stuck_seq);
+        let since = match self.stalled_s {
             Some(s) if s >= 0.1 => format!(": the job has not progressed for {s:.1} s"),
             _ => String::new(),
         };
@@ -377,29 +348,31 @@ impl Verdict {
             let w = self.waiting_for(c);
             match w.len() {
                 0 => String::new(),
-                1 => format!("; rank {} waits on it", and_list(w)),
-                _ => format!("; ranks {} wait on it", and_list(w)),
+                1 => format!("; rank {} waits on it", rank_list(&w)),
+                _ => format!("; ranks {} wait on it", rank_list(&w)),
             }
         };
-        match &self.culprit {
-            Culprit::Nothing => format!("{op_text}: no rank waits for another"),
-            Culprit::Link { from, to, seq } => {
-                let (sent, got, sender_done) = link_bytes(views, *from, *to, *seq);
-                let where_ = if sender_done {
+        match (&self.culprit, &self.link) {
+            (Culprit::Nothing, _) => format!("{op_text}: no rank waits for another"),
+            (Culprit::Link { .. }, Some(l)) => {
+                let where_ = if l.sender_done {
                     format!(
-                        "rank {to} is inside the operation and rank {from} finished its part of it"
+                        "rank {} is inside the operation and rank {} finished its part of it",
+                        l.to, l.from
                     )
                 } else {
                     "both ranks are inside the operation".to_string()
                 };
                 format!(
-                    "{} is stuck on the link from {} to {}: {sent} bytes were sent on it and {got} arrived, {where_}{since}",
-                    describe(*seq),
-                    who(*from),
-                    who(*to)
+                    "{} is stuck on the link from {} to {}: {} bytes were sent on it and {} arrived, {where_}{since}",
+                    describe(Some(&l.op), l.seq),
+                    who(l.from),
+                    who(l.to),
+                    l.sent,
+                    l.got,
                 )
             }
-            Culprit::Ranks(set) if set.len() == 1 => {
+            (Culprit::Ranks(set), _) if set.len() == 1 => {
                 let c = *set.iter().next().expect("one");
                 let why = match view(c).map(|v| v.presence) {
                     Some(Presence::Dead) => ", which died (its process ended)".to_string(),
@@ -417,10 +390,20 @@ impl Verdict {
                     waiters(c)
                 )
             }
-            Culprit::Ranks(set) => format!(
-                "{op_text} is stuck behind {}{since}",
-                set.iter().map(|&r| who(r)).collect::<Vec<_>>().join(", ")
-            ),
+            (Culprit::Ranks(set), _) => {
+                let mut names: Vec<String> = set.iter().take(MAX_NAMED).map(|&r| who(r)).collect();
+                if set.len() > MAX_NAMED {
+                    names.push(format!("and {} more", set.len() - MAX_NAMED));
+                }
+                format!("{op_text} is stuck behind {}{since}", names.join(", "))
+            }
+            (Culprit::Link { from, to, .. }, None) => {
+                format!(
+                    "{op_text} is stuck on the link from {} to {}{since}",
+                    who(*from),
+                    who(*to)
+                )
+            }
         }
     }
 
@@ -441,17 +424,6 @@ impl Verdict {
                 None => ", which never entered it (it has run no operation yet)".to_string(),
             },
         }
-    }
-
-    /// The least time any waiting rank has gone without progress, seconds.
-    fn stalled_s(&self, views: &[RankView]) -> Option<f64> {
-        self.waits
-            .keys()
-            .filter_map(|&r| {
-                let v = views.iter().find(|v| v.rank == r)?;
-                Some(idle_s(v, v.latest()?))
-            })
-            .min_by(f64::total_cmp)
     }
 }
 
@@ -546,7 +518,7 @@ pub fn live_report(views: &[RankView], size: usize) -> String {
         .filter(|v| v.presence == Presence::Answered)
         .count()
         == size;
-    match verdict.stalled_s(views) {
+    match verdict.stalled_s {
         // Waits shorter than this are the job at work, not a hang.
         Some(s) if s < MOVING_S && everyone_answered => {
             let _ = writeln!(
@@ -558,14 +530,14 @@ pub fn live_report(views: &[RankView], size: usize) -> String {
             let _ = writeln!(out, "=> the job is moving: no rank waits");
         }
         _ => {
-            let _ = writeln!(out, "=> {}", verdict.line(views));
+            let _ = writeln!(out, "=> {}", verdict.line());
         }
     }
     out
 }
 
 /// A wait shorter than this, seconds, is the job at work, not a hang.
-const MOVING_S: f64 = 1.0;
+const MOVING_S: f64 = MOVING_US as f64 / 1e6;
 
 /// Operations a rank sends the monitor: the ones a verdict can be about.
 const MAX_OPS: usize = 16;
@@ -654,7 +626,7 @@ mod tests {
         ];
         let v = analyse(&vs, 4);
         assert_eq!(v.culprit, Culprit::Ranks(BTreeSet::from([1])));
-        let line = v.line(&vs);
+        let line = v.line();
         assert!(
             line.starts_with(
                 "allreduce #7 (ring, 4 MiB) is stuck behind rank 1 (h:101), which does not answer"
@@ -676,7 +648,7 @@ mod tests {
         ];
         let v = analyse(&vs, 3);
         assert_eq!(v.culprits, BTreeSet::from([2]));
-        let line = v.line(&vs);
+        let line = v.line();
         assert!(
             line.contains("rank 2 (h:102), which never entered it"),
             "{line}"
@@ -687,7 +659,7 @@ mod tests {
             view(0, 7, State::Running, Some(1), vec![peer(1, true, 0, 0)]),
             view(1, 7, State::Running, None, vec![peer(0, true, 0, 0)]),
         ];
-        let line = analyse(&vs, 2).line(&vs);
+        let line = analyse(&vs, 2).line();
         assert!(
             line.contains("rank 1 (h:101), which is inside it but has stopped moving"),
             "{line}"
@@ -710,7 +682,7 @@ mod tests {
                 seq: 3
             }
         );
-        let line = v.line(&vs);
+        let line = v.line();
         assert!(line.contains("link from rank 1 (h:101) to rank 0 (h:100): 64 bytes were sent on it and 16 arrived"), "{line}");
     }
 
@@ -738,7 +710,7 @@ mod tests {
                 seq: 5
             }
         );
-        let line = v.line(&vs);
+        let line = v.line();
         assert!(
             line.starts_with("allreduce #5 (ring, 4 MiB) is stuck on the link from rank 3 (h:103) to rank 0 (h:100): 64 bytes were sent on it and 32 arrived, rank 0 is inside the operation and rank 3 finished its part of it"),
             "{line}"
@@ -756,7 +728,7 @@ mod tests {
             view(0, 9, State::Failed, Some(1), vec![peer(1, true, 0, 0)]),
             RankView::absent(1, "h", 101, Presence::Dead),
         ];
-        let line = analyse(&vs, 2).line(&vs);
+        let line = analyse(&vs, 2).line();
         assert!(line.contains("behind rank 1 (h:101), which died"), "{line}");
         assert!(line.contains("rank 0 waits on it"), "{line}");
         // A rank caught sending to the dead one waits for nobody; the dead rank still explains.
