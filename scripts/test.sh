@@ -22,8 +22,9 @@ echo "== the collectives again, with every pair connected at set-up (CCL_CONNECT
 CCL_CONNECT=eager cargo test --release -p ccl --test suite -- collectives:: vcoll:: mismatch::
 echo "== the fault suites again, with the job monitor a tree of hubs (CCL_MONITOR_FANOUT=2: of 4 ranks, 0 and 2 are hubs)"
 CCL_MONITOR_FANOUT=2 cargo test --release -p ccl --test suite -- recover:: diagnosis:: errors:: lazy::
-CCL_MONITOR_FANOUT=2 cargo test --release -p ccl-bench --test faults -- \
-  killing_a_rank_fails_every_survivor_naming_it survivors_of_random_kills
+CCL_MONITOR_FANOUT=2 FAULT_REPEATS=1 cargo test --release -p ccl-bench --test faults -- \
+  killing_a_rank_fails_every_survivor_naming_it survivors_of_random_kills \
+  named_by_every_survivors_error named_dead_by_every_survivors_error
 echo "== simulator: one small experiment"
 scripts/sim-smoke.sh
 echo "== two hosts on one machine (UTS namespaces): shm within hosts, tcp across"
