@@ -76,7 +76,7 @@ case "${1:-}" in
 esac
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
 if [ "${1:-}" != --no-build ]; then
-  cargo build --release -q -p ccl-bench || exit 1
+  cargo build --release -q --workspace --bin ccl-bench || exit 1
 fi
 command -v tcpdump >/dev/null || { echo "rxe-entropy: tcpdump missing: run scripts/rxe-vm-setup.sh" >&2; exit 125; }
 mkdir -p "$OUT"

@@ -82,7 +82,7 @@ case "${1:-}" in
   --guest) guest; exit ;;
   -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   --no-build) ;;
-  "") cargo build --release -q -p ccl-bench || exit 1 ;;
+  "") cargo build --release -q --workspace --bin ccl-bench || exit 1 ;;
   *) echo "rxe-link-verdict: unknown argument $1" >&2; exit 2 ;;
 esac
 mkdir -p target/rxe-link-verdict

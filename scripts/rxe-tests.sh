@@ -72,7 +72,8 @@ for l in sys.stdin:
   log "build failed"
   exit 1
 fi
-cargo build --release -q -p ccl-bench || exit 1
+# --workspace, as above: `-p ccl-bench` would build a second copy of the library.
+cargo build --release -q --workspace --bin ccl-bench || exit 1
 
 # The guest part: run the ib tests of each binary, one test at a time (the VM has 2 vCPUs).
 # They are #[ignore]d (they need a device), hence --include-ignored. A binary that runs no test

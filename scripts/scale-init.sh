@@ -54,7 +54,7 @@ THREAD_SIZES=${THREAD_SIZES-256 1024 4096}
 [ "$QUICK" = 1 ] && THREAD_SIZES=${THREAD_SIZES:+16}
 OUT=${OUT:-target/scale-init}
 mkdir -p "$OUT"
-cargo build --release -q -p ccl-bench
+cargo build --release -q --workspace --bin ccl-bench
 # Each rank holds a socket per peer, and the launcher one per rank: raise the limit on open
 # files as far as this shell may (the ranks inherit it).
 ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release -q -p ccl-bench
+cargo build --release -q --workspace --bin ccl-bench
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 target/release/ccl-bench sim --fabric scripts/sim/zone.fabric --racks 4 --oversub 2 \

@@ -18,11 +18,13 @@ echo "== cargo test (workspace, release)"
 # trial waits out a 2 s timeout); `cargo test --release -p ccl-bench --test faults` alone runs
 # the full ten.
 FAULT_REPEATS=${FAULT_REPEATS:-3} cargo test --release --workspace
+# The reruns name their test binary with --workspace, not -p: a single package resolves
+# features differently and would build the library and binary again (minutes of CI).
 echo "== the collectives again, with every pair connected at set-up (CCL_CONNECT=eager)"
-CCL_CONNECT=eager cargo test --release -p ccl --test suite -- collectives:: vcoll:: mismatch::
+CCL_CONNECT=eager cargo test --release --workspace --test suite -- collectives:: vcoll:: mismatch::
 echo "== the fault suites again, with the job monitor a tree of hubs (CCL_MONITOR_FANOUT=2: of 4 ranks, 0 and 2 are hubs)"
-CCL_MONITOR_FANOUT=2 cargo test --release -p ccl --test suite -- recover:: diagnosis:: errors:: lazy::
-CCL_MONITOR_FANOUT=2 FAULT_REPEATS=1 cargo test --release -p ccl-bench --test faults -- \
+CCL_MONITOR_FANOUT=2 cargo test --release --workspace --test suite -- recover:: diagnosis:: errors:: lazy::
+CCL_MONITOR_FANOUT=2 FAULT_REPEATS=1 cargo test --release --workspace --test faults -- \
   killing_a_rank_fails_every_survivor_naming_it survivors_of_random_kills \
   named_by_every_survivors_error named_dead_by_every_survivors_error
 echo "== simulator: one small experiment"

@@ -21,7 +21,7 @@ if ! unshare --uts true 2>/dev/null; then
   echo "two-hosts: SKIPPED (unshare --uts needs root)" >&2
   exit 77
 fi
-cargo build --release -q -p ccl-bench
+cargo build --release -q --workspace --bin ccl-bench
 bench=0
 if [ "${1:-}" = --bench ]; then
   bench=1; shift; rounds=${1:-3}; [ $# -gt 0 ] && shift
