@@ -438,12 +438,7 @@ impl<'a> Watch<'a> {
     /// Waits up to a second (less while a shrink round is due) for a rank or a live client to
     /// say something.
     fn sleep(&self) {
-        let mut fds: Vec<PollFd<'_>> = self
-            .links
-            .iter()
-            .filter(|l| l.open)
-            .map(|l| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN))
-            .collect();
+        let mut fds = self.link_fds();
         fds.push(PollFd::new(self.listener.as_fd(), PollFlags::POLLIN));
         fds.extend(
             self.clients
@@ -577,15 +572,19 @@ impl<'a> Watch<'a> {
         picked
     }
 
-    /// Waits up to 100 ms (at most until `until`) for any line the root holds.
-    fn wait_lines(&self, until: Instant) {
-        let left = until.saturating_duration_since(Instant::now());
-        let mut fds: Vec<PollFd<'_>> = self
-            .links
+    /// The lines the root holds that are open, to poll for reading.
+    fn link_fds(&self) -> Vec<PollFd<'_>> {
+        self.links
             .iter()
             .filter(|l| l.open)
             .map(|l| PollFd::new(l.stream.as_fd(), PollFlags::POLLIN))
-            .collect();
+            .collect()
+    }
+
+    /// Waits up to 100 ms (at most until `until`) for any line the root holds.
+    fn wait_lines(&self, until: Instant) {
+        let left = until.saturating_duration_since(Instant::now());
+        let mut fds = self.link_fds();
         let ms = left.as_millis().clamp(1, 100) as u16;
         let _ = nix::poll::poll(&mut fds, PollTimeout::from(ms));
     }

@@ -584,6 +584,19 @@ mod tests {
         }
     }
 
+    /// Rank `r`'s answer, with `ops`.
+    fn answered(r: usize, ops: Vec<Op>) -> RankView {
+        RankView {
+            rank: r,
+            host: "h".into(),
+            pid: r as u32,
+            presence: Presence::Answered,
+            now_us: 10_000_000,
+            ops,
+            slow: Vec::new(),
+        }
+    }
+
     /// Views of `n` ranks; `dense`: every rank answers and waits inside one operation (waits
     /// then often run in cycles).
     fn random_views(rng: &mut Rng, n: usize, dense: bool) -> Vec<RankView> {
@@ -617,15 +630,7 @@ mod tests {
                         p.received = p.sent;
                     }
                 }
-                RankView {
-                    rank: r,
-                    host: "h".into(),
-                    pid: r as u32,
-                    presence: Presence::Answered,
-                    now_us: 10_000_000,
-                    ops,
-                    slow: Vec::new(),
-                }
+                answered(r, ops)
             })
             .collect()
     }
@@ -741,15 +746,7 @@ mod tests {
                 let mut rng = Rng(r as u64 + 1);
                 let mut o = op(&mut rng, n, 9, State::Running, Some((r + n - 1) % n));
                 o.peers.truncate(0);
-                RankView {
-                    rank: r,
-                    host: "h".into(),
-                    pid: r as u32,
-                    presence: Presence::Answered,
-                    now_us: 10_000_000,
-                    ops: vec![o],
-                    slow: Vec::new(),
-                }
+                answered(r, vec![o])
             })
             .collect();
         let mut top = Digest::default();
