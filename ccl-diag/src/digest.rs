@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dump::Op;
 use crate::recorder::State;
-use crate::verdict::{Presence, RankView};
+use crate::view::{Presence, RankView};
 
 /// A set of ranks as sorted, disjoint, non-adjacent runs `(first, last)`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -5,6 +5,7 @@
 //!   (cheap enough to stay on).
 //! - [`dump`]: the one schema of a dump ([`Dump`], [`Op`]): the JSON a rank writes, what
 //!   `ccl-trace` reads, what the live monitor receives.
+//! - [`view`]: one rank's view of itself (what it answers the job's monitor).
 //! - [`verdict`]: from every rank's view, which rank (or link) the job waits for, in one line.
 //! - [`digest`]: the same analysis's input summed up, so that a monitor tree merges it hub by
 //!   hub instead of gathering every rank's view in one place.
@@ -53,6 +54,7 @@ pub mod recorder;
 pub mod report;
 pub mod torch;
 pub mod verdict;
+pub mod view;
 
 pub use dump::{Dump, Meta, Op};
 pub use verdict::human_bytes;
