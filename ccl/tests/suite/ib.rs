@@ -99,35 +99,33 @@ fn ib_1m_plus_3_every_dtype_and_op() {
     const COUNT: usize = (1 << 20) + 3;
     let cases = pairings(&[(2, 4), (4, 1)]);
     for (n, qps) in cases {
-        {
-            let t0 = Instant::now();
-            let wrong = failures(run_ranks(n, ib_config(qps), move |comm| {
-                let mut wrong = Vec::new();
-                for in_place in [false, true] {
-                    for (dtype, w) in all_dtypes(&comm, COUNT, ReduceOp::Sum, in_place) {
-                        if w > 0 {
-                            wrong.push(format!("{dtype} sum in_place={in_place}: {w} wrong"));
-                        }
-                    }
-                    for op in ReduceOp::ARITHMETIC {
-                        let w = allreduce_case::<f32>(&comm, COUNT, op, in_place);
-                        if w > 0 {
-                            wrong.push(format!("float {op} in_place={in_place}: {w} wrong"));
-                        }
+        let t0 = Instant::now();
+        let wrong = failures(run_ranks(n, ib_config(qps), move |comm| {
+            let mut wrong = Vec::new();
+            for in_place in [false, true] {
+                for (dtype, w) in all_dtypes(&comm, COUNT, ReduceOp::Sum, in_place) {
+                    if w > 0 {
+                        wrong.push(format!("{dtype} sum in_place={in_place}: {w} wrong"));
                     }
                 }
-                wrong
-            }));
-            assert!(
-                wrong.is_empty(),
-                "{n} ranks, {qps} QPs:\n{}",
-                wrong.join("\n")
-            );
-            eprintln!(
-                "1M+3: {n} ranks, {qps} QPs: {:.1} s",
-                t0.elapsed().as_secs_f64()
-            );
-        }
+                for op in ReduceOp::ARITHMETIC {
+                    let w = allreduce_case::<f32>(&comm, COUNT, op, in_place);
+                    if w > 0 {
+                        wrong.push(format!("float {op} in_place={in_place}: {w} wrong"));
+                    }
+                }
+            }
+            wrong
+        }));
+        assert!(
+            wrong.is_empty(),
+            "{n} ranks, {qps} QPs:\n{}",
+            wrong.join("\n")
+        );
+        eprintln!(
+            "1M+3: {n} ranks, {qps} QPs: {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
     }
 }
 
@@ -136,48 +134,46 @@ fn ib_1m_plus_3_every_dtype_and_op() {
 fn ib_64_mib() {
     require_ib();
     for (n, qps) in pairings(&[(2, 4), (4, 1)]) {
-        {
-            let t0 = Instant::now();
-            let wrong = failures(run_ranks(n, ib_config(qps), move |comm| {
-                let mut wrong = Vec::new();
-                // 64 MiB each: out of place as float sum, in place as bytes (max) and bf16 (avg
-                // is exact for the check values).
-                let w = allreduce_case::<f32>(&comm, 16 << 20, ReduceOp::Sum, false);
-                if w > 0 {
-                    wrong.push(format!("float sum out of place: {w} wrong"));
-                }
-                let w = allreduce_case::<u8>(&comm, 64 << 20, ReduceOp::Max, true);
-                if w > 0 {
-                    wrong.push(format!("uint8 max in place: {w} wrong"));
-                }
-                if n == 2 && qps == 4 {
-                    for (name, w) in [
-                        (
-                            "half prod",
-                            allreduce_case::<f16>(&comm, 32 << 20, ReduceOp::Prod, true),
-                        ),
-                        (
-                            "bfloat16 min",
-                            allreduce_case::<bf16>(&comm, 32 << 20, ReduceOp::Min, false),
-                        ),
-                    ] {
-                        if w > 0 {
-                            wrong.push(format!("{name}: {w} wrong"));
-                        }
+        let t0 = Instant::now();
+        let wrong = failures(run_ranks(n, ib_config(qps), move |comm| {
+            let mut wrong = Vec::new();
+            // 64 MiB each: out of place as float sum, in place as bytes (max) and bf16 (avg
+            // is exact for the check values).
+            let w = allreduce_case::<f32>(&comm, 16 << 20, ReduceOp::Sum, false);
+            if w > 0 {
+                wrong.push(format!("float sum out of place: {w} wrong"));
+            }
+            let w = allreduce_case::<u8>(&comm, 64 << 20, ReduceOp::Max, true);
+            if w > 0 {
+                wrong.push(format!("uint8 max in place: {w} wrong"));
+            }
+            if n == 2 && qps == 4 {
+                for (name, w) in [
+                    (
+                        "half prod",
+                        allreduce_case::<f16>(&comm, 32 << 20, ReduceOp::Prod, true),
+                    ),
+                    (
+                        "bfloat16 min",
+                        allreduce_case::<bf16>(&comm, 32 << 20, ReduceOp::Min, false),
+                    ),
+                ] {
+                    if w > 0 {
+                        wrong.push(format!("{name}: {w} wrong"));
                     }
                 }
-                wrong
-            }));
-            assert!(
-                wrong.is_empty(),
-                "{n} ranks, {qps} QPs:\n{}",
-                wrong.join("\n")
-            );
-            eprintln!(
-                "64 MiB: {n} ranks, {qps} QPs: {:.1} s",
-                t0.elapsed().as_secs_f64()
-            );
-        }
+            }
+            wrong
+        }));
+        assert!(
+            wrong.is_empty(),
+            "{n} ranks, {qps} QPs:\n{}",
+            wrong.join("\n")
+        );
+        eprintln!(
+            "64 MiB: {n} ranks, {qps} QPs: {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
     }
 }
 
