@@ -93,36 +93,7 @@ impl Digest {
         let mut never_arrived = absent.clone();
         never_arrived.extend(self.answered.minus(&self.at_top).iter());
         never_arrived.extend(self.unheard.iter());
-        // Follows each rank's waits to where they end: a rank that cannot say or waits for
-        // nobody. A rank names only one of the peers it waits for, so waits can run in a cycle
-        // (two halving-doubling partners each stuck behind a third rank): a cycle proves
-        // nothing and counts only when no chain ends anywhere else, and then the ranks that
-        // never arrived come first.
-        let mut culprits = BTreeSet::new();
-        let mut cycles = BTreeSet::new();
-        for c in &self.chains {
-            match &c.lead {
-                Lead::End(e) | Lead::Exit(e) => {
-                    culprits.insert(*e);
-                }
-                Lead::Cycle(on) => cycles.extend(on.iter()),
-            }
-        }
-        if culprits.is_empty() {
-            culprits = if never_arrived.is_empty() {
-                cycles
-            } else {
-                never_arrived.clone()
-            };
-        }
-        // A rank that died, or cannot answer, explains the chains that end elsewhere: a rank
-        // that was sending to it when its state was taken names nobody it waits for.
-        let absent_culprits: BTreeSet<usize> = culprits.intersection(&absent).copied().collect();
-        if !absent_culprits.is_empty() {
-            culprits = absent_culprits;
-        } else if !self.dead.is_empty() {
-            culprits = self.dead.iter().collect();
-        }
+        let culprits = self.culprits(&absent, &never_arrived);
         // A rank that died or cannot answer explains any link: its peers' sockets hold what it
         // never read.
         let candidates: &[(usize, usize)] = if absent.is_empty() {
@@ -186,6 +157,45 @@ impl Digest {
             stalled_s: self.idle_us.map(|us| us as f64 / 1e6),
             views,
         }
+    }
+
+    /// Where the waits lead: the rank(s) the job waits for.
+    fn culprits(
+        &self,
+        absent: &BTreeSet<usize>,
+        never_arrived: &BTreeSet<usize>,
+    ) -> BTreeSet<usize> {
+        // Follows each rank's waits to where they end: a rank that cannot say or waits for
+        // nobody. A rank names only one of the peers it waits for, so waits can run in a cycle
+        // (two halving-doubling partners each stuck behind a third rank): a cycle proves
+        // nothing and counts only when no chain ends anywhere else, and then the ranks that
+        // never arrived come first.
+        let mut culprits = BTreeSet::new();
+        let mut cycles = BTreeSet::new();
+        for c in &self.chains {
+            match &c.lead {
+                Lead::End(e) | Lead::Exit(e) => {
+                    culprits.insert(*e);
+                }
+                Lead::Cycle(on) => cycles.extend(on.iter()),
+            }
+        }
+        if culprits.is_empty() {
+            culprits = if never_arrived.is_empty() {
+                cycles
+            } else {
+                never_arrived.clone()
+            };
+        }
+        // A rank that died, or cannot answer, explains the chains that end elsewhere: a rank
+        // that was sending to it when its state was taken names nobody it waits for.
+        let absent_culprits: BTreeSet<usize> = culprits.intersection(absent).copied().collect();
+        if !absent_culprits.is_empty() {
+            culprits = absent_culprits;
+        } else if !self.dead.is_empty() {
+            culprits = self.dead.iter().collect();
+        }
+        culprits
     }
 }
 
