@@ -46,6 +46,35 @@ mod tree;
 mod watch;
 pub mod wire;
 
+/// What lets the tests of one process play a root that dies alone: a root "in another process"
+/// and a root killed by its address.
+#[cfg(test)]
+pub(crate) mod hooks {
+    use std::net::SocketAddr;
+    use std::sync::Mutex;
+
+    static REMOTE: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+    static KILLED: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+
+    /// The root at `addr` counts as running in another process than its ranks.
+    pub(crate) fn set_remote(addr: SocketAddr) {
+        REMOTE.lock().unwrap().push(addr);
+    }
+
+    pub(crate) fn remote(addr: SocketAddr) -> bool {
+        REMOTE.lock().unwrap().contains(&addr)
+    }
+
+    /// Ends the monitor at `addr` as its process's death would: its lines close.
+    pub(crate) fn kill(addr: SocketAddr) {
+        KILLED.lock().unwrap().push(addr);
+    }
+
+    pub(crate) fn killed(addr: SocketAddr) -> bool {
+        KILLED.lock().unwrap().contains(&addr)
+    }
+}
+
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
 pub use monitor::Monitor;
 pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, root_is_local};

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -36,8 +36,11 @@ impl Bootstrap {
         let rank = self.rank;
         let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
         let tree = Tree::new(self.size, fanout);
-        // A hub takes its children's lines where it reached the root from.
-        let listener = if tree.is_hub(rank) {
+        // A hub takes its children's lines where it reached the root from. A rank outside the
+        // root's process may take over the monitor when that process dies: it listens too, and
+        // the root tells every rank where the first few such ranks listen.
+        let standby = !crate::rendezvous::root_is_local(self.root);
+        let listener = if tree.is_hub(rank) || standby {
             let ip = self.local_ip()?;
             let l = TcpListener::bind(SocketAddr::new(ip, 0))
                 .map_err(|e| sys("monitor: cannot listen for the ranks it watches", e))?;
@@ -78,9 +81,16 @@ impl Bootstrap {
         let shared = Arc::new(Shared {
             writer: Mutex::new(writer),
             rank,
-            root: self.root,
+            size: self.size,
+            root: Mutex::new(self.root),
             secret: self.secret,
+            timeout: self.timeout,
             tree,
+            standby: Mutex::new(None),
+            moved_to: AtomicUsize::new(usize::MAX),
+            epoch: AtomicU32::new(0),
+            shrink_round: AtomicU32::new(0),
+            spawn_root: crate::rendezvous::Root::spawn_with,
             notices: Mutex::new(VecDeque::new()),
             wake: efd()?,
             stop: efd()?,
@@ -98,11 +108,7 @@ impl Bootstrap {
             .name("ccl-monitor".into())
             .spawn(move || Relay::new(s, reader, listener).run())
             .map_err(|e| sys("spawning the monitor thread", e))?;
-        Ok(Monitor {
-            shared,
-            root: self.root,
-            bye: true,
-        })
+        Ok(Monitor { shared, bye: true })
     }
 }
 
@@ -111,7 +117,6 @@ impl Bootstrap {
 #[derive(Debug)]
 pub struct Monitor {
     shared: Arc<Shared>,
-    root: SocketAddr,
     /// Whether dropping it says goodbye (always, outside tests of a rank that vanishes).
     bye: bool,
 }
@@ -210,37 +215,49 @@ impl Monitor {
     }
 
     /// Asks the root to shrink the communicator (see `recovery`) and waits, until `deadline`,
-    /// for the members and the unique id of the new one. `round` is the number of shrink rounds
-    /// this rank has seen decided.
+    /// for the members and the unique id of the new one. When the monitor moves to a standby
+    /// rank meanwhile (the root's process died), the request goes again to the new one.
     pub fn shrink(
         &self,
-        round: u32,
         exclude: &[usize],
         size: usize,
         deadline: Instant,
     ) -> Result<wire::ShrinkDecision> {
-        let req = wire::ShrinkRequest {
-            round,
-            exclude: exclude.to_vec(),
-        };
-        self.shared.send(&req.encode());
-        let f = self.answer(deadline)?;
-        if f.kind != FrameKind::Shrunk {
-            return Err(Error::remote(format!(
-                "the rendezvous answered a shrink request with {:?}",
-                f.kind
-            ))
-            .rank(self.shared.rank));
+        loop {
+            let epoch = self.shared.epoch.load(Ordering::Acquire);
+            let req = wire::ShrinkRequest {
+                round: self.shared.shrink_round.load(Ordering::Acquire),
+                exclude: exclude.to_vec(),
+            };
+            self.shared.send(&req.encode());
+            let Some(f) = self.answer(epoch, deadline)? else {
+                continue;
+            };
+            if f.kind != FrameKind::Shrunk {
+                return Err(Error::remote(format!(
+                    "the rendezvous answered a shrink request with {:?}",
+                    f.kind
+                ))
+                .rank(self.shared.rank));
+            }
+            let d = wire::ShrinkDecision::decode(&f.payload, size)
+                .map_err(|e| e.rank(self.shared.rank))?;
+            self.shared.shrink_round.store(d.round, Ordering::Release);
+            return Ok(d);
         }
-        wire::ShrinkDecision::decode(&f.payload, size).map_err(|e| e.rank(self.shared.rank))
     }
 
-    /// Tells the root whether this rank's part of the shrunk communicator of `round` formed,
-    /// and waits until `deadline` for whether every member's did (then it may be used).
-    pub fn formed(&self, round: u32, ok: bool, deadline: Instant) -> Result<bool> {
+    /// Tells the root whether this rank's part of the shrunk communicator of the last round
+    /// formed, and waits until `deadline` for whether every member's did (then it may be used).
+    /// A root that died before it said counts as "no": the members ask its successor again.
+    pub fn formed(&self, ok: bool, deadline: Instant) -> Result<bool> {
+        let epoch = self.shared.epoch.load(Ordering::Acquire);
+        let round = self.shared.shrink_round.load(Ordering::Acquire);
         self.shared
             .send(&wire::round_flag(FrameKind::Formed, round, ok));
-        let f = self.answer(deadline)?;
+        let Some(f) = self.answer(epoch, deadline)? else {
+            return Ok(false);
+        };
         match (f.kind, wire::read_round_flag(&f.payload)) {
             (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
             _ => Err(Error::remote(format!(
@@ -252,7 +269,8 @@ impl Monitor {
     }
 
     /// The root's next answer to a shrink request or outcome; an error frame is an error.
-    fn answer(&self, deadline: Instant) -> Result<Frame> {
+    /// `None` when the monitor moved to another rank since `epoch` (the answer will not come).
+    fn answer(&self, epoch: u32, deadline: Instant) -> Result<Option<Frame>> {
         let rank = self.shared.rank;
         loop {
             if let Some(f) = self.shared.recovery().answers.pop_front() {
@@ -260,20 +278,23 @@ impl Monitor {
                     let msg = String::from_utf8_lossy(&f.payload).into_owned();
                     return Err(Error::new(ErrorKind::Revoked, msg).rank(rank));
                 }
-                return Ok(f);
+                return Ok(Some(f));
+            }
+            if self.shared.epoch.load(Ordering::Acquire) != epoch {
+                return Ok(None);
             }
             if self.root_gone() {
                 return Err(Error::remote(format!(
-                    "cannot shrink: the job's rendezvous at {} is gone (the process that made the \
-                     unique id ended; it decides who survives)",
-                    self.root
+                    "cannot shrink: the job's monitor at {} is gone (its process ended, and no \
+                     rank outside it could take over)",
+                    self.root()
                 ))
                 .rank(rank));
             }
             if Instant::now() >= deadline {
                 return Err(Error::timeout(format!(
-                    "no answer to the shrink request from the rendezvous at {}",
-                    self.root
+                    "no answer to the shrink request from the job's monitor at {}",
+                    self.root()
                 ))
                 .rank(rank));
             }
@@ -308,9 +329,16 @@ impl Monitor {
         ));
     }
 
-    /// The root's address (for messages).
+    /// Where the job's monitor runs (for messages): the root's address, or the standby's that
+    /// took it over.
     pub fn root(&self) -> SocketAddr {
-        self.root
+        self.shared.root()
+    }
+
+    /// The rank whose process runs the job's monitor since it took over from a root that died,
+    /// if one did.
+    pub fn moved_to(&self) -> Option<usize> {
+        Some(self.shared.moved_to.load(Ordering::Acquire)).filter(|&r| r != usize::MAX)
     }
 
     /// Whether the root's connection has closed (its process ended).
@@ -322,6 +350,16 @@ impl Monitor {
     /// (with more ranks than `CCL_MONITOR_FANOUT`).
     pub fn hub(&self) -> Option<usize> {
         Some(self.shared.hub.load(Ordering::Acquire)).filter(|&h| h != usize::MAX)
+    }
+
+    /// The standby ranks the root named, once it has.
+    #[cfg(test)]
+    pub(crate) fn standby(&self) -> Option<wire::Standby> {
+        self.shared
+            .standby
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Drops this monitor as a rank whose process died would: its lines close without a

@@ -28,7 +28,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use crate::LOG_SUBSYS;
 use crate::shared::{Shared, write_within};
 use crate::wire::{self, Frame, FrameKind};
-use ccl_core::{ccl_trace, ccl_warn};
+use ccl_core::{ccl_info, ccl_trace, ccl_warn};
 use ccl_diag::digest::{Digest, Ranges};
 
 /// How long a new line may take to say which rank it is.
@@ -96,6 +96,8 @@ pub(crate) struct Relay {
     /// Frames for every rank, kept a while for children that join late.
     recent_all: Vec<(Frame, Instant)>,
     gathering: Option<Gathering>,
+    /// The communicator is being dropped: this rank takes over no monitor.
+    leaving: bool,
 }
 
 impl Relay {
@@ -111,6 +113,7 @@ impl Relay {
             unjoined: Vec::new(),
             recent_all: Vec::new(),
             gathering: None,
+            leaving: false,
         }
     }
 
@@ -124,6 +127,7 @@ impl Relay {
                 // with this thread, and they join the root.
                 let _ = self.s.stop.read();
                 linger = Some(Instant::now() + LINGER);
+                self.leaving = true;
             }
             if linger.is_some_and(|t| {
                 Instant::now() >= t || (self.children.is_empty() && self.joiners.is_empty())
@@ -143,9 +147,9 @@ impl Relay {
             for f in frames {
                 self.take_down(f);
             }
-            if closed && !self.adopt() {
-                // The root's process ended (it may simply have finished): no news, but waits
-                // look again.
+            if closed && !self.adopt() && (self.leaving || !self.failover()) {
+                // The root's process ended (it may simply have finished) and no standby took
+                // over: no news, but waits look again.
                 self.s.root_gone.store(true, Ordering::Release);
                 let _ = self.s.wake.write(1);
                 return;
@@ -381,7 +385,7 @@ impl Relay {
         if self.up_is_root {
             return false;
         }
-        let root = self.s.root;
+        let root = self.s.root();
         let Some(line) = self.join(root, "the job's rendezvous") else {
             return false;
         };
@@ -397,6 +401,192 @@ impl Relay {
             "monitor: its hub's line closed; reporting to the root at {root} directly"
         );
         true
+    }
+
+    /// After the root's line closed: moves this rank's monitor line to the first standby rank
+    /// that answers (taking the monitor over itself when it is that rank). False when no
+    /// standby is known or none is left.
+    ///
+    /// Only hard evidence passes a standby by: a refused connection, or a line that closes
+    /// before the standby answers (its process ended). A standby that takes the connection but
+    /// does not answer (stopped) is waited for until the timeout, then this rank gives up: every
+    /// rank then fails saying so, rather than some following one monitor and some another.
+    fn failover(&mut self) -> bool {
+        let me = self.s.rank;
+        let Some(sb) = self.s.standby.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return false;
+        };
+        // This rank's hub role ends: its ranks' lines close, and they fail over too.
+        self.children.clear();
+        self.unjoined.clear();
+        self.gathering = None;
+        let (lost, mut dead) = self.lost(&sb);
+        dead.extend(&lost);
+        for &(c, addr) in &sb.ranks {
+            if dead.contains(&c) {
+                continue;
+            }
+            if c == me {
+                if self.take_over(Vec::new()) {
+                    return true;
+                }
+                continue;
+            }
+            match self.rejoin(c, addr, &dead) {
+                Some(Ok(line)) => {
+                    self.switch_up(line, c, addr);
+                    return true;
+                }
+                Some(Err(())) => return false,
+                None => dead.push(c),
+            }
+        }
+        ccl_warn!(
+            Some(me),
+            "monitor: the job's monitor is gone and no standby rank took it over"
+        );
+        false
+    }
+
+    /// The ranks that died with the monitor this rank followed (those that ran in the first
+    /// root's process, or the rank that had taken it over), and the ranks the monitor said died.
+    fn lost(&self, sb: &wire::Standby) -> (Vec<usize>, Vec<usize>) {
+        let lost = match self.s.moved_to.load(Ordering::Acquire) {
+            usize::MAX => sb.with_root.clone(),
+            r => vec![r],
+        };
+        (lost, self.s.dead())
+    }
+
+    /// Joins standby `c` at `addr`: the line once `c` answered; `None` when `c` is gone (try
+    /// the next one); `Err` when it took the connection but never answered.
+    fn rejoin(
+        &self,
+        c: usize,
+        addr: std::net::SocketAddr,
+        dead: &[usize],
+    ) -> Option<Result<Line, ()>> {
+        let me = self.s.rank;
+        let join = wire::Rejoin {
+            secret: self.s.secret,
+            rank: me,
+            pid: std::process::id(),
+            dead: dead.to_vec(),
+            host: ccl_core::log::hostname().to_string(),
+        };
+        let by = Instant::now() + CONNECT_GRACE;
+        let what = || format!("monitor: joining standby rank {c} at {addr}");
+        let mut s = match ccl_core::net::connect_to_listening(addr, by, &what)
+            .and_then(|mut s| {
+                let _ = s.set_nodelay(true);
+                wire::write_frame(&mut s, &join.encode(), by)?;
+                Ok(s)
+            }) {
+            Ok(s) => s,
+            Err(e) => {
+                ccl_trace!(Some(me), "{e}");
+                return None;
+            }
+        };
+        // The standby's first frame says it took this rank on.
+        let until = Instant::now() + self.s.timeout;
+        let first = wire::read_frame(&mut s, until, &|| {
+            format!("waiting for standby rank {c} at {addr} to take the job's monitor over")
+        });
+        match first {
+            Ok(f) => {
+                let line = Line::new(s);
+                self.s.handle(f);
+                Some(Ok(line))
+            }
+            Err(e) if e.kind() == ccl_core::ErrorKind::Timeout => {
+                ccl_warn!(
+                    Some(me),
+                    "monitor: the job's root died and standby rank {c} took this rank's line but did not answer within {:?} (stopped?): {e}",
+                    self.s.timeout
+                );
+                Some(Err(()))
+            }
+            Err(e) => {
+                ccl_trace!(Some(me), "monitor: standby rank {c} is gone: {e}");
+                None
+            }
+        }
+    }
+
+    /// Makes `line`, to the monitor that rank `c` runs at `addr`, this rank's line up.
+    fn switch_up(&mut self, line: Line, c: usize, addr: std::net::SocketAddr) {
+        let Ok(w) = line.stream.try_clone() else {
+            return;
+        };
+        *self.s.writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
+        self.up = line;
+        self.up_is_root = true;
+        self.old = None;
+        self.s.hub.store(usize::MAX, Ordering::Release);
+        *self.s.root.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+        self.s.moved_to.store(c, Ordering::Release);
+        self.s.shrink_round.store(0, Ordering::Release);
+        self.s.epoch.fetch_add(1, Ordering::AcqRel);
+        let _ = self.s.wake.write(1);
+        ccl_info!(
+            Some(self.s.rank),
+            "monitor: the job's root died; rank {c} at {addr} runs the job's monitor now"
+        );
+    }
+
+    /// Runs the job's monitor here, on this rank's listener, for the ranks whose root died
+    /// (`first`: the lines of those that asked already, with what they sent), and joins it.
+    fn take_over(&mut self, first: Vec<(Line, Vec<Frame>)>) -> bool {
+        let me = self.s.rank;
+        let Some(listener) = self.listener.take() else {
+            return false;
+        };
+        let Ok(addr) = listener.local_addr() else {
+            return false;
+        };
+        let sb = self
+            .s
+            .standby
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
+        let (lost, dead) = self.lost(&sb);
+        self.children.clear();
+        self.unjoined.clear();
+        self.gathering = None;
+        let clients = first
+            .into_iter()
+            .map(|(line, frames)| {
+                let mut buf: Vec<u8> = frames.iter().flat_map(|f| f.encode()).collect();
+                buf.extend(line.buf);
+                (line.stream, buf)
+            })
+            .collect();
+        let t = crate::watch::Takeover {
+            size: self.s.size,
+            rank: me,
+            lost,
+            dead,
+            standby: sb,
+            secret: self.s.secret,
+            timeout: self.s.timeout,
+            spawn_root: self.s.spawn_root,
+            clients,
+        };
+        if let Err(e) = t.spawn(listener) {
+            ccl_warn!(Some(me), "monitor: cannot take the job's monitor over: {e}");
+            return false;
+        }
+        // This rank reports to the monitor it runs like every other rank.
+        match self.rejoin(me, addr, &[]) {
+            Some(Ok(line)) => {
+                self.switch_up(line, me, addr);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A new monitor line to `addr`, on which this rank has said who it is.
@@ -427,6 +617,7 @@ impl Relay {
             }
         }
         let now = Instant::now();
+        let mut rejoins = Vec::new();
         for (mut line, by) in std::mem::take(&mut self.joiners) {
             let (frames, closed) = line.read();
             let Some(first) = frames.first() else {
@@ -436,6 +627,22 @@ impl Relay {
                 continue;
             };
             let me = self.s.rank;
+            if let Some(j) = wire::Rejoin::decode(first) {
+                if ccl_core::transport::handshake::secrets_equal(&j.secret, &self.s.secret)
+                    && !self.leaving
+                {
+                    // Only a rank of this job whose root's line closed asks this: the root's
+                    // process died.
+                    rejoins.push((line, frames));
+                } else {
+                    ccl_warn!(
+                        Some(me),
+                        "monitor: refused a takeover request from rank {} (not this job's secret, or this rank is leaving)",
+                        j.rank
+                    );
+                }
+                continue;
+            }
             match wire::read_join(first) {
                 Some((secret, r))
                     if ccl_core::transport::handshake::secrets_equal(&secret, &self.s.secret)
@@ -461,6 +668,12 @@ impl Relay {
                     "monitor: dropped a line that is not one of this hub's ranks with the job's secret"
                 ),
             }
+        }
+        if !rejoins.is_empty() && !self.take_over(rejoins) {
+            ccl_warn!(
+                Some(self.s.rank),
+                "monitor: asked to take over the job's monitor, but cannot"
+            );
         }
     }
 
@@ -530,11 +743,24 @@ mod tests {
 
     /// [`job`], with each rank `r` describing itself as `state(r)`.
     fn job_with(n: usize, f: usize, state: States) -> (UniqueId, Vec<Monitor>, Vec<Asked>) {
+        job_opts(n, f, state, false)
+    }
+
+    /// With `remote`, the root counts as running in a process of its own.
+    fn job_opts(
+        n: usize,
+        f: usize,
+        state: States,
+        remote: bool,
+    ) -> (UniqueId, Vec<Monitor>, Vec<Asked>) {
         let c = Config {
             timeout: Duration::from_secs(20),
             ..Config::default()
         };
         let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
+        if remote {
+            crate::hooks::set_remote(id.root_addr());
+        }
         let hs: Vec<_> = (0..n)
             .map(|r| {
                 let id = id.clone();
@@ -578,6 +804,72 @@ mod tests {
     /// 13 ranks with fan-out 3 make three levels: 0 and 9 report to the root; 3 and 6 to 0,
     /// 12 to 9; 4 and 5 to 3, and so on. Frames cross every level both ways, a dead hub's
     /// ranks join the root and stay watched, and deaths are named however a rank reported.
+    /// Every monitor of `ms` shrinks at once (`exclude` nothing) and commits: the members.
+    fn shrink_all(ms: &[&Monitor], n: usize) -> Vec<Vec<usize>> {
+        let by = Instant::now() + Duration::from_secs(30);
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = ms
+                .iter()
+                .map(|m| {
+                    sc.spawn(move || loop {
+                        let d = m.shrink(&[], n, by).unwrap();
+                        if m.formed(true, by).unwrap() {
+                            return d.members;
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_standby_takes_the_monitor_over_when_the_root_dies_twice() {
+        // Five ranks with fan-out 2: ranks 0 and 2 are hubs, rank 4 is below rank 0 and
+        // below rank 2... the takeover makes the tree a star.
+        let n = 5;
+        let state: States = std::sync::Arc::new(|r| {
+            diag::encode(&RankView::absent(r, "test", 1, Presence::Answered))
+        });
+        let (id, mut ms, _) = job_opts(n, 2, state, true);
+        until("every rank knows the standbys", || {
+            ms.iter().all(|m| m.standby().is_some())
+        });
+        let sb = ms[0].standby().unwrap();
+        assert_eq!(
+            sb.ranks.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 4]
+        );
+        assert!(sb.with_root.is_empty());
+
+        crate::hooks::kill(id.root_addr());
+        until("every rank follows rank 0's monitor", || {
+            ms.iter().all(|m| m.moved_to() == Some(0))
+        });
+        assert!(ms.iter().all(|m| !m.root_gone() && m.hub().is_none()));
+        let refs: Vec<&Monitor> = ms.iter().collect();
+        for members in shrink_all(&refs, n) {
+            assert_eq!(members, vec![0, 1, 2, 3, 4]);
+        }
+
+        // Now rank 0's process dies, with the monitor it took over.
+        crate::hooks::kill(ms[0].root());
+        ms.remove(0).vanish();
+        until("the survivors follow rank 1's monitor", || {
+            ms.iter().all(|m| m.moved_to() == Some(1))
+        });
+        for m in &ms {
+            let n0 = m.wait(Duration::from_secs(20)).expect("a notice of rank 0's death");
+            assert_eq!(n0.rank, 0, "{n0:?}");
+            assert!(n0.died);
+            assert_eq!(m.failed_ranks(), vec![0]);
+        }
+        let refs: Vec<&Monitor> = ms.iter().collect();
+        for members in shrink_all(&refs, n) {
+            assert_eq!(members, vec![1, 2, 3, 4]);
+        }
+    }
+
     #[test]
     fn a_tree_of_hubs_watches_the_job_and_survives_a_hub() {
         let (id, mut ms, asked) = job(13, 3);
@@ -780,16 +1072,16 @@ mod tests {
                     ring_view(r, n, 0, 0)
                 }
             };
-            let (_id, ms, _) = job_with(n, f, std::sync::Arc::new(state));
+            let (id, ms, _) = job_with(n, f, std::sync::Arc::new(state));
             let tree = crate::tree::Tree::new(n, f);
             until("every rank reports through its hub", || {
                 ms.iter()
                     .enumerate()
                     .all(|(r, m)| m.hub() == tree.parent(r))
             });
-            let before = crate::state_bytes();
+            let before = crate::state_bytes(id.root_addr());
             let v = verdict_after_report(&ms, 0);
-            let took = crate::state_bytes() - before;
+            let took = crate::state_bytes(id.root_addr()) - before;
             assert!(v.contains(&format!("stuck behind rank {silent} (")), "{v}");
             eprintln!(
                 "{n} ranks, fan-out {f}: the root took {took} bytes of state for the verdict"

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -31,9 +31,23 @@ pub(crate) struct Shared {
     /// This rank's line up the monitor tree (to the root, or to its hub).
     pub(crate) writer: Mutex<TcpStream>,
     pub(crate) rank: usize,
-    pub(crate) root: SocketAddr,
+    pub(crate) size: usize,
+    /// Where the job's monitor runs: the root, or the standby rank that took it over.
+    pub(crate) root: Mutex<SocketAddr>,
     pub(crate) secret: [u8; 32],
+    pub(crate) timeout: Duration,
     pub(crate) tree: Tree,
+    /// Where the monitor moves when the root's process dies, once the root has said.
+    pub(crate) standby: Mutex<Option<wire::Standby>>,
+    /// The rank whose process runs the monitor since the last takeover (`usize::MAX`: the
+    /// first root's).
+    pub(crate) moved_to: AtomicUsize,
+    /// Takeovers this rank has followed: an answer awaited from an earlier root never comes.
+    pub(crate) epoch: AtomicU32,
+    /// Shrink rounds decided by the current root (each root counts from 0).
+    pub(crate) shrink_round: AtomicU32,
+    /// Starts a root for a shrunk communicator beside a monitor this rank takes over.
+    pub(crate) spawn_root: crate::recovery::SpawnRoot,
     pub(crate) notices: Mutex<VecDeque<Notice>>,
     /// Readable once a notice arrived or the root's connection closed.
     pub(crate) wake: EventFd,
@@ -152,6 +166,10 @@ impl Shared {
                 drop(r);
                 let _ = self.wake.write(1);
             }
+            FrameKind::Standby => match wire::Standby::decode(&f.payload, self.size) {
+                Ok(sb) => *self.standby.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb),
+                Err(e) => ccl_warn!(Some(self.rank), "monitor: {e}"),
+            },
             FrameKind::Shrunk | FrameKind::Commit => {
                 self.recovery().answers.push_back(f);
                 let _ = self.wake.write(1);
@@ -176,6 +194,17 @@ impl Shared {
                 None
             }
         }
+    }
+
+    /// Where the job's monitor runs now.
+    pub(crate) fn root(&self) -> SocketAddr {
+        *self.root.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ranks the root said died.
+    pub(crate) fn dead(&self) -> Vec<usize> {
+        let n = self.notices.lock().unwrap_or_else(|p| p.into_inner());
+        n.iter().filter(|n| n.died).map(|n| n.rank).collect()
     }
 
     pub(crate) fn recovery(&self) -> std::sync::MutexGuard<'_, Recovery> {

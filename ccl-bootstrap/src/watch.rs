@@ -22,7 +22,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use crate::LOG_SUBSYS;
 use crate::tree::Tree;
 use crate::wire::{self, Frame, FrameKind, Notice};
-use ccl_core::{ccl_trace, ccl_warn};
+use ccl_core::{ccl_info, ccl_trace, ccl_warn};
 use ccl_diag::digest::{Digest, Ranges};
 use ccl_diag::verdict::{self as diag, Presence, RankView};
 
@@ -43,13 +43,23 @@ const MAX_CLIENTS: usize = 1024;
 const ADOPT_GRACE: Duration = Duration::from_secs(10);
 
 static SETTLED_LINES: AtomicUsize = AtomicUsize::new(0);
-static STATE_BYTES: AtomicUsize = AtomicUsize::new(0);
+static STATE_BYTES: std::sync::Mutex<Vec<(SocketAddr, usize)>> = std::sync::Mutex::new(Vec::new());
 
-/// Bytes of rank state (views and digests) the roots of this process have taken in for
-/// verdicts and live queries: with the monitor a tree, a verdict's share does not grow with
-/// the ranks.
-pub fn state_bytes() -> usize {
-    STATE_BYTES.load(Ordering::Relaxed)
+/// Bytes of rank state (views and digests) the root at `root`, in this process, has taken in
+/// for verdicts and live queries: with the monitor a tree, a verdict's share does not grow
+/// with the ranks.
+pub fn state_bytes(root: SocketAddr) -> usize {
+    let all = STATE_BYTES.lock().unwrap_or_else(|p| p.into_inner());
+    all.iter().find(|(a, _)| *a == root).map_or(0, |(_, b)| *b)
+}
+
+/// Counts `bytes` of rank state taken in by the root at `root`.
+fn count_state(root: SocketAddr, bytes: usize) {
+    let mut all = STATE_BYTES.lock().unwrap_or_else(|p| p.into_inner());
+    match all.iter_mut().find(|(a, _)| *a == root) {
+        Some((_, b)) => *b += bytes,
+        None => all.push((root, bytes)),
+    }
 }
 
 /// The most monitor connections a root of this process held once the ranks had moved to their
@@ -77,6 +87,26 @@ struct Watched {
     lost_hub: usize,
     /// Frames for it that had no way to it (a hub above it had died): sent once it joins.
     undelivered: Vec<Frame>,
+    /// Why it is gone, when the root knows better than "its line closed".
+    why: Option<String>,
+}
+
+impl Watched {
+    fn new(host: String, pid: u32, link: Option<usize>) -> Watched {
+        Watched {
+            frames: VecDeque::new(),
+            open: true,
+            quiet: false,
+            left: false,
+            host,
+            pid,
+            link,
+            orphaned: None,
+            lost_hub: 0,
+            undelivered: Vec::new(),
+            why: None,
+        }
+    }
 }
 
 /// A line the root holds: a rank's own, which carries the frames of the ranks below it too.
@@ -125,6 +155,62 @@ struct Client {
     by: Instant,
 }
 
+/// How many ranks the root names as standbys: each death of the monitor's process moves it to
+/// the next one alive.
+const STANDBYS: usize = 8;
+
+/// The first [`STANDBYS`] ranks that listen and run outside this process, and the ranks that
+/// run in it (they die with the root).
+fn standby_list(
+    ranks: &[Watched],
+    listens: &[Option<SocketAddr>],
+    root: SocketAddr,
+) -> wire::Standby {
+    let (me, host) = (std::process::id(), ccl_core::log::hostname());
+    #[cfg(test)]
+    let me = if crate::hooks::remote(root) { 0 } else { me };
+    #[cfg(not(test))]
+    let _ = root;
+    let here = |w: &Watched| w.pid == me && w.host == host;
+    wire::Standby {
+        ranks: (0..ranks.len())
+            .filter(|&r| !here(&ranks[r]))
+            .filter_map(|r| listens[r].map(|a| (r, a)))
+            .take(STANDBYS)
+            .collect(),
+        with_root: (0..ranks.len()).filter(|&r| here(&ranks[r])).collect(),
+    }
+}
+
+/// A rank taking the job's monitor over after the root's process died (see `relay`).
+pub(crate) struct Takeover {
+    pub(crate) size: usize,
+    /// The rank taking over.
+    pub(crate) rank: usize,
+    /// The ranks that died with the monitor's process: named dead at once.
+    pub(crate) lost: Vec<usize>,
+    /// The ranks the old monitor had named dead already.
+    pub(crate) dead: Vec<usize>,
+    pub(crate) standby: wire::Standby,
+    pub(crate) secret: [u8; 32],
+    pub(crate) timeout: Duration,
+    pub(crate) spawn_root: crate::recovery::SpawnRoot,
+    /// Lines of ranks that asked already, with what they sent.
+    pub(crate) clients: Vec<(TcpStream, Vec<u8>)>,
+}
+
+impl Takeover {
+    /// Runs the job's monitor on `listener`, on a thread of its own, until every rank has gone.
+    pub(crate) fn spawn(self, listener: TcpListener) -> std::io::Result<()> {
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        std::thread::Builder::new()
+            .name("ccl-monitor-root".into())
+            .spawn(move || Watch::took_over(self, &listener, addr).run())?;
+        Ok(())
+    }
+}
+
 /// The root's watch over a job: `streams` are the ranks' connections with what each said of
 /// itself when it asked to be watched.
 pub(super) struct Watch<'a> {
@@ -147,6 +233,12 @@ pub(super) struct Watch<'a> {
     query_id: u32,
     /// Revocation and the shrink rounds ([`super::recovery`]).
     recovery: crate::recovery::Recovery,
+    /// Where the monitor moves if this process dies.
+    standby: wire::Standby,
+    /// How long ranks cut off from the monitor have to join it before they are named dead.
+    adopt_grace: Duration,
+    /// The rank that took this monitor over from a root that died, if it did.
+    took_over: Option<usize>,
 }
 
 impl<'a> Watch<'a> {
@@ -173,19 +265,9 @@ impl<'a> Watch<'a> {
                 link.attached = true;
             }
             links.push(link);
-            ranks.push(Watched {
-                frames: VecDeque::new(),
-                open: true,
-                quiet: false,
-                left: false,
-                host: who.host,
-                pid: who.pid,
-                link: Some(r),
-                orphaned: None,
-                lost_hub: 0,
-                undelivered: Vec::new(),
-            });
+            ranks.push(Watched::new(who.host, who.pid, Some(r)));
         }
+        let standby = standby_list(&ranks, &listens, addr);
         let mut w = Watch {
             ranks,
             links,
@@ -200,10 +282,94 @@ impl<'a> Watch<'a> {
             recent: None,
             query_id: 0,
             recovery: crate::recovery::Recovery::new(n, addr, timeout, spawn_root),
+            standby,
+            adopt_grace: ADOPT_GRACE,
+            took_over: None,
         };
         // A star is settled from the start.
         w.settle();
+        let f = w.standby.encode();
+        w.broadcast(&f);
         w
+    }
+
+    /// The watch of a rank that takes the monitor over: every rank starts cut off and joins it
+    /// (the tree becomes a star); those that do not within the timeout (at most
+    /// [`ADOPT_GRACE`]) are named dead.
+    fn took_over(t: Takeover, listener: &'a TcpListener, addr: SocketAddr) -> Watch<'a> {
+        let n = t.size;
+        let now = Instant::now();
+        let mut ranks: Vec<Watched> = (0..n)
+            .map(|_| {
+                let mut w = Watched::new(String::new(), 0, None);
+                w.orphaned = Some(now);
+                w.lost_hub = usize::MAX;
+                w
+            })
+            .collect();
+        for &d in t.dead.iter().filter(|&&d| d < n) {
+            ranks[d].open = false;
+            ranks[d].quiet = true;
+        }
+        let why = format!(
+            "its process, which ran the job's monitor, ended (rank {} runs the monitor now)",
+            t.rank
+        );
+        for &d in t.lost.iter().filter(|&&d| d < n) {
+            ranks[d].open = false;
+            ranks[d].quiet = false;
+            ranks[d].why = Some(why.clone());
+        }
+        let gone = |r: &usize| t.lost.contains(r) || t.dead.contains(r);
+        let standby = wire::Standby {
+            ranks: t.standby.ranks.iter().filter(|(r, _)| !gone(r)).copied().collect(),
+            with_root: vec![t.rank],
+        };
+        let culprit = t.lost.first().copied();
+        let verdict = match culprit {
+            Some(d) => format!(
+                "rank {d} died, and the job's monitor, which ran in its process, with it; rank {} took the monitor over",
+                t.rank
+            ),
+            None => format!("the job's monitor moved to rank {}", t.rank),
+        };
+        let clients = t
+            .clients
+            .into_iter()
+            .filter_map(|(stream, buf)| {
+                let from = stream.peer_addr().ok()?;
+                let _ = stream.set_nonblocking(true);
+                Some(Client {
+                    stream,
+                    from,
+                    buf,
+                    by: now + CLIENT_GRACE,
+                })
+            })
+            .collect();
+        ccl_info!(
+            None,
+            "bootstrap: rank {} took the job's monitor over at {addr} (the root's process died)",
+            t.rank
+        );
+        Watch {
+            ranks,
+            links: Vec::new(),
+            tree: Tree::new(n, n),
+            settled: true,
+            told: Vec::new(),
+            listener,
+            secret: t.secret,
+            addr,
+            clients,
+            verdict: Some((verdict, culprit)),
+            recent: None,
+            query_id: 0,
+            recovery: crate::recovery::Recovery::new(n, addr, t.timeout, t.spawn_root),
+            standby,
+            adopt_grace: ADOPT_GRACE.min(t.timeout),
+            took_over: Some(t.rank),
+        }
     }
 
     /// Reads every line the root holds and sorts what arrived by rank: frames into each rank's
@@ -266,7 +432,8 @@ impl<'a> Watch<'a> {
         let now = Instant::now();
         for r in 0..self.ranks.len() {
             let w = &mut self.ranks[r];
-            if w.open && w.link.is_none() && w.orphaned.is_some_and(|t| now - t >= ADOPT_GRACE) {
+            if w.open && w.link.is_none() && w.orphaned.is_some_and(|t| now - t >= self.adopt_grace)
+            {
                 w.open = false;
             }
         }
@@ -353,6 +520,10 @@ impl<'a> Watch<'a> {
     /// Runs until every rank has gone.
     pub(super) fn run(mut self) {
         while self.ranks.iter().any(|w| w.open) {
+            #[cfg(test)]
+            if crate::hooks::killed(self.addr) {
+                return;
+            }
             self.sleep();
             self.pump();
             // Also the ranks found closed while gathering states.
@@ -366,12 +537,18 @@ impl<'a> Watch<'a> {
             for (r, w) in self.ranks.iter_mut().enumerate() {
                 if !w.open && !w.quiet {
                     w.quiet = true;
-                    let message = match w.orphaned {
-                        Some(_) if w.link.is_none() => format!(
-                            "the job's monitor lost it: its hub, rank {}, died, and it did not join the rendezvous itself within {ADOPT_GRACE:?} (its process ended too, or cannot reach the rendezvous)",
+                    let grace = self.adopt_grace;
+                    let message = match (&w.why, w.orphaned) {
+                        (Some(why), _) => why.clone(),
+                        (None, Some(_)) if w.link.is_none() && w.lost_hub == usize::MAX => format!(
+                            "it did not join the job's monitor within {grace:?} after the root's process died (rank {} took the monitor over; this rank's process ended too, or cannot reach it)",
+                            self.took_over.unwrap_or(usize::MAX)
+                        ),
+                        (None, Some(_)) if w.link.is_none() => format!(
+                            "the job's monitor lost it: its hub, rank {}, died, and it did not join the rendezvous itself within {grace:?} (its process ended too, or cannot reach the rendezvous)",
                             w.lost_hub
                         ),
-                        _ => "its connection to the rendezvous closed without a goodbye (the process exited, crashed or was killed)".into(),
+                        (None, _) => "its connection to the rendezvous closed without a goodbye (the process exited, crashed or was killed)".into(),
                     };
                     notices.push(Notice {
                         rank: r,
@@ -625,7 +802,7 @@ impl<'a> Watch<'a> {
                     continue;
                 }
                 for f in self.pick(r, &|f| f.kind == FrameKind::DigestReply) {
-                    STATE_BYTES.fetch_add(f.payload.len(), Ordering::Relaxed);
+                    count_state(self.addr, f.payload.len());
                     let merged = wire::read_digest_reply(&f.payload).and_then(|(got, d)| {
                         if got != id || !acc.covers.disjoint(&d.covers) {
                             // An older query's, or a rank that answered on its first line and
@@ -702,7 +879,7 @@ impl<'a> Watch<'a> {
                     continue;
                 }
                 for f in self.pick(r, &|f| f.kind == FrameKind::StateReply) {
-                    STATE_BYTES.fetch_add(f.payload.len(), Ordering::Relaxed);
+                    count_state(self.addr, f.payload.len());
                     if f.payload.get(..4) != Some(&tag) {
                         continue;
                     }
@@ -738,7 +915,12 @@ impl<'a> Watch<'a> {
     /// Takes the line of a rank whose hub died (or left) as that rank's own, if it presents the
     /// job's secret and the rank is still watched.
     fn adopt(&mut self, c: Client, join: &Frame, after: Vec<Frame>) {
-        let r = match wire::read_join(join) {
+        let rejoin = wire::Rejoin::decode(join);
+        let joined = match &rejoin {
+            Some(j) => Some((j.secret, j.rank)),
+            None => wire::read_join(join),
+        };
+        let r = match joined {
             Some((secret, r))
                 if ccl_core::transport::handshake::secrets_equal(&secret, &self.secret)
                     && r < self.ranks.len()
@@ -756,6 +938,19 @@ impl<'a> Watch<'a> {
                 return;
             }
         };
+        if let Some(j) = rejoin {
+            self.ranks[r].host = j.host;
+            self.ranks[r].pid = j.pid;
+            // The root that died had named them; the ranks have heard already.
+            let n = self.ranks.len();
+            for d in j.dead.into_iter().filter(|&d| d < n && d != r) {
+                let w = &mut self.ranks[d];
+                if w.open && w.link.is_none() {
+                    w.open = false;
+                    w.quiet = true;
+                }
+            }
+        }
         ccl_trace!(
             None,
             "bootstrap root {}: rank {r} reports here directly now",
@@ -771,10 +966,8 @@ impl<'a> Watch<'a> {
         w.frames.extend(after);
         // What its hub may have taken with it (a rank ignores a notice it already has), and
         // what had no way to it.
-        let missed: Vec<Frame> = self
-            .told
-            .iter()
-            .cloned()
+        let missed: Vec<Frame> = std::iter::once(self.standby.encode())
+            .chain(self.told.iter().cloned())
             .chain(std::mem::take(&mut self.ranks[r].undelivered))
             .collect();
         for f in &missed {
@@ -833,7 +1026,7 @@ impl<'a> Watch<'a> {
                 continue;
             };
             let c = self.clients.swap_remove(i);
-            if frame.kind == FrameKind::Join {
+            if matches!(frame.kind, FrameKind::Join | FrameKind::Rejoin) {
                 self.adopt(c, &frame, frames.collect());
                 continue;
             }

@@ -116,6 +116,12 @@ pub enum FrameKind {
     /// Towards the root: `[u32 query id]` and a [`ccl_diag::digest::Digest`] (JSON) of the
     /// sender's view and of those of the ranks below it that answered in time.
     DigestReply = 37,
+    /// Root to every rank: where the job's monitor moves if the root's process dies (a
+    /// [`Standby`]).
+    Standby = 38,
+    /// A rank to a standby rank, once the root's line closed (a [`Rejoin`]): the root is gone,
+    /// take over the monitor.
+    Rejoin = 39,
 }
 
 impl FrameKind {
@@ -152,6 +158,8 @@ impl FrameKind {
             35 => FrameKind::Gone,
             36 => FrameKind::DigestQuery,
             37 => FrameKind::DigestReply,
+            38 => FrameKind::Standby,
+            39 => FrameKind::Rejoin,
             _ => return None,
         })
     }
@@ -625,6 +633,100 @@ pub fn read_join(f: &Frame) -> Option<([u8; 32], usize)> {
     Some((secret, rank_of(&f.payload[32..])?))
 }
 
+/// Where the job's monitor goes when the root's process dies: the ranks that take it over, in
+/// order, and the ranks that die with the root (they run in its process).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Standby {
+    /// Ranks outside the root's process that listen for the others, lowest first, and where.
+    pub ranks: Vec<(usize, SocketAddr)>,
+    pub with_root: Vec<usize>,
+}
+
+impl Standby {
+    /// `[u32 k]` then per rank `[u32 rank][u8 addr length][addr]`, then `[u32 m][u32 rank]*m`.
+    pub fn encode(&self) -> Frame {
+        let mut p = (self.ranks.len() as u32).to_le_bytes().to_vec();
+        for (r, a) in &self.ranks {
+            let a = encode_addr(*a);
+            p.extend_from_slice(&(*r as u32).to_le_bytes());
+            p.push(a.len() as u8);
+            p.extend_from_slice(&a);
+        }
+        put_ranks(&mut p, &self.with_root);
+        Frame::new(FrameKind::Standby, p)
+    }
+
+    /// Reads [`Standby::encode`]'s payload; ranks must be below `size`.
+    pub fn decode(p: &[u8], size: usize) -> Result<Standby> {
+        let bad = || Error::remote("malformed standby list");
+        let (k, mut rest) = p.split_first_chunk::<4>().ok_or_else(bad)?;
+        let k = u32::from_le_bytes(*k) as usize;
+        if k > size {
+            return Err(bad());
+        }
+        let mut ranks = Vec::with_capacity(k);
+        for _ in 0..k {
+            let (r, more) = rest.split_first_chunk::<4>().ok_or_else(bad)?;
+            let (&alen, more) = more.split_first().ok_or_else(bad)?;
+            let a = more.get(..alen as usize).ok_or_else(bad)?;
+            let r = u32::from_le_bytes(*r) as usize;
+            if r >= size {
+                return Err(bad());
+            }
+            ranks.push((r, decode_addr(a).ok_or_else(bad)?));
+            rest = &more[alen as usize..];
+        }
+        let mut off = 0;
+        let with_root = take_ranks(rest, &mut off, size).map_err(|_| bad())?;
+        if off != rest.len() {
+            return Err(bad());
+        }
+        Ok(Standby { ranks, with_root })
+    }
+}
+
+/// A rank joining the standby that takes over the monitor after the root's process died.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejoin {
+    pub secret: [u8; 32],
+    pub rank: usize,
+    pub pid: u32,
+    /// Ranks this rank knows died (the root told it, or they ran in the root's process).
+    pub dead: Vec<usize>,
+    pub host: String,
+}
+
+impl Rejoin {
+    /// `[secret][u32 rank][u32 pid][u32 n][u32 rank]*n[host]`.
+    pub fn encode(&self) -> Frame {
+        let mut p = self.secret.to_vec();
+        p.extend_from_slice(&(self.rank as u32).to_le_bytes());
+        p.extend_from_slice(&self.pid.to_le_bytes());
+        put_ranks(&mut p, &self.dead);
+        p.extend_from_slice(self.host.as_bytes());
+        Frame::new(FrameKind::Rejoin, p)
+    }
+
+    /// Reads a [`Rejoin::encode`]d frame; `None` for anything else.
+    pub fn decode(f: &Frame) -> Option<Rejoin> {
+        if f.kind != FrameKind::Rejoin {
+            return None;
+        }
+        let (secret, rest) = f.payload.split_first_chunk::<32>()?;
+        let (rank, rest) = rest.split_first_chunk::<4>()?;
+        let (pid, rest) = rest.split_first_chunk::<4>()?;
+        let mut off = 0;
+        let dead = take_ranks(rest, &mut off, crate::rendezvous::MAX_RANKS).ok()?;
+        Some(Rejoin {
+            secret: *secret,
+            rank: u32::from_le_bytes(*rank) as usize,
+            pid: u32::from_le_bytes(*pid),
+            dead,
+            host: String::from_utf8_lossy(&rest[off..]).into_owned(),
+        })
+    }
+}
+
 const QUERY_MAGIC: [u8; 8] = *b"CCLLIVE1";
 
 /// A live client's request: `[magic][secret]`.
@@ -783,6 +885,41 @@ mod tests {
                 "cut at {cut}"
             );
         }
+    }
+
+    #[test]
+    fn failover_frames_round_trip() {
+        let s = Standby {
+            ranks: vec![
+                (1, "10.0.0.2:4000".parse().unwrap()),
+                (5, "[::1]:7".parse().unwrap()),
+            ],
+            with_root: vec![0, 2],
+        };
+        let f = s.encode();
+        assert_eq!(Standby::decode(&f.payload, 6).unwrap(), s);
+        // A rank beyond the job, a cut or a trailing byte is an error, never a panic.
+        assert!(Standby::decode(&f.payload, 5).is_err());
+        for cut in 0..f.payload.len() {
+            assert!(Standby::decode(&f.payload[..cut], 6).is_err(), "cut at {cut}");
+        }
+        let mut long = f.payload.clone();
+        long.push(0);
+        assert!(Standby::decode(&long, 6).is_err());
+        let j = Rejoin {
+            secret: [7; 32],
+            rank: 3,
+            pid: 99,
+            dead: vec![0, 4],
+            host: "node-1".into(),
+        };
+        let f = j.encode();
+        assert_eq!(Rejoin::decode(&f), Some(j));
+        for cut in 0..44 {
+            let g = Frame::new(FrameKind::Rejoin, f.payload[..cut].to_vec());
+            assert_eq!(Rejoin::decode(&g), None, "cut at {cut}");
+        }
+        assert_eq!(Rejoin::decode(&Frame::new(FrameKind::Join, f.payload)), None);
     }
 
     #[test]

@@ -108,8 +108,6 @@ pub(crate) struct Peers {
     /// lock round trip.
     failed: AtomicBool,
     seq: AtomicU64,
-    /// Shrink rounds the root has decided that this rank has seen.
-    shrink_round: std::sync::atomic::AtomicU32,
     /// The last operation an early warning was asked for (so each warns once).
     warned_seq: AtomicU64,
     /// When the slow-rank report was last logged.

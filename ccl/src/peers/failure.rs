@@ -111,9 +111,7 @@ impl Peers {
             )
             .rank(self.rank));
         };
-        let round = self.shrink_round.load(Ordering::Acquire);
-        let d = m.shrink(round, exclude, self.size, deadline)?;
-        self.shrink_round.store(d.round, Ordering::Release);
+        let d = m.shrink(exclude, self.size, deadline)?;
 
         let id = ccl_bootstrap::UniqueId::from_bytes(&d.id).map_err(|e| {
             Error::remote(format!(
@@ -142,6 +140,8 @@ impl Peers {
             return first;
         }
         let Some(m) = &self.monitor else { return e };
+        // The rank whose process runs the monitor: the first root's, or the one that took over.
+        let root_host = m.moved_to().or(self.root_host);
         // A timeout is this rank's own failure: the monitor needs it to start the verdict.
         let reported = e.kind() == ErrorKind::Timeout;
         if reported {
@@ -194,8 +194,8 @@ impl Peers {
                 .peer(first.peer_id().unwrap_or(n.rank))
             }
             // No notice can come when the root itself went: then the rank running it ended.
-            None if m.root_gone() && self.root_host.is_some_and(|h| h != self.rank) => {
-                let h = self.root_host.expect("checked");
+            None if m.root_gone() && root_host.is_some_and(|h| h != self.rank) => {
+                let h = root_host.expect("checked");
                 Error::remote(format!(
                     "verdict: the job is stuck behind {}, which died (its process ended: the job's rendezvous, which it ran, closed); seen here as: {}",
                     self.who(h),
@@ -207,7 +207,7 @@ impl Peers {
             // Through a hub of the monitor tree, silence has two suspects.
             None if reported && m.acks() == acks && m.hub().is_some() => {
                 let h = m.hub().expect("checked");
-                let root = self.root_host.map_or_else(
+                let root = root_host.map_or_else(
                     || format!("at {}", m.root()),
                     |r| format!("in {}'s process", self.who(r)),
                 );
@@ -227,9 +227,9 @@ impl Peers {
             // cleanly (it said goodbye) gives the root no failure to announce.
             None if reported
                 && m.acks() == acks
-                && self.root_host.is_some_and(|h| h != self.rank) =>
+                && root_host.is_some_and(|h| h != self.rank) =>
             {
-                let h = self.root_host.expect("checked");
+                let h = root_host.expect("checked");
                 Error::new(
                     e.kind(),
                     format!(
@@ -253,7 +253,7 @@ impl Peers {
         let m = self.monitor.as_ref().ok_or_else(|| {
             Error::internal("a shrink's outcome without a rendezvous").rank(self.rank)
         })?;
-        m.formed(self.shrink_round.load(Ordering::Acquire), ok, deadline)
+        m.formed(ok, deadline)
     }
 
     /// `rank R (host:pid)`.

@@ -503,7 +503,6 @@ impl Peers {
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
             seq: AtomicU64::new(0),
-            shrink_round: std::sync::atomic::AtomicU32::new(0),
             warned_seq: AtomicU64::new(0),
             slow_logged: Mutex::new(None),
             init: InitTimings::default(),
