@@ -89,7 +89,8 @@ impl Bootstrap {
             standby: Mutex::new(None),
             moved_to: AtomicUsize::new(usize::MAX),
             epoch: AtomicU32::new(0),
-            shrink_round: AtomicU32::new(0),
+            shrink_round: Mutex::new((0, 0)),
+            roster: OnceLock::new(),
             spawn_root: crate::rendezvous::Root::spawn_with,
             notices: Mutex::new(VecDeque::new()),
             wake: efd()?,
@@ -131,6 +132,15 @@ impl Monitor {
     /// ignored). Until it is set the rank does not answer.
     pub fn set_state_source(&self, f: StateSource) {
         let _ = self.shared.state.set(f);
+    }
+
+    /// Gives every rank's host name and process id (once; later calls are ignored): when this
+    /// rank takes the job's monitor over, a rank of its host whose process has ended is named
+    /// dead at once instead of after the timeout.
+    pub fn set_roster(&self, ranks: Vec<(String, u32)>) {
+        if ranks.len() == self.shared.size {
+            let _ = self.shared.roster.set(ranks);
+        }
     }
 
     /// Sets what to do with each failure notice as it arrives, on the monitor thread, before
@@ -226,11 +236,11 @@ impl Monitor {
         loop {
             let epoch = self.shared.epoch.load(Ordering::Acquire);
             let req = wire::ShrinkRequest {
-                round: self.shared.shrink_round.load(Ordering::Acquire),
+                round: self.shared.round(),
                 exclude: exclude.to_vec(),
             };
             self.shared.send(&req.encode());
-            let Some(f) = self.answer(epoch, deadline)? else {
+            let Some((at, f)) = self.answer(epoch, deadline)? else {
                 continue;
             };
             if f.kind != FrameKind::Shrunk {
@@ -242,7 +252,11 @@ impl Monitor {
             }
             let d = wire::ShrinkDecision::decode(&f.payload, size)
                 .map_err(|e| e.rank(self.shared.rank))?;
-            self.shared.shrink_round.store(d.round, Ordering::Release);
+            *self
+                .shared
+                .shrink_round
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = (at, d.round);
             return Ok(d);
         }
     }
@@ -251,11 +265,18 @@ impl Monitor {
     /// formed, and waits until `deadline` for whether every member's did (then it may be used).
     /// A root that died before it said counts as "no": the members ask its successor again.
     pub fn formed(&self, ok: bool, deadline: Instant) -> Result<bool> {
-        let epoch = self.shared.epoch.load(Ordering::Acquire);
-        let round = self.shared.shrink_round.load(Ordering::Acquire);
+        let (at, round) = *self
+            .shared
+            .shrink_round
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if at != self.shared.epoch.load(Ordering::Acquire) {
+            // The root that decided the round died: its successor asks again.
+            return Ok(false);
+        }
         self.shared
             .send(&wire::round_flag(FrameKind::Formed, round, ok));
-        let Some(f) = self.answer(epoch, deadline)? else {
+        let Some((_, f)) = self.answer(at, deadline)? else {
             return Ok(false);
         };
         match (f.kind, wire::read_round_flag(&f.payload)) {
@@ -268,17 +289,26 @@ impl Monitor {
         }
     }
 
-    /// The root's next answer to a shrink request or outcome; an error frame is an error.
-    /// `None` when the monitor moved to another rank since `epoch` (the answer will not come).
-    fn answer(&self, epoch: u32, deadline: Instant) -> Result<Option<Frame>> {
+    /// The next answer to a shrink request or outcome from the root of `epoch`, with its
+    /// epoch; an error frame is an error. `None` when the monitor moved to another rank since
+    /// (the answer will not come). Answers of earlier roots are dropped; one that came before
+    /// its root died still counts (a commit some members may have acted on).
+    fn answer(&self, epoch: u32, deadline: Instant) -> Result<Option<(u32, Frame)>> {
         let rank = self.shared.rank;
         loop {
-            if let Some(f) = self.shared.recovery().answers.pop_front() {
+            let next = {
+                let mut r = self.shared.recovery();
+                while r.answers.front().is_some_and(|(e, _)| *e < epoch) {
+                    r.answers.pop_front();
+                }
+                r.answers.pop_front()
+            };
+            if let Some((at, f)) = next {
                 if f.kind == FrameKind::Error {
                     let msg = String::from_utf8_lossy(&f.payload).into_owned();
                     return Err(Error::new(ErrorKind::Revoked, msg).rank(rank));
                 }
-                return Ok(Some(f));
+                return Ok(Some((at, f)));
             }
             if self.shared.epoch.load(Ordering::Acquire) != epoch {
                 return Ok(None);

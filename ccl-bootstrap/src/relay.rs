@@ -79,6 +79,12 @@ impl Line {
     }
 }
 
+/// Whether connecting failed because nothing listens there any more (the process ended).
+fn refused(e: &ccl_core::Error) -> bool {
+    e.os_error()
+        .is_some_and(|o| o.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
 pub(crate) struct Relay {
     s: Arc<Shared>,
     /// The line up: to the root, or to this rank's hub.
@@ -413,7 +419,13 @@ impl Relay {
     /// rank then fails saying so, rather than some following one monitor and some another.
     fn failover(&mut self) -> bool {
         let me = self.s.rank;
-        let Some(sb) = self.s.standby.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+        let Some(sb) = self
+            .s
+            .standby
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
             return false;
         };
         // This rank's hub role ends: its ranks' lines close, and they fail over too.
@@ -474,22 +486,35 @@ impl Relay {
             dead: dead.to_vec(),
             host: ccl_core::log::hostname().to_string(),
         };
-        let by = Instant::now() + CONNECT_GRACE;
+        // Only a refused connection says the standby is gone; anything else (a full accept
+        // queue, a slow host) is tried again until the timeout.
+        let until = Instant::now() + self.s.timeout;
         let what = || format!("monitor: joining standby rank {c} at {addr}");
-        let mut s = match ccl_core::net::connect_to_listening(addr, by, &what)
-            .and_then(|mut s| {
+        let mut s = loop {
+            let by = (Instant::now() + CONNECT_GRACE).min(until);
+            let joined = ccl_core::net::connect_to_listening(addr, by, &what).and_then(|mut s| {
                 let _ = s.set_nodelay(true);
                 wire::write_frame(&mut s, &join.encode(), by)?;
                 Ok(s)
-            }) {
-            Ok(s) => s,
-            Err(e) => {
-                ccl_trace!(Some(me), "{e}");
-                return None;
+            });
+            match joined {
+                Ok(s) => break s,
+                Err(e) if refused(&e) => {
+                    ccl_trace!(Some(me), "{e}");
+                    return None;
+                }
+                Err(e) if Instant::now() >= until => {
+                    ccl_warn!(
+                        Some(me),
+                        "monitor: the job's root died and standby rank {c} could not be reached within {:?}: {e}",
+                        self.s.timeout
+                    );
+                    return Some(Err(()));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         };
         // The standby's first frame says it took this rank on.
-        let until = Instant::now() + self.s.timeout;
         let first = wire::read_frame(&mut s, until, &|| {
             format!("waiting for standby rank {c} at {addr} to take the job's monitor over")
         });
@@ -526,7 +551,6 @@ impl Relay {
         self.s.hub.store(usize::MAX, Ordering::Release);
         *self.s.root.lock().unwrap_or_else(|p| p.into_inner()) = addr;
         self.s.moved_to.store(c, Ordering::Release);
-        self.s.shrink_round.store(0, Ordering::Release);
         self.s.epoch.fetch_add(1, Ordering::AcqRel);
         let _ = self.s.wake.write(1);
         ccl_info!(
@@ -556,8 +580,14 @@ impl Relay {
         self.children.clear();
         self.unjoined.clear();
         self.gathering = None;
+        // Lines to this listener that have not said who they are yet go to the monitor too:
+        // closing them would tell their ranks this one had died.
+        let pending = std::mem::take(&mut self.joiners)
+            .into_iter()
+            .map(|(line, _)| (line, Vec::new()));
         let clients = first
             .into_iter()
+            .chain(pending)
             .map(|(line, frames)| {
                 let mut buf: Vec<u8> = frames.iter().flat_map(|f| f.encode()).collect();
                 buf.extend(line.buf);
@@ -573,6 +603,7 @@ impl Relay {
             secret: self.s.secret,
             timeout: self.s.timeout,
             spawn_root: self.s.spawn_root,
+            roster: self.s.roster.get().cloned(),
             clients,
         };
         if let Err(e) = t.spawn(listener) {
@@ -811,10 +842,12 @@ mod tests {
             let hs: Vec<_> = ms
                 .iter()
                 .map(|m| {
-                    sc.spawn(move || loop {
-                        let d = m.shrink(&[], n, by).unwrap();
-                        if m.formed(true, by).unwrap() {
-                            return d.members;
+                    sc.spawn(move || {
+                        loop {
+                            let d = m.shrink(&[], n, by).unwrap();
+                            if m.formed(true, by).unwrap() {
+                                return d.members;
+                            }
                         }
                     })
                 })
@@ -859,7 +892,9 @@ mod tests {
             ms.iter().all(|m| m.moved_to() == Some(1))
         });
         for m in &ms {
-            let n0 = m.wait(Duration::from_secs(20)).expect("a notice of rank 0's death");
+            let n0 = m
+                .wait(Duration::from_secs(20))
+                .expect("a notice of rank 0's death");
             assert_eq!(n0.rank, 0, "{n0:?}");
             assert!(n0.died);
             assert_eq!(m.failed_ranks(), vec![0]);

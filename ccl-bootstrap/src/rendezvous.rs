@@ -552,14 +552,41 @@ impl Bootstrap {
         size: usize,
         timeout: Duration,
     ) -> Result<Bootstrap> {
+        Bootstrap::connect_with(id, rank, size, timeout, false)
+    }
+
+    /// [`Bootstrap::connect`] to a root known to be listening already (a shrink's, started
+    /// before its id was sent): a refused connection means its process died, and fails at
+    /// once instead of being tried again until the timeout.
+    pub fn connect_running(
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+    ) -> Result<Bootstrap> {
+        Bootstrap::connect_with(id, rank, size, timeout, true)
+    }
+
+    fn connect_with(
+        id: &UniqueId,
+        rank: usize,
+        size: usize,
+        timeout: Duration,
+        running: bool,
+    ) -> Result<Bootstrap> {
         check_rank(rank, size)?;
         let started = Instant::now();
         let root = id.root_addr();
         // Give the root's own deadline (which names the missing ranks) the chance to fire first.
         let deadline = Instant::now() + timeout + Duration::from_secs(2);
         let what = || format!("bootstrap: joining the rendezvous at {root}");
-        let mut stream =
-            net::connect_by(root, Instant::now() + timeout, &what).map_err(|e| e.rank(rank))?;
+        let by = Instant::now() + timeout;
+        let mut stream = if running {
+            net::connect_to_listening(root, by, &what)
+        } else {
+            net::connect_by(root, by, &what)
+        }
+        .map_err(|e| e.rank(rank))?;
         let _ = stream.set_nodelay(true);
         // The other ranks reach this one where it reached the root from.
         let listener = if size > 1 {

@@ -44,8 +44,12 @@ pub(crate) struct Shared {
     pub(crate) moved_to: AtomicUsize,
     /// Takeovers this rank has followed: an answer awaited from an earlier root never comes.
     pub(crate) epoch: AtomicU32,
-    /// Shrink rounds decided by the current root (each root counts from 0).
-    pub(crate) shrink_round: AtomicU32,
+    /// Shrink rounds decided by the root of an epoch (each root counts from 0): `(epoch,
+    /// rounds)`.
+    pub(crate) shrink_round: Mutex<(u32, u32)>,
+    /// Every rank's host and process id, when the communicator has said: a monitor taken over
+    /// names at once a rank of its own host whose process has ended.
+    pub(crate) roster: OnceLock<Vec<(String, u32)>>,
     /// Starts a root for a shrunk communicator beside a monitor this rank takes over.
     pub(crate) spawn_root: crate::recovery::SpawnRoot,
     pub(crate) notices: Mutex<VecDeque<Notice>>,
@@ -71,8 +75,9 @@ pub(crate) struct Shared {
 pub(crate) struct Recovery {
     pub(crate) failed: std::collections::BTreeSet<usize>,
     pub(crate) revoked: Option<Notice>,
-    /// Answers to a shrink request or outcome (or an error frame), in order.
-    pub(crate) answers: VecDeque<Frame>,
+    /// Answers to a shrink request or outcome (or an error frame), in order, each with the
+    /// epoch (see [`Shared::epoch`]) of the root that sent it.
+    pub(crate) answers: VecDeque<(u32, Frame)>,
     /// The error the root failed the job with while the ranks set up (a rank left during a
     /// round), or refused a shrink request with.
     pub(crate) root_error: Option<String>,
@@ -160,9 +165,10 @@ impl Shared {
             }
             FrameKind::Error => {
                 let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                let epoch = self.epoch.load(Ordering::Acquire);
                 let mut r = self.recovery();
                 r.root_error.get_or_insert(msg);
-                r.answers.push_back(f);
+                r.answers.push_back((epoch, f));
                 drop(r);
                 let _ = self.wake.write(1);
             }
@@ -171,7 +177,8 @@ impl Shared {
                 Err(e) => ccl_warn!(Some(self.rank), "monitor: {e}"),
             },
             FrameKind::Shrunk | FrameKind::Commit => {
-                self.recovery().answers.push_back(f);
+                let epoch = self.epoch.load(Ordering::Acquire);
+                self.recovery().answers.push_back((epoch, f));
                 let _ = self.wake.write(1);
             }
             k => ccl_trace!(Some(self.rank), "monitor: ignored {k:?} from the root"),
@@ -193,6 +200,16 @@ impl Shared {
                 ccl_warn!(Some(self.rank), "monitor: this rank's own state: {why}");
                 None
             }
+        }
+    }
+
+    /// Shrink rounds the current root has decided.
+    pub(crate) fn round(&self) -> u32 {
+        let (epoch, round) = *self.shrink_round.lock().unwrap_or_else(|p| p.into_inner());
+        if epoch == self.epoch.load(Ordering::Acquire) {
+            round
+        } else {
+            0
         }
     }
 

@@ -182,6 +182,19 @@ fn standby_list(
     }
 }
 
+/// Whether process `pid` of this host still runs (a zombie, waiting for its parent to reap
+/// it, has ended).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S ...`: the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_none_or(|state| !matches!(state, 'Z' | 'X')),
+        Err(_) => false,
+    }
+}
+
 /// A rank taking the job's monitor over after the root's process died (see `relay`).
 pub(crate) struct Takeover {
     pub(crate) size: usize,
@@ -195,6 +208,8 @@ pub(crate) struct Takeover {
     pub(crate) secret: [u8; 32],
     pub(crate) timeout: Duration,
     pub(crate) spawn_root: crate::recovery::SpawnRoot,
+    /// Every rank's host and process id, if the communicator gave them.
+    pub(crate) roster: Option<Vec<(String, u32)>>,
     /// Lines of ranks that asked already, with what they sent.
     pub(crate) clients: Vec<(TcpStream, Vec<u8>)>,
 }
@@ -300,8 +315,13 @@ impl<'a> Watch<'a> {
         let n = t.size;
         let now = Instant::now();
         let mut ranks: Vec<Watched> = (0..n)
-            .map(|_| {
-                let mut w = Watched::new(String::new(), 0, None);
+            .map(|r| {
+                let (host, pid) = t
+                    .roster
+                    .as_ref()
+                    .and_then(|ro| ro.get(r).cloned())
+                    .unwrap_or_default();
+                let mut w = Watched::new(host, pid, None);
                 w.orphaned = Some(now);
                 w.lost_hub = usize::MAX;
                 w
@@ -322,7 +342,13 @@ impl<'a> Watch<'a> {
         }
         let gone = |r: &usize| t.lost.contains(r) || t.dead.contains(r);
         let standby = wire::Standby {
-            ranks: t.standby.ranks.iter().filter(|(r, _)| !gone(r)).copied().collect(),
+            ranks: t
+                .standby
+                .ranks
+                .iter()
+                .filter(|(r, _)| !gone(r))
+                .copied()
+                .collect(),
             with_root: vec![t.rank],
         };
         let culprit = t.lost.first().copied();
@@ -428,13 +454,25 @@ impl<'a> Watch<'a> {
             }
         });
         self.settle();
-        // Ranks cut off by a hub's death that did not join the root in time.
+        // Ranks cut off by a hub's death that did not join the root in time, and, after a
+        // takeover, ranks of this host whose process has ended.
         let now = Instant::now();
+        let host = ccl_core::log::hostname();
         for r in 0..self.ranks.len() {
             let w = &mut self.ranks[r];
-            if w.open && w.link.is_none() && w.orphaned.is_some_and(|t| now - t >= self.adopt_grace)
-            {
+            if !(w.open && w.link.is_none()) {
+                continue;
+            }
+            if w.orphaned.is_some_and(|t| now - t >= self.adopt_grace) {
                 w.open = false;
+            } else if self.took_over.is_some() && w.pid != 0 && w.host == host && !alive(w.pid) {
+                w.open = false;
+                w.why = Some(format!(
+                    "its process ({}:{}) ended before it joined the job's monitor, which rank {} took over",
+                    w.host,
+                    w.pid,
+                    self.took_over.unwrap_or(usize::MAX)
+                ));
             }
         }
     }

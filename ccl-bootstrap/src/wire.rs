@@ -901,7 +901,10 @@ mod tests {
         // A rank beyond the job, a cut or a trailing byte is an error, never a panic.
         assert!(Standby::decode(&f.payload, 5).is_err());
         for cut in 0..f.payload.len() {
-            assert!(Standby::decode(&f.payload[..cut], 6).is_err(), "cut at {cut}");
+            assert!(
+                Standby::decode(&f.payload[..cut], 6).is_err(),
+                "cut at {cut}"
+            );
         }
         let mut long = f.payload.clone();
         long.push(0);
@@ -919,7 +922,10 @@ mod tests {
             let g = Frame::new(FrameKind::Rejoin, f.payload[..cut].to_vec());
             assert_eq!(Rejoin::decode(&g), None, "cut at {cut}");
         }
-        assert_eq!(Rejoin::decode(&Frame::new(FrameKind::Join, f.payload)), None);
+        assert_eq!(
+            Rejoin::decode(&Frame::new(FrameKind::Join, f.payload)),
+            None
+        );
     }
 
     #[test]

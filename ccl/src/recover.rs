@@ -87,7 +87,14 @@ impl Communicator {
             let mut config = self.config().clone();
             config.topo_file = None;
             config.topology = Some(self.engine.peers.topology().subset(&members));
-            let formed = Communicator::init_with_config(&id, new_rank, members.len(), config);
+            // The root started before it sent the id: a refused connection is its death.
+            let formed = ccl_bootstrap::Bootstrap::connect_running(
+                &id,
+                new_rank,
+                members.len(),
+                config.timeout,
+            )
+            .and_then(|b| Communicator::from_bootstrap(b, config));
             // Only the root's verdict says whether every member's part formed too.
             match (
                 self.engine.peers.shrink_formed(formed.is_ok(), deadline)?,

@@ -1,5 +1,6 @@
-//! Randomised trials of surviving a rank's death: each trial starts N rank processes (the
-//! rendezvous root runs here, in the launcher, so it outlives every rank), lets them run random
+//! Randomised trials of surviving a rank's death: each trial starts N rank processes (with
+//! `--root launcher` the rendezvous root runs here, in the launcher, so it outlives every rank;
+//! with `--root rank0` rank 0 runs it, as under torchrun, and may die with it), lets them run random
 //! checked collectives, SIGKILLs a random rank at a random time (in some trials a second one a
 //! moment later, while the survivors shrink), and requires every survivor to shrink and finish
 //! checked allreduces on the shrunk communicator: no hang, no wrong element, every survivor in
@@ -8,9 +9,11 @@
 //!
 //! ```text
 //! ccl-shrink-trials --trials 100 --np-min 4 --np-max 8 [--transport tcp|shm] [--timeout 10]
+//!                   [--root launcher|rank0] [--victim R]
 //! ```
 //!
-//! Exit status 0 when every trial passed.
+//! Exit status 0 when every trial passed. With `SHRINK_TRIAL_LOGS=DIR`, each rank's log goes
+//! to `DIR/seed-S-rank-R.log`.
 #![forbid(unsafe_code)]
 
 use std::io::Read;
@@ -79,6 +82,13 @@ struct Opts {
     /// Every how many trials a second rank is killed during the shrink (0: never).
     #[arg(long, default_value_t = 4)]
     second_every: usize,
+    /// Where the rendezvous root runs: in this launcher, or in rank 0's process (from
+    /// `CCL_COMM_ID`, as under torchrun or MPI).
+    #[arg(long, default_value = "launcher", value_parser = ["launcher", "rank0"])]
+    root: String,
+    /// Always kill this rank first (default: a random rank).
+    #[arg(long)]
+    victim: Option<usize>,
 }
 
 fn parse() -> Result<Opts, ExitCode> {
@@ -90,6 +100,13 @@ fn parse() -> Result<Opts, ExitCode> {
         eprintln!(
             "ccl-shrink-trials: need --np-min <= --np-max, got {} and {}",
             o.np_min, o.np_max
+        );
+        return Err(ExitCode::from(2));
+    }
+    if let Some(v) = o.victim.filter(|&v| v as u64 >= o.np_min) {
+        eprintln!(
+            "ccl-shrink-trials: --victim {v} is not a rank of every trial (--np-min {})",
+            o.np_min
         );
         return Err(ExitCode::from(2));
     }
@@ -113,10 +130,22 @@ fn launcher() -> ExitCode {
     let seed = o.seed.expect("set by parse");
     let mut rng = Rng(seed);
     println!(
-        "# {} trials, {}-{} ranks over {}, CCL_TIMEOUT={} s, seed {}",
-        o.trials, o.np_min, o.np_max, o.transport, o.timeout_s, seed
+        "# {} trials, {}-{} ranks over {}, root in the {}, CCL_TIMEOUT={} s, seed {}",
+        o.trials,
+        o.np_min,
+        o.np_max,
+        o.transport,
+        if o.root == "rank0" {
+            "process of rank 0"
+        } else {
+            "launcher"
+        },
+        o.timeout_s,
+        seed
     );
     let mut times = Vec::new();
+    // Per first victim: the times of its trials.
+    let mut by_victim: std::collections::BTreeMap<usize, Vec<Duration>> = Default::default();
     for t in 0..o.trials {
         let n = (o.np_min + rng.below(o.np_max - o.np_min + 1)) as usize;
         let second = o.second_every > 0 && t % o.second_every == o.second_every - 1;
@@ -129,12 +158,24 @@ fn launcher() -> ExitCode {
                     tr.recovery.as_secs_f64() * 1e3
                 );
                 times.push(tr.recovery);
+                if let Some(&v) = tr.killed.first() {
+                    by_victim.entry(v).or_default().push(tr.recovery);
+                }
             }
             Err(e) => {
                 println!("trial {t}: FAILED ({n} ranks): {e}");
                 return ExitCode::FAILURE;
             }
         }
+    }
+    for (v, mut ts) in by_victim {
+        ts.sort();
+        println!(
+            "# first victim rank {v}: {} trials, median {:.1} ms, max {:.1} ms",
+            ts.len(),
+            ts[ts.len() / 2].as_secs_f64() * 1e3,
+            ts[ts.len() - 1].as_secs_f64() * 1e3
+        );
     }
     times.sort();
     if let (Some(med), Some(max)) = (times.get(times.len() / 2), times.last()) {
@@ -148,7 +189,14 @@ fn launcher() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn spawn(o: &Opts, id: &UniqueId, rank: usize, n: usize, seed: u64) -> std::io::Result<Child> {
+/// How the ranks of a trial meet: a unique id whose root runs here, or the address where rank
+/// 0 starts it.
+enum Meet {
+    Id(UniqueId),
+    Rank0(std::net::SocketAddr),
+}
+
+fn spawn(o: &Opts, meet: &Meet, rank: usize, n: usize, seed: u64) -> std::io::Result<Child> {
     let exe = std::env::current_exe()?;
     let mut c = Command::new(exe);
     for (k, _) in std::env::vars() {
@@ -156,8 +204,11 @@ fn spawn(o: &Opts, id: &UniqueId, rank: usize, n: usize, seed: u64) -> std::io::
             c.env_remove(k);
         }
     }
+    match meet {
+        Meet::Id(id) => c.env("CCL_UNIQUE_ID", id.to_hex()),
+        Meet::Rank0(at) => c.env("CCL_COMM_ID", at.to_string()),
+    };
     c.env(WORKER, seed.to_string())
-        .env("CCL_UNIQUE_ID", id.to_hex())
         .env("CCL_RANK", rank.to_string())
         .env("CCL_WORLD_SIZE", n.to_string())
         .env("CCL_TRANSPORT", &o.transport)
@@ -171,15 +222,22 @@ fn spawn(o: &Opts, id: &UniqueId, rank: usize, n: usize, seed: u64) -> std::io::
 fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     cfg.timeout = Duration::from_secs(o.timeout_s);
-    let id = UniqueId::new_at([127, 0, 0, 1].into(), &cfg).map_err(|e| e.to_string())?;
+    let meet = if o.root == "rank0" {
+        // A port free now, for rank 0 to listen on.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+        Meet::Rank0(l.local_addr().map_err(|e| e.to_string())?)
+    } else {
+        Meet::Id(UniqueId::new_at([127, 0, 0, 1].into(), &cfg).map_err(|e| e.to_string())?)
+    };
     let seed = rng.next() | 1;
     let mut kids = Vec::new();
     for r in 0..n {
-        kids.push(spawn(o, &id, r, n, seed).map_err(|e| format!("spawning rank {r}: {e}"))?);
+        kids.push(spawn(o, &meet, r, n, seed).map_err(|e| format!("spawning rank {r}: {e}"))?);
     }
     // Random time into the collectives: set-up takes a few hundred ms on a loaded machine.
     std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
-    let victim = rng.below(n as u64) as usize;
+    let drawn = rng.below(n as u64) as usize;
+    let victim = o.victim.unwrap_or(drawn);
     let kill_ns = now_ns();
     let _ = kids[victim].kill();
     let mut killed = vec![victim];
@@ -214,6 +272,9 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
         }
         if let Some(s) = k.stderr.as_mut() {
             let _ = s.read_to_string(&mut err);
+        }
+        if let Ok(dir) = std::env::var("SHRINK_TRIAL_LOGS") {
+            let _ = std::fs::write(format!("{dir}/seed-{seed}-rank-{r}.log"), &err);
         }
         outs.push((r, status, out, err));
     }

@@ -225,10 +225,7 @@ impl Peers {
             }
             // Silence blames the root only when it had something to answer: a peer that left
             // cleanly (it said goodbye) gives the root no failure to announce.
-            None if reported
-                && m.acks() == acks
-                && root_host.is_some_and(|h| h != self.rank) =>
-            {
+            None if reported && m.acks() == acks && root_host.is_some_and(|h| h != self.rank) => {
                 let h = root_host.expect("checked");
                 Error::new(
                     e.kind(),

@@ -376,6 +376,14 @@ impl Peers {
             bootstrap.finish()?;
             None
         };
+        if let Some(m) = &monitor {
+            m.set_roster(
+                met.records
+                    .iter()
+                    .map(|r| (r.host.name.clone(), r.host.pid))
+                    .collect(),
+            );
+        }
         let watch = |awaited: &[usize]| setup_watch(monitor.as_ref(), rank, root_host, awaited);
         let t_connect = Instant::now();
         let deadline = t_connect + met.ctx.config.timeout;
