@@ -280,6 +280,27 @@ fn survivors_of_random_kills_shrink_and_finish_checked_allreduces() {
     }
 }
 
+/// The process that made the rendezvous is rank 0's (as under torchrun, or an application's
+/// rank 0 that made the unique id), and rank 0 dies: another rank takes the job's monitor over
+/// and the survivors shrink through it; in every other trial a second rank dies too, during
+/// the takeover or the shrink.
+#[test]
+fn survivors_of_rank_0_and_its_rendezvous_dying_shrink_and_finish() {
+    for (transport, trials) in [("tcp", "4"), ("shm", "2")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ccl-shrink-trials"))
+            .args(["--trials", trials, "--np-min", "4", "--np-max", "6"])
+            .args(["--root", "rank0", "--victim", "0", "--second-every", "2"])
+            .args(["--transport", transport, "--timeout", "20"])
+            .stderr(Stdio::null())
+            .output()
+            .expect("run ccl-shrink-trials");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{transport}:\n{text}");
+        assert!(text.contains("trials passed"), "{transport}:\n{text}");
+        assert!(text.contains("first victim rank 0"), "{transport}:\n{text}");
+    }
+}
+
 /// Trials of each fault per algorithm: the ten. A trial costs little more than the
 /// timeout below (the fault comes within a second of the start, the job is small), so the
 /// verdict tests take a few minutes on a loaded two-core machine; `FAULT_REPEATS` overrides.

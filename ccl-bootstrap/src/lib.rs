@@ -15,7 +15,9 @@
 //!
 //! The root lives in whichever process created the id: the application's rank 0 (NCCL's model,
 //! the id then travels by MPI, a file or a framework's store), the benchmark launcher, or rank 0
-//! itself when the rendezvous comes from launcher variables. Every read and write is bounded by a
+//! itself when the rendezvous comes from launcher variables. When that process dies, the first
+//! live *standby* the root named (a rank outside its process) takes the monitor over, and every
+//! rank's monitor thread moves to it: no single process's death ends the job's monitor. Every read and write is bounded by a
 //! deadline and every connection must present the secret.
 //!
 //! ```no_run
@@ -53,16 +55,20 @@ pub(crate) mod hooks {
     use std::net::SocketAddr;
     use std::sync::Mutex;
 
-    static REMOTE: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+    /// Roots that count as running in another process, with the ranks that count as running
+    /// in it.
+    static REMOTE: Mutex<Vec<(SocketAddr, Vec<usize>)>> = Mutex::new(Vec::new());
     static KILLED: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
 
-    /// The root at `addr` counts as running in another process than its ranks.
-    pub(crate) fn set_remote(addr: SocketAddr) {
-        REMOTE.lock().unwrap().push(addr);
+    /// The root at `addr` counts as running in another process than its ranks, but `with_root`.
+    pub(crate) fn set_remote(addr: SocketAddr, with_root: Vec<usize>) {
+        REMOTE.lock().unwrap().push((addr, with_root));
     }
 
-    pub(crate) fn remote(addr: SocketAddr) -> bool {
-        REMOTE.lock().unwrap().contains(&addr)
+    /// The ranks that count as running in the root's process, if it counts as remote.
+    pub(crate) fn remote(addr: SocketAddr) -> Option<Vec<usize>> {
+        let all = REMOTE.lock().unwrap();
+        all.iter().find(|(a, _)| *a == addr).map(|(_, w)| w.clone())
     }
 
     /// Ends the monitor at `addr` as its process's death would: its lines close.

@@ -89,6 +89,7 @@ impl Bootstrap {
             standby: Mutex::new(None),
             moved_to: AtomicUsize::new(usize::MAX),
             epoch: AtomicU32::new(0),
+            bye_heard: AtomicBool::new(false),
             shrink_round: Mutex::new((0, 0)),
             roster: OnceLock::new(),
             spawn_root: crate::rendezvous::Root::spawn_with,
@@ -112,6 +113,10 @@ impl Bootstrap {
         Ok(Monitor { shared, bye: true })
     }
 }
+
+/// How long a rank of the monitor's process waits, when it leaves, for the monitor to have told
+/// the others so.
+const BYE_HEARD: Duration = Duration::from_millis(500);
 
 /// A rank's line to the root while the communicator lives: failures of other ranks arrive here
 /// as [`Notice`]s (with the root's verdict), and this rank's own failure goes out through it.
@@ -383,7 +388,6 @@ impl Monitor {
     }
 
     /// The standby ranks the root named, once it has.
-    #[cfg(test)]
     pub(crate) fn standby(&self) -> Option<wire::Standby> {
         self.shared
             .standby
@@ -405,6 +409,19 @@ impl Drop for Monitor {
         // A goodbye tells the root this rank's closing is no failure.
         if self.bye {
             self.shared.send(&Frame::new(FrameKind::Bye, Vec::new()));
+            // The monitor runs in this process: it dies with it, maybe right after this. The
+            // others must know that this rank had left first, or they would name it dead.
+            let here = self
+                .standby()
+                .is_some_and(|sb| !sb.ranks.is_empty() && sb.with_root.contains(&self.shared.rank));
+            let until = Instant::now() + BYE_HEARD;
+            while here
+                && !self.shared.bye_heard.load(Ordering::Acquire)
+                && !self.root_gone()
+                && Instant::now() < until
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         let _ = self.shared.stop.write(1);
     }

@@ -4,9 +4,10 @@
 //! **Why the root decides.** The root already hears from every rank (on its own line or
 //! through the hubs of the monitor tree) and is the one that sees a rank die (its line closes
 //! without a goodbye). Agreement through it is one request and one answer per rank, and a
-//! further death during the shrink is just another closed line it sees. The price: the root's process must outlive the failure. It is the process
-//! that made the unique id (a launcher, or the application's rank 0); when that process is the
-//! one that died, survivors get an error saying so.
+//! further death during the shrink is just another closed line it sees. When the root's own
+//! process dies, a standby rank takes the watch over (`relay`, `watch::Takeover`) with a fresh
+//! `Recovery`: requests pending at the old root are sent again, and a round it had decided is
+//! dropped by the ranks, so this module never sees a round of another root.
 //!
 //! **A round.** The first request revokes the communicator for every rank that has not asked
 //! yet, so ranks blocked in a collective return and ask too. The root answers when every rank it

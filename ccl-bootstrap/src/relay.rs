@@ -460,14 +460,16 @@ impl Relay {
         false
     }
 
-    /// The ranks that died with the monitor this rank followed (those that ran in the first
-    /// root's process, or the rank that had taken it over), and the ranks the monitor said died.
+    /// The ranks that died with the monitor this rank followed (those that ran in its process
+    /// and had not left), and the ranks that are gone already (the monitor said they died, or
+    /// they left before its process ended).
     fn lost(&self, sb: &wire::Standby) -> (Vec<usize>, Vec<usize>) {
-        let lost = match self.s.moved_to.load(Ordering::Acquire) {
-            usize::MAX => sb.with_root.clone(),
-            r => vec![r],
-        };
-        (lost, self.s.dead())
+        // The monitor this rank followed sent its own list (a standby's names itself).
+        let (lost, left): (Vec<usize>, Vec<usize>) =
+            sb.with_root.iter().partition(|r| !sb.left.contains(r));
+        let mut dead = self.s.dead();
+        dead.extend(left);
+        (lost, dead)
     }
 
     /// Joins standby `c` at `addr`: the line once `c` answered; `None` when `c` is gone (try
@@ -774,23 +776,23 @@ mod tests {
 
     /// [`job`], with each rank `r` describing itself as `state(r)`.
     fn job_with(n: usize, f: usize, state: States) -> (UniqueId, Vec<Monitor>, Vec<Asked>) {
-        job_opts(n, f, state, false)
+        job_opts(n, f, state, None)
     }
 
-    /// With `remote`, the root counts as running in a process of its own.
+    /// With `remote`, the root counts as running in a process of its own, with those ranks.
     fn job_opts(
         n: usize,
         f: usize,
         state: States,
-        remote: bool,
+        remote: Option<Vec<usize>>,
     ) -> (UniqueId, Vec<Monitor>, Vec<Asked>) {
         let c = Config {
             timeout: Duration::from_secs(20),
             ..Config::default()
         };
         let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
-        if remote {
-            crate::hooks::set_remote(id.root_addr());
+        if let Some(with_root) = remote {
+            crate::hooks::set_remote(id.root_addr(), with_root);
         }
         let hs: Vec<_> = (0..n)
             .map(|r| {
@@ -857,6 +859,33 @@ mod tests {
     }
 
     #[test]
+    fn the_roots_process_ending_after_its_rank_left_names_nobody_dead() {
+        // As at the end of a job launched torchrun-style: rank 0, in the root's process,
+        // destroys its communicator, then its process (and the root) ends.
+        let state: States = std::sync::Arc::new(|r| {
+            diag::encode(&RankView::absent(r, "test", 1, Presence::Answered))
+        });
+        let (id, mut ms, _) = job_opts(3, 64, state, Some(vec![0]));
+        until("every rank knows the standbys", || {
+            ms.iter().all(|m| m.standby().is_some())
+        });
+        let sb = ms[0].standby().unwrap();
+        assert_eq!(sb.ranks.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(sb.with_root, [0]);
+        // Dropping waits until the root has told the others that rank 0 left.
+        drop(ms.remove(0));
+        assert!(ms.iter().all(|m| m.standby().unwrap().left == [0]));
+        crate::hooks::kill(id.root_addr());
+        until("the others follow rank 1's monitor", || {
+            ms.iter().all(|m| m.moved_to() == Some(1))
+        });
+        for m in &ms {
+            assert_eq!(m.wait(Duration::from_millis(1500)), None);
+            assert!(m.failed_ranks().is_empty());
+        }
+    }
+
+    #[test]
     fn a_standby_takes_the_monitor_over_when_the_root_dies_twice() {
         // Five ranks with fan-out 2: ranks 0 and 2 are hubs, rank 4 is below rank 0 and
         // below rank 2... the takeover makes the tree a star.
@@ -864,7 +893,7 @@ mod tests {
         let state: States = std::sync::Arc::new(|r| {
             diag::encode(&RankView::absent(r, "test", 1, Presence::Answered))
         });
-        let (id, mut ms, _) = job_opts(n, 2, state, true);
+        let (id, mut ms, _) = job_opts(n, 2, state, Some(Vec::new()));
         until("every rank knows the standbys", || {
             ms.iter().all(|m| m.standby().is_some())
         });

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     /// The rank whose process runs the monitor since the last takeover (`usize::MAX`: the
     /// first root's).
     pub(crate) moved_to: AtomicUsize,
+    /// The monitor running in this rank's process has passed this rank's goodbye on.
+    pub(crate) bye_heard: AtomicBool,
     /// Takeovers this rank has followed: an answer awaited from an earlier root never comes.
     pub(crate) epoch: AtomicU32,
     /// Shrink rounds decided by the root of an epoch (each root counts from 0): `(epoch,
@@ -173,7 +175,12 @@ impl Shared {
                 let _ = self.wake.write(1);
             }
             FrameKind::Standby => match wire::Standby::decode(&f.payload, self.size) {
-                Ok(sb) => *self.standby.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb),
+                Ok(sb) => {
+                    if sb.left.contains(&self.rank) {
+                        self.bye_heard.store(true, Ordering::Release);
+                    }
+                    *self.standby.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb);
+                }
                 Err(e) => ccl_warn!(Some(self.rank), "monitor: {e}"),
             },
             FrameKind::Shrunk | FrameKind::Commit => {

@@ -167,32 +167,30 @@ fn standby_list(
     root: SocketAddr,
 ) -> wire::Standby {
     let (me, host) = (std::process::id(), ccl_core::log::hostname());
+    let mut with_root: Vec<usize> = (0..ranks.len())
+        .filter(|&r| ranks[r].pid == me && ranks[r].host == host)
+        .collect();
     #[cfg(test)]
-    let me = if crate::hooks::remote(root) { 0 } else { me };
+    if let Some(w) = crate::hooks::remote(root) {
+        with_root = w;
+    }
     #[cfg(not(test))]
     let _ = root;
-    let here = |w: &Watched| w.pid == me && w.host == host;
     wire::Standby {
         ranks: (0..ranks.len())
-            .filter(|&r| !here(&ranks[r]))
+            .filter(|r| !with_root.contains(r))
             .filter_map(|r| listens[r].map(|a| (r, a)))
             .take(STANDBYS)
             .collect(),
-        with_root: (0..ranks.len()).filter(|&r| here(&ranks[r])).collect(),
+        with_root,
+        left: Vec::new(),
     }
 }
 
 /// Whether process `pid` of this host still runs (a zombie, waiting for its parent to reap
 /// it, has ended).
 fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // `pid (comm) S ...`: the state follows the last ')'.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next())
-            .is_none_or(|state| !matches!(state, 'Z' | 'X')),
-        Err(_) => false,
-    }
+    ccl_core::log::process_state(pid).is_some_and(|s| !matches!(s, 'Z' | 'X'))
 }
 
 /// A rank taking the job's monitor over after the root's process died (see `relay`).
@@ -254,6 +252,9 @@ pub(super) struct Watch<'a> {
     adopt_grace: Duration,
     /// The rank that took this monitor over from a root that died, if it did.
     took_over: Option<usize>,
+    /// Taken over at the job's end (the old monitor's ranks had left): ranks that do not join
+    /// are not named dead.
+    ending: bool,
 }
 
 impl<'a> Watch<'a> {
@@ -300,6 +301,7 @@ impl<'a> Watch<'a> {
             standby,
             adopt_grace: ADOPT_GRACE,
             took_over: None,
+            ending: false,
         };
         // A star is settled from the start.
         w.settle();
@@ -340,6 +342,9 @@ impl<'a> Watch<'a> {
             ranks[d].quiet = false;
             ranks[d].why = Some(why.clone());
         }
+        // The monitor's ranks had all left before its process ended: the job is ending, and a
+        // rank that does not join has most likely left too. It is not named.
+        let ending = t.lost.is_empty();
         let gone = |r: &usize| t.lost.contains(r) || t.dead.contains(r);
         let standby = wire::Standby {
             ranks: t
@@ -350,12 +355,13 @@ impl<'a> Watch<'a> {
                 .copied()
                 .collect(),
             with_root: vec![t.rank],
+            left: Vec::new(),
         };
-        let culprit = t.lost.first().copied();
+        let culprit = t.lost.iter().copied().find(|&d| d < n);
         let verdict = match culprit {
             Some(d) => format!(
-                "rank {d} died, and the job's monitor, which ran in its process, with it; rank {} took the monitor over",
-                t.rank
+                "the job is stuck behind rank {d} ({}:{}), which died, and the job's monitor with it (it ran in its process); rank {} took the monitor over",
+                ranks[d].host, ranks[d].pid, t.rank
             ),
             None => format!("the job's monitor moved to rank {}", t.rank),
         };
@@ -395,6 +401,7 @@ impl<'a> Watch<'a> {
             standby,
             adopt_grace: ADOPT_GRACE.min(t.timeout),
             took_over: Some(t.rank),
+            ending,
         }
     }
 
@@ -465,8 +472,10 @@ impl<'a> Watch<'a> {
             }
             if w.orphaned.is_some_and(|t| now - t >= self.adopt_grace) {
                 w.open = false;
+                w.quiet |= self.ending;
             } else if self.took_over.is_some() && w.pid != 0 && w.host == host && !alive(w.pid) {
                 w.open = false;
+                w.quiet |= self.ending;
                 w.why = Some(format!(
                     "its process ({}:{}) ended before it joined the job's monitor, which rank {} took over",
                     w.host,
@@ -686,6 +695,17 @@ impl<'a> Watch<'a> {
                     FrameKind::Bye => {
                         self.ranks[r].quiet = true;
                         self.ranks[r].left = true;
+                        // This process ending after its ranks left is no death: every rank
+                        // hears, and the leaving rank waits for its copy (see `Monitor`).
+                        let sb = &mut self.standby;
+                        if !sb.ranks.is_empty()
+                            && sb.with_root.contains(&r)
+                            && !sb.left.contains(&r)
+                        {
+                            sb.left.push(r);
+                            let f = sb.encode();
+                            self.broadcast(&f);
+                        }
                     }
                     FrameKind::Failure => {
                         if open {

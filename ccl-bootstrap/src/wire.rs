@@ -640,10 +640,13 @@ pub struct Standby {
     /// Ranks outside the root's process that listen for the others, lowest first, and where.
     pub ranks: Vec<(usize, SocketAddr)>,
     pub with_root: Vec<usize>,
+    /// Those of `with_root` that said goodbye: the process ending after them is no death.
+    pub left: Vec<usize>,
 }
 
 impl Standby {
-    /// `[u32 k]` then per rank `[u32 rank][u8 addr length][addr]`, then `[u32 m][u32 rank]*m`.
+    /// `[u32 k]` then per rank `[u32 rank][u8 addr length][addr]`, then `with_root` and `left`
+    /// as `[u32 m][u32 rank]*m`.
     pub fn encode(&self) -> Frame {
         let mut p = (self.ranks.len() as u32).to_le_bytes().to_vec();
         for (r, a) in &self.ranks {
@@ -653,6 +656,7 @@ impl Standby {
             p.extend_from_slice(&a);
         }
         put_ranks(&mut p, &self.with_root);
+        put_ranks(&mut p, &self.left);
         Frame::new(FrameKind::Standby, p)
     }
 
@@ -678,10 +682,15 @@ impl Standby {
         }
         let mut off = 0;
         let with_root = take_ranks(rest, &mut off, size).map_err(|_| bad())?;
+        let left = take_ranks(rest, &mut off, size).map_err(|_| bad())?;
         if off != rest.len() {
             return Err(bad());
         }
-        Ok(Standby { ranks, with_root })
+        Ok(Standby {
+            ranks,
+            with_root,
+            left,
+        })
     }
 }
 
@@ -895,6 +904,7 @@ mod tests {
                 (5, "[::1]:7".parse().unwrap()),
             ],
             with_root: vec![0, 2],
+            left: vec![2],
         };
         let f = s.encode();
         assert_eq!(Standby::decode(&f.payload, 6).unwrap(), s);

@@ -153,6 +153,15 @@ pub fn hostname() -> &'static str {
     })
 }
 
+/// The state letter `/proc` gives process `pid` of this host (`R`, `S`, `D`, `T` stopped, `Z`
+/// ended but not yet reaped, ...), or `None` when no such process exists.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S ...`: the name may hold anything, so the state follows the last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
 /// Expands `%h` (host name) and `%p` (process id) in a `CCL_DEBUG_FILE` or `CCL_TRACE_DIR`
 /// pattern.
 pub fn expand_path(pattern: &str) -> String {
@@ -244,6 +253,13 @@ macro_rules! ccl_trace {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn this_process_runs() {
+        let s = super::process_state(std::process::id());
+        assert!(matches!(s, Some('R' | 'S' | 'D')), "{s:?}");
+        assert_eq!(super::process_state(u32::MAX), None);
+    }
+
     use super::*;
 
     #[test]

@@ -17,8 +17,9 @@
 //! - [`Communicator::grow`]: existing ranks and new processes meet in a new communicator of a
 //!   larger size; existing ranks keep their ranks, new ones take the ranks above.
 //!
-//! The root runs in the process that made the unique id (a launcher, or the application's rank
-//! 0). Shrinking needs it alive: when the root's own process died, `shrink` fails saying so.
+//! The job's monitor, through which the survivors agree, starts in the process that made the
+//! unique id (a launcher, or the application's rank 0). When that process dies, a standby rank
+//! outside it takes the monitor over and `shrink` goes through it (see `ccl_bootstrap`).
 
 use std::time::{Duration, Instant};
 

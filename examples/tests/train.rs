@@ -98,3 +98,16 @@ fn a_killed_rank_does_not_end_training_with_tolerate_failures() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("continuing with 3 ranks from epoch"), "{out}");
 }
+
+#[test]
+fn rank_0_running_the_rendezvous_dies_and_training_goes_on() {
+    // As under torchrun: rank 0's process runs the rendezvous and the job's monitor, and dies.
+    let o = train()
+        .args(["--np", "4", "--epochs", "20", "--samples", "6000"])
+        .args(["--root-in-rank0", "--tolerate-failures", "--kill", "0@8"])
+        .output()
+        .unwrap();
+    check(&o, 3);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("continuing with 3 ranks from epoch"), "{out}");
+}

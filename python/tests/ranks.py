@@ -9,24 +9,36 @@ import ccl
 TIMEOUT = 120
 
 
-def _entry(fn, rank, size, uid, q, args):
+def _entry(fn, rank, size, uid, q, args, uids=None):
     try:
+        if uids is not None:
+            # This job's unique id comes from its rank 0, which runs the rendezvous.
+            if rank == 0:
+                uid = ccl.get_unique_id()
+                for _ in range(size - 1):
+                    uids.put(uid)
+            else:
+                uid = uids.get(timeout=TIMEOUT)
         fn(rank, size, uid, *args)
         q.put((rank, None))
     except BaseException:  # noqa: BLE001 - report anything to the parent
         q.put((rank, traceback.format_exc()))
 
 
-def run_ranks(fn, size, *args, dying=()):
+def run_ranks(fn, size, *args, dying=(), uid_from_rank0=False):
     """Calls fn(rank, size, uid, *args) in `size` spawned processes; the unique id's rendezvous
-    runs in this process. Fails with every rank's traceback if any rank fails or hangs. Ranks
-    in `dying` are meant to end their process without reporting."""
+    runs in this process, or with `uid_from_rank0` in rank 0's (which makes the id and hands it
+    to the others, as an application does). Fails with every rank's traceback if any rank
+    fails or hangs. Ranks in `dying` are meant to end their process without reporting."""
     os.environ.setdefault("CCL_SOCKET_IFNAME", "=lo")
     os.environ.setdefault("CCL_TIMEOUT", "60")
-    uid = ccl.get_unique_id()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(fn, r, size, uid, q, args)) for r in range(size)]
+    uids = ctx.Queue() if uid_from_rank0 else None
+    uid = None if uid_from_rank0 else ccl.get_unique_id()
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, size, uid, q, args, uids)) for r in range(size)
+    ]
     for p in procs:
         p.start()
     results = {}

@@ -35,6 +35,27 @@ def survive_a_death(rank, size, uid):
     assert e.value.code in (ccl.REVOKED, ccl.REMOTE_ERROR)
 
 
+def rank_0_dies_with_the_rendezvous(rank, size, uid):
+    # Rank 0 made the unique id: the job's rendezvous and monitor run in its process.
+    comm = ccl.Communicator(rank, size, uid, timeout=30)
+    x = np.ones(1024)
+    if rank == 0:
+        for _ in range(3):
+            comm.all_reduce(x)
+        os._exit(0)  # the rendezvous ends with it
+    with pytest.raises(ccl.CclError) as e:
+        for _ in range(100000):
+            comm.all_reduce(x)
+    assert "rank 0 died" in e.value.message or e.value.code == ccl.REVOKED, e.value.message
+    # Another rank took the job's monitor over: the survivors agree through it.
+    s = comm.shrink()
+    assert (s.rank, s.size) == (rank - 1, size - 1), (s.rank, s.size)
+    y = np.full(1024, float(rank))
+    s.all_reduce(y)
+    assert (y == (size - 1) * size / 2).all()
+    assert 0 in comm.failed_ranks(), comm.failed_ranks()
+
+
 def revoke_and_exclude(rank, size, uid):
     comm = ccl.Communicator(rank, size, uid, timeout=30)
     if rank == 0:
@@ -58,6 +79,10 @@ def revoke_and_exclude(rank, size, uid):
 
 def test_survivors_of_a_death_shrink_and_compute():
     run_ranks(survive_a_death, 4, dying=(3,))
+
+
+def test_rank_0_that_made_the_unique_id_dies_and_the_others_shrink():
+    run_ranks(rank_0_dies_with_the_rendezvous, 4, dying=(0,), uid_from_rank0=True)
 
 
 def test_revoke_ends_blocked_calls_and_an_excluded_rank_is_told():

@@ -315,6 +315,13 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
             ));
         }
         finals.push((size, members));
+        // Destroying communicators with dead members waits for nothing that cannot come.
+        let teardown = field("teardown_ms=").unwrap_or(u128::MAX);
+        if teardown > u128::from(o.timeout_s) * 1000 / 2 {
+            return Err(format!(
+                "rank {r} took {teardown} ms to destroy its communicators ({line})"
+            ));
+        }
         done.push(field("first_ok_ns=").unwrap_or(0));
     }
     let last = done.into_iter().max().unwrap_or(kill_ns);
@@ -383,7 +390,7 @@ fn work(seed: u64) -> Result<String, String> {
             }
         }
         if good == 4 {
-            return Ok(format!(
+            let line = format!(
                 "OK rank={} size={} orig={orig} shrinks={shrinks} first_ok_ns={} members={}",
                 next.rank(),
                 next.size(),
@@ -393,7 +400,12 @@ fn work(seed: u64) -> Result<String, String> {
                     .map(|m| m.to_string())
                     .collect::<Vec<_>>()
                     .join(",")
-            ));
+            );
+            // Destroyed, not aborted: the communicators with dead members, then the last.
+            let t0 = Instant::now();
+            drop(cur);
+            drop(next);
+            return Ok(format!("{line} teardown_ms={}", t0.elapsed().as_millis()));
         }
         cur = next;
     }

@@ -155,6 +155,10 @@ impl Peers {
             let alive = m.acks() > acks || e.kind() == ErrorKind::Remote;
             if alive && !m.root_gone() {
                 m.wait(ccl_bootstrap::GATHER + VERDICT_SLACK)
+            } else if !m.root_gone() && root_host.is_some_and(|h| self.runs_unstopped_here(h)) {
+                // The monitor's process runs on this host and is not stopped: it is slow (a
+                // loaded or emulated machine), not the culprit. Its verdict is worth the wait.
+                m.wait(self.config.timeout)
             } else {
                 None
             }
@@ -251,6 +255,18 @@ impl Peers {
             Error::internal("a shrink's outcome without a rendezvous").rank(self.rank)
         })?;
         m.formed(ok, deadline)
+    }
+
+    /// Whether rank `r`'s process runs on this host and is not stopped (`/proc` says so; a
+    /// process of another host cannot be looked at).
+    fn runs_unstopped_here(&self, r: usize) -> bool {
+        let (Some(host), Some(&pid)) = (self.hosts.get(r), self.pids.get(r)) else {
+            return false;
+        };
+        if host.as_str() != ccl_core::log::hostname() {
+            return false;
+        }
+        ccl_core::log::process_state(pid).is_some_and(|s| !matches!(s, 'T' | 't' | 'Z' | 'X'))
     }
 
     /// `rank R (host:pid)`.

@@ -84,6 +84,39 @@ fn shrink_leaves_out_an_excluded_live_rank_that_keeps_calling() {
 }
 
 #[test]
+fn teardown_returns_with_an_excluded_rank_gone_and_the_parent_destroyed() {
+    // The two hangs NCCL users meet: an excluded rank that leaves without calling shrink, and
+    // survivors that destroy (not abort) the parent after shrinking. Neither may stall.
+    let timeout = Duration::from_secs(20);
+    for t in BOTH {
+        let res = run_ranks(4, config(t, timeout), move |comm| {
+            if comm.rank() == 3 {
+                // Leaves at once: never calls shrink, drops its communicator.
+                let started = Instant::now();
+                drop(comm);
+                return (None, started.elapsed());
+            }
+            let s = comm.shrink(&[3]).unwrap();
+            checked_sum(&s);
+            let started = Instant::now();
+            // Destroyed, not aborted, with a member gone and its child alive.
+            drop(comm);
+            checked_sum(&s);
+            drop(s);
+            (Some(3), started.elapsed())
+        });
+        for (r, (size, took)) in res.iter().enumerate() {
+            assert_eq!(*size, (r != 3).then_some(3), "{t:?} rank {r}");
+            // Well within the timeout: the drops wait for nothing that cannot come.
+            assert!(
+                *took < timeout / 2,
+                "{t:?} rank {r}: teardown took {took:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_rank_that_does_not_ask_is_left_out_after_the_timeout() {
     let res = run_ranks(
         3,

@@ -19,6 +19,8 @@
 //! target/release/train --np 4                     # 4 local processes over TCP
 //! target/release/train --np 4 --transport local   # 4 threads of one process
 //! target/release/train --np 4 --tolerate-failures --kill 2@10   # rank 2 dies at epoch 10
+//! target/release/train --np 4 --root-in-rank0 --tolerate-failures --kill 0@10
+//!                                                 # rank 0 dies, and the rendezvous with it
 //! torchrun --nproc_per_node 2 --no-python target/release/train
 //! mpirun -np 4 target/release/train
 //! ```
@@ -37,12 +39,15 @@ struct Args {
     features: usize,
     lr: f64,
     tolerate: bool,
+    /// With `--np`: rank 0 runs the rendezvous (as under torchrun), not this launcher.
+    root_in_rank0: bool,
     /// (rank, epoch): that rank kills itself at the start of that epoch.
     kill: Option<(usize, usize)>,
 }
 
 const USAGE: &str = "usage: train [--np N] [--transport tcp|local] [--epochs E] [--samples S] \
-                     [--features F] [--lr RATE] [--tolerate-failures] [--kill RANK@EPOCH]";
+                     [--features F] [--lr RATE] [--tolerate-failures] [--kill RANK@EPOCH] \
+                     [--root-in-rank0]";
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -53,6 +58,7 @@ fn parse() -> Result<Args, String> {
         features: 32,
         lr: 0.5,
         tolerate: false,
+        root_in_rank0: false,
         kill: None,
     };
     let mut it = std::env::args().skip(1);
@@ -78,6 +84,7 @@ fn parse() -> Result<Args, String> {
                     .map_err(|_| format!("--lr: '{v}' is not a number"))?;
             }
             "--tolerate-failures" => a.tolerate = true,
+            "--root-in-rank0" => a.root_in_rank0 = true,
             "--kill" => {
                 let v = val()?;
                 let bad = || format!("--kill: '{v}' is not RANK@EPOCH");
@@ -273,7 +280,12 @@ fn threads(a: &Args, n: usize) -> Result<(), String> {
 /// `--np N`: N processes of this program on loopback, with this process as their rendezvous.
 fn processes(a: &Args, n: usize) -> Result<(), String> {
     let cfg = config(a)?;
-    let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &cfg).map_err(|e| e.to_string())?;
+    let id = match a.root_in_rank0 {
+        true => None,
+        false => Some(
+            UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &cfg).map_err(|e| e.to_string())?,
+        ),
+    };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my executable: {e}"))?;
     let mut args: Vec<String> = Vec::new();
     let mut it = std::env::args().skip(1);
@@ -284,11 +296,21 @@ fn processes(a: &Args, n: usize) -> Result<(), String> {
             args.push(x);
         }
     }
+    // With the rendezvous in rank 0's process, rank 0's death takes the job's monitor with it,
+    // as under torchrun: the survivors move it to another rank.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("cannot find a free port: {e}"))?
+        .port();
     let mut children = Vec::new();
     for rank in 0..n {
-        let c = Command::new(&exe)
+        let mut c = Command::new(&exe);
+        match &id {
+            Some(id) => c.env("CCL_UNIQUE_ID", id.to_hex()),
+            None => c.env("CCL_COMM_ID", format!("127.0.0.1:{port}")),
+        };
+        let c = c
             .args(&args)
-            .env("CCL_UNIQUE_ID", id.to_hex())
             .env("CCL_RANK", rank.to_string())
             .env("CCL_WORLD_SIZE", n.to_string())
             .env("CCL_SOCKET_IFNAME", "=lo")
