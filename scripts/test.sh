@@ -25,7 +25,7 @@ CCL_CONNECT=eager cargo test --release --workspace --test suite -- collectives::
 echo "== the fault suites again, with the job monitor a tree of hubs (CCL_MONITOR_FANOUT=2: of 4 ranks, 0 and 2 are hubs)"
 CCL_MONITOR_FANOUT=2 cargo test --release --workspace --test suite -- recover:: diagnosis:: errors:: lazy::
 CCL_MONITOR_FANOUT=2 FAULT_REPEATS=1 cargo test --release --workspace --test faults -- \
-  killing_a_rank_fails_every_survivor_naming_it survivors_of_random_kills \
+  killing_a_rank_fails_every_survivor_naming_it survivors_of_random_kills survivors_of_rank_0 \
   named_by_every_survivors_error named_dead_by_every_survivors_error
 echo "== simulator: one small experiment"
 scripts/sim-smoke.sh

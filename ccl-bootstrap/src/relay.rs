@@ -858,6 +858,34 @@ mod tests {
         })
     }
 
+    /// The monitor a standby took over gathers states and names the culprit of a later hang
+    /// as the first root did (here through what was a tree of hubs).
+    #[test]
+    fn after_a_takeover_the_monitor_names_the_culprit_of_a_hang() {
+        // Rank 4 is stopped: it says nothing.
+        let state = |r| {
+            if r == 4 {
+                Vec::new()
+            } else {
+                ring_view(r, 6, 0, 0)
+            }
+        };
+        let (id, ms, _) = job_opts(6, 2, std::sync::Arc::new(state), Some(Vec::new()));
+        until("every rank knows the standbys", || {
+            ms.iter().all(|m| m.standby().is_some())
+        });
+        crate::hooks::kill(id.root_addr());
+        until("every rank follows rank 0's monitor", || {
+            ms.iter().all(|m| m.moved_to() == Some(0))
+        });
+        let v = verdict_after_report(&ms, 5);
+        assert!(
+            v.starts_with("allreduce #5 (ring, 64 B) is stuck behind rank 4 ("),
+            "{v}"
+        );
+        assert!(v.contains("which does not answer"), "{v}");
+    }
+
     #[test]
     fn the_roots_process_ending_after_its_rank_left_names_nobody_dead() {
         // As at the end of a job launched torchrun-style: rank 0, in the root's process,

@@ -358,13 +358,15 @@ impl<'a> Watch<'a> {
             left: Vec::new(),
         };
         let culprit = t.lost.iter().copied().find(|&d| d < n);
-        let verdict = match culprit {
-            Some(d) => format!(
+        // The death that moved the monitor is the job's first failure; without one (the root's
+        // process ended after its ranks left) the first failure gets a verdict of its own.
+        let verdict = culprit.map(|d| {
+            let line = format!(
                 "the job is stuck behind rank {d} ({}:{}), which died, and the job's monitor with it (it ran in its process); rank {} took the monitor over",
                 ranks[d].host, ranks[d].pid, t.rank
-            ),
-            None => format!("the job's monitor moved to rank {}", t.rank),
-        };
+            );
+            (line, Some(d))
+        });
         let clients = t
             .clients
             .into_iter()
@@ -394,7 +396,7 @@ impl<'a> Watch<'a> {
             secret: t.secret,
             addr,
             clients,
-            verdict: Some((verdict, culprit)),
+            verdict,
             recent: None,
             query_id: 0,
             recovery: crate::recovery::Recovery::new(n, addr, t.timeout, t.spawn_root),
