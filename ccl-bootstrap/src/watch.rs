@@ -167,13 +167,11 @@ fn standby_list(
     root: SocketAddr,
 ) -> wire::Standby {
     let (me, host) = (std::process::id(), ccl_core::log::hostname());
-    let mut with_root: Vec<usize> = (0..ranks.len())
+    let with_root: Vec<usize> = (0..ranks.len())
         .filter(|&r| ranks[r].pid == me && ranks[r].host == host)
         .collect();
     #[cfg(test)]
-    if let Some(w) = crate::hooks::remote(root) {
-        with_root = w;
-    }
+    let with_root = crate::hooks::remote(root).unwrap_or(with_root);
     #[cfg(not(test))]
     let _ = root;
     wire::Standby {
