@@ -255,28 +255,40 @@ fn a_stopped_rank_is_named_by_the_trace_analysis() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs `ccl-shrink-trials` over `transport` with `args` (and a 20 s timeout); every trial must
+/// pass. Its report.
+fn shrink_trials(transport: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ccl-shrink-trials"))
+        .args(args)
+        .args(["--transport", transport, "--timeout", "20"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("run ccl-shrink-trials");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{transport}:\n{text}");
+    assert!(text.contains("trials passed"), "{transport}:\n{text}");
+    text
+}
+
 /// Issue-sized runs (100 trials, 4-8 ranks) are `scripts/shrink-trials.sh`; this is a small
 /// case of each transport: random ranks SIGKILLed inside random collectives (every third trial
 /// a second one during the shrink), every survivor shrinks and finishes checked allreduces.
 #[test]
 fn survivors_of_random_kills_shrink_and_finish_checked_allreduces() {
     for (transport, trials) in [("tcp", "6"), ("shm", "3")] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ccl-shrink-trials"))
-            .args(["--trials", trials, "--np-min", "4", "--np-max", "6"])
-            .args([
-                "--transport",
-                transport,
+        shrink_trials(
+            transport,
+            &[
+                "--trials",
+                trials,
+                "--np-min",
+                "4",
+                "--np-max",
+                "6",
                 "--second-every",
                 "3",
-                "--timeout",
-                "20",
-            ])
-            .stderr(Stdio::null())
-            .output()
-            .expect("run ccl-shrink-trials");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{transport}:\n{text}");
-        assert!(text.contains("trials passed"), "{transport}:\n{text}");
+            ],
+        );
     }
 }
 
@@ -287,16 +299,23 @@ fn survivors_of_random_kills_shrink_and_finish_checked_allreduces() {
 #[test]
 fn survivors_of_rank_0_and_its_rendezvous_dying_shrink_and_finish() {
     for (transport, trials) in [("tcp", "4"), ("shm", "2")] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ccl-shrink-trials"))
-            .args(["--trials", trials, "--np-min", "4", "--np-max", "6"])
-            .args(["--root", "rank0", "--victim", "0", "--second-every", "2"])
-            .args(["--transport", transport, "--timeout", "20"])
-            .stderr(Stdio::null())
-            .output()
-            .expect("run ccl-shrink-trials");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{transport}:\n{text}");
-        assert!(text.contains("trials passed"), "{transport}:\n{text}");
+        let text = shrink_trials(
+            transport,
+            &[
+                "--trials",
+                trials,
+                "--np-min",
+                "4",
+                "--np-max",
+                "6",
+                "--root",
+                "rank0",
+                "--victim",
+                "0",
+                "--second-every",
+                "2",
+            ],
+        );
         assert!(text.contains("first victim rank 0"), "{transport}:\n{text}");
     }
 }

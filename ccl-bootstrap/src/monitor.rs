@@ -40,6 +40,8 @@ impl Bootstrap {
         // root's process may take over the monitor when that process dies: it listens too, and
         // the root tells every rank where the first few such ranks listen.
         let standby = !crate::rendezvous::root_is_local(self.root);
+        #[cfg(test)]
+        let standby = standby || crate::hooks::remote(&self.secret).is_some();
         let listener = if tree.is_hub(rank) || standby {
             let ip = self.local_ip()?;
             let l = TcpListener::bind(SocketAddr::new(ip, 0))

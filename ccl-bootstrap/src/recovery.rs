@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
 use crate::wire::{self, Frame, FrameKind, ShrinkDecision, ShrinkRequest};
-use ccl_core::ccl_warn;
+use ccl_core::{ccl_trace, ccl_warn};
 
 /// Set to a message when the new communicator's root must give up admitting (a member died).
 pub(super) type Abandon = Arc<Mutex<Option<String>>>;
@@ -189,6 +189,12 @@ impl Recovery {
             );
             return vec![(r, Frame::error(&msg))];
         }
+        ccl_trace!(
+            None,
+            "bootstrap root {}: rank {r} asks to shrink (round {})",
+            self.addr,
+            req.round
+        );
         self.requests.insert(r, req.exclude);
         let mut out = Vec::new();
         if self.started.is_none() {
@@ -264,6 +270,12 @@ impl Recovery {
             formed: Vec::new(),
             failed: false,
         });
+        ccl_trace!(
+            None,
+            "bootstrap root {}: shrink round {} decided: members {members:?}",
+            self.addr,
+            self.round
+        );
         let f = ShrinkDecision {
             round: self.round,
             members,

@@ -10,7 +10,7 @@
 //!   root `Moved` on the old line and keeps reading that line until the root closes it, so no
 //!   frame the root sent before it read `Moved` is lost.
 //! - A digest query (`Down{ALL, DigestQuery}`) is answered for the whole subtree: the hub asks
-//!   its ranks with a budget shorter by [`HOP`], merges their digests with its own as they come,
+//!   its ranks with a budget shorter by [`wire::HOP`], merges their digests with its own as they come,
 //!   and sends one digest up when all have answered or its budget ends; a rank that has not
 //!   answered by then is left out, and the root counts it as silent.
 //! - When the line to a hub closes (the hub's process ended, or it dropped its communicator), the
@@ -40,9 +40,6 @@ const UNJOINED_GRACE: Duration = Duration::from_secs(5);
 const CONNECT_GRACE: Duration = Duration::from_secs(5);
 /// How long a hub whose communicator was dropped goes on passing frames for its ranks.
 const LINGER: Duration = Duration::from_secs(2);
-/// How much sooner than its own a hub's ranks must answer a digest query (their answers still
-/// have to travel, and be merged, before the hub's budget ends).
-pub(crate) const HOP: Duration = Duration::from_millis(100);
 
 /// A digest query this hub is answering for its subtree.
 struct Gathering {
@@ -245,7 +242,7 @@ impl Relay {
     }
 
     /// Starts answering a digest query for this hub's subtree: asks its ranks (with a budget
-    /// shorter by [`HOP`]) and takes its own view; [`Relay::take_digest`] merges their answers.
+    /// shorter by [`wire::HOP`]) and takes its own view; [`Relay::take_digest`] merges their answers.
     fn gather(&mut self, q: &Frame) {
         let Some((id, budget)) = wire::read_digest_query(&q.payload) else {
             return;
@@ -256,7 +253,7 @@ impl Relay {
         let down = wire::envelope(
             FrameKind::Down,
             wire::ALL,
-            &wire::digest_query(id, budget.saturating_sub(HOP)),
+            &wire::digest_query(id, budget.saturating_sub(wire::HOP)),
         );
         for (_, c) in &self.children {
             c.send(&down);
@@ -266,7 +263,7 @@ impl Relay {
         self.recent_all.push((down, now + UNJOINED_GRACE));
         self.gathering = Some(Gathering {
             id,
-            by: now + budget.saturating_sub(HOP / 2),
+            by: now + budget.saturating_sub(wire::HOP / 2),
             acc: self.s.own_digest().unwrap_or_default(),
             waiting: self.children.iter().map(|(r, _)| *r).collect(),
         });
@@ -557,7 +554,7 @@ impl Relay {
         let _ = self.s.wake.write(1);
         ccl_info!(
             Some(self.s.rank),
-            "monitor: the job's root died; rank {c} at {addr} runs the job's monitor now"
+            "monitor: the job's monitor ended with its process; rank {c} at {addr} runs it now"
         );
     }
 
@@ -792,7 +789,7 @@ mod tests {
         };
         let id = UniqueId::new_at(IpAddr::V4(Ipv4Addr::LOCALHOST), &c).unwrap();
         if let Some(with_root) = remote {
-            crate::hooks::set_remote(id.root_addr(), with_root);
+            crate::hooks::set_remote(id.secret(), with_root);
         }
         let hs: Vec<_> = (0..n)
             .map(|r| {
@@ -874,7 +871,7 @@ mod tests {
         until("every rank knows the standbys", || {
             ms.iter().all(|m| m.standby().is_some())
         });
-        crate::hooks::kill(id.root_addr());
+        crate::hooks::kill(id.secret(), id.root_addr());
         until("every rank follows rank 0's monitor", || {
             ms.iter().all(|m| m.moved_to() == Some(0))
         });
@@ -903,7 +900,7 @@ mod tests {
         // Dropping waits until the root has told the others that rank 0 left.
         drop(ms.remove(0));
         assert!(ms.iter().all(|m| m.standby().unwrap().left == [0]));
-        crate::hooks::kill(id.root_addr());
+        crate::hooks::kill(id.secret(), id.root_addr());
         until("the others follow rank 1's monitor", || {
             ms.iter().all(|m| m.moved_to() == Some(1))
         });
@@ -932,7 +929,7 @@ mod tests {
         );
         assert!(sb.with_root.is_empty());
 
-        crate::hooks::kill(id.root_addr());
+        crate::hooks::kill(id.secret(), id.root_addr());
         until("every rank follows rank 0's monitor", || {
             ms.iter().all(|m| m.moved_to() == Some(0))
         });
@@ -943,7 +940,7 @@ mod tests {
         }
 
         // Now rank 0's process dies, with the monitor it took over.
-        crate::hooks::kill(ms[0].root());
+        crate::hooks::kill(id.secret(), ms[0].root());
         ms.remove(0).vanish();
         until("the survivors follow rank 1's monitor", || {
             ms.iter().all(|m| m.moved_to() == Some(1))
@@ -1100,6 +1097,17 @@ mod tests {
         verdicts[0].clone()
     }
 
+    /// Waits until every rank of `ms` (a job of fan-out `f`) reports through its hub: a query
+    /// sent while a rank moves reaches it, but its answer may miss the hub's.
+    fn settled(ms: &[Monitor], f: usize) {
+        let tree = crate::tree::Tree::new(ms.len(), f);
+        until("every rank reports through its hub", || {
+            ms.iter()
+                .enumerate()
+                .all(|(r, m)| m.hub() == tree.parent(r))
+        });
+    }
+
     /// With the monitor a tree, the verdict comes from digests merged hub by hub: a silent
     /// rank two hubs below the root is found at the end of the ring's waits.
     #[test]
@@ -1113,7 +1121,7 @@ mod tests {
             }
         };
         let (_id, ms, _) = job_with(13, 3, std::sync::Arc::new(state));
-        until("rank 7 reports through rank 6", || ms[7].hub() == Some(6));
+        settled(&ms, 3);
         let v = verdict_after_report(&ms, 8);
         assert!(
             v.starts_with("allreduce #5 (ring, 64 B) is stuck behind rank 7 ("),
@@ -1137,7 +1145,7 @@ mod tests {
             _ => ring_view(r, 13, 0, 0),
         };
         let (_id, ms, _) = job_with(13, 3, std::sync::Arc::new(state));
-        until("rank 8 reports through rank 6", || ms[8].hub() == Some(6));
+        settled(&ms, 3);
         let v = verdict_after_report(&ms, 9);
         assert!(
             v.starts_with("allreduce #5 (ring, 64 B) is stuck on the link from rank 8 (test:108) to rank 9 (test:109): 64 bytes were sent on it and 16 arrived, both ranks are inside the operation"),

@@ -124,6 +124,10 @@ struct Link {
 impl Link {
     fn new(rank: usize, stream: TcpStream) -> Link {
         let _ = stream.set_nonblocking(true);
+        // Small frames answered by small frames: a line adopted from a live client was
+        // accepted with Nagle on, which holds each frame back until the last is acknowledged
+        // (40 ms with delayed acknowledgements: a takeover's shrink took that much longer).
+        let _ = stream.set_nodelay(true);
         Link {
             rank,
             stream,
@@ -164,16 +168,16 @@ const STANDBYS: usize = 8;
 fn standby_list(
     ranks: &[Watched],
     listens: &[Option<SocketAddr>],
-    root: SocketAddr,
+    secret: &[u8; 32],
 ) -> wire::Standby {
     let (me, host) = (std::process::id(), ccl_core::log::hostname());
     let with_root: Vec<usize> = (0..ranks.len())
         .filter(|&r| ranks[r].pid == me && ranks[r].host == host)
         .collect();
     #[cfg(test)]
-    let with_root = crate::hooks::remote(root).unwrap_or(with_root);
+    let with_root = crate::hooks::remote(secret).unwrap_or(with_root);
     #[cfg(not(test))]
-    let _ = root;
+    let _ = secret;
     wire::Standby {
         ranks: (0..ranks.len())
             .filter(|r| !with_root.contains(r))
@@ -281,7 +285,7 @@ impl<'a> Watch<'a> {
             links.push(link);
             ranks.push(Watched::new(who.host, who.pid, Some(r)));
         }
-        let standby = standby_list(&ranks, &listens, addr);
+        let standby = standby_list(&ranks, &listens, &secret);
         let mut w = Watch {
             ranks,
             links,
@@ -566,12 +570,20 @@ impl<'a> Watch<'a> {
 
     /// Runs until every rank has gone.
     pub(super) fn run(mut self) {
+        // A monitor taken over starts with the lines of ranks that asked already, their frames
+        // read: they would wake no poll.
+        self.serve_clients();
+        // Nothing to wait for before the first look (a monitor taken over has a death to
+        // announce).
+        let mut first = true;
         while self.ranks.iter().any(|w| w.open) {
             #[cfg(test)]
-            if crate::hooks::killed(self.addr) {
+            if crate::hooks::killed(&self.secret, self.addr) {
                 return;
             }
-            self.sleep();
+            if !std::mem::take(&mut first) {
+                self.sleep();
+            }
             self.pump();
             // Also the ranks found closed while gathering states.
             for r in (0..self.ranks.len()).filter(|&r| !self.ranks[r].open) {
@@ -847,10 +859,7 @@ impl<'a> Watch<'a> {
     fn digest(&mut self) -> Digest {
         self.query_id = self.query_id.wrapping_add(1);
         let id = self.query_id;
-        self.broadcast(&wire::digest_query(
-            id,
-            GATHER.saturating_sub(crate::relay::HOP),
-        ));
+        self.broadcast(&wire::digest_query(id, GATHER.saturating_sub(wire::HOP)));
         let until = Instant::now() + GATHER;
         let mut acc = Digest::default();
         loop {

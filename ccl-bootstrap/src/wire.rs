@@ -40,6 +40,9 @@ pub fn rank_of(payload: &[u8]) -> Option<usize> {
         .map(|b| u32::from_le_bytes(b) as usize)
 }
 
+/// Most ranks a root admits (a sanity bound on the size a hello may claim).
+pub const MAX_RANKS: usize = 1 << 20;
+
 /// Largest payload accepted (allgather of connection handles stays far below).
 pub const MAX_FRAME: usize = 64 << 20;
 const HELLO_MAGIC: [u8; 8] = *b"CCLBOOT2";
@@ -531,6 +534,10 @@ pub fn open_envelope(p: &[u8]) -> Result<(u32, Frame)> {
     Ok((u32::from_le_bytes(*who), Frame::new(kind, body.to_vec())))
 }
 
+/// How much sooner than its own a hub's ranks must answer a digest query (their answers still
+/// have to travel, and be merged, before the hub's budget ends).
+pub(crate) const HOP: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A [`FrameKind::DigestQuery`]: query `id`, to be answered within `budget`.
 pub fn digest_query(id: u32, budget: std::time::Duration) -> Frame {
     let mut p = id.to_le_bytes().to_vec();
@@ -725,7 +732,7 @@ impl Rejoin {
         let (rank, rest) = rest.split_first_chunk::<4>()?;
         let (pid, rest) = rest.split_first_chunk::<4>()?;
         let mut off = 0;
-        let dead = take_ranks(rest, &mut off, crate::rendezvous::MAX_RANKS).ok()?;
+        let dead = take_ranks(rest, &mut off, MAX_RANKS).ok()?;
         Some(Rejoin {
             secret: *secret,
             rank: u32::from_le_bytes(*rank) as usize,

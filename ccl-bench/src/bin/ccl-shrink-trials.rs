@@ -231,8 +231,25 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
     };
     let seed = rng.next() | 1;
     let mut kids = Vec::new();
+    // Each rank's output is read as it comes: a rank that logs more than a pipe holds must not
+    // block on it.
+    let mut drains = Vec::new();
     for r in 0..n {
-        kids.push(spawn(o, &meet, r, n, seed).map_err(|e| format!("spawning rank {r}: {e}"))?);
+        let mut k = spawn(o, &meet, r, n, seed).map_err(|e| format!("spawning rank {r}: {e}"))?;
+        let drain = |p: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                if let Some(mut p) = p {
+                    let _ = p.read_to_string(&mut s);
+                }
+                s
+            })
+        };
+        drains.push((
+            drain(k.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
+            drain(k.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
+        ));
+        kids.push(k);
     }
     // Random time into the collectives: set-up takes a few hundred ms on a loaded machine.
     std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
@@ -252,7 +269,7 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
     }
     let deadline = Instant::now() + Duration::from_secs(6 * o.timeout_s + 60);
     let mut outs = Vec::new();
-    for (r, k) in kids.iter_mut().enumerate() {
+    for ((r, k), (out, err)) in kids.iter_mut().enumerate().zip(drains) {
         let status = loop {
             match k.try_wait() {
                 Ok(Some(s)) => break s,
@@ -265,14 +282,8 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
                 }
             }
         };
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(s) = k.stdout.as_mut() {
-            let _ = s.read_to_string(&mut out);
-        }
-        if let Some(s) = k.stderr.as_mut() {
-            let _ = s.read_to_string(&mut err);
-        }
+        let out = out.join().unwrap_or_default();
+        let err = err.join().unwrap_or_default();
         if let Ok(dir) = std::env::var("SHRINK_TRIAL_LOGS") {
             let _ = std::fs::write(format!("{dir}/seed-{seed}-rank-{r}.log"), &err);
         }
