@@ -413,9 +413,12 @@ impl Drop for Monitor {
             self.shared.send(&Frame::new(FrameKind::Bye, Vec::new()));
             // The monitor runs in this process: it dies with it, maybe right after this. The
             // others must know that this rank had left first, or they would name it dead.
+            // A communicator that failed or was revoked gives that wait no purpose.
             let here = self
                 .standby()
-                .is_some_and(|sb| !sb.ranks.is_empty() && sb.with_root.contains(&self.shared.rank));
+                .is_some_and(|sb| !sb.ranks.is_empty() && sb.with_root.contains(&self.shared.rank))
+                && self.poll().is_none()
+                && self.revoked().is_none();
             let until = Instant::now() + BYE_HEARD;
             while here
                 && !self.shared.bye_heard.load(Ordering::Acquire)
