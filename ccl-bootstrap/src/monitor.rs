@@ -94,6 +94,9 @@ impl Bootstrap {
             bye_heard: AtomicBool::new(false),
             shrink_round: Mutex::new((0, 0)),
             roster: OnceLock::new(),
+            outcome: Mutex::new(None),
+            #[cfg(test)]
+            vanished: AtomicBool::new(false),
             spawn_root: crate::rendezvous::Root::spawn_with,
             notices: Mutex::new(VecDeque::new()),
             wake: efd()?,
@@ -277,22 +280,32 @@ impl Monitor {
             .shrink_round
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if at != self.shared.epoch.load(Ordering::Acquire) {
-            // The root that decided the round died: its successor asks again.
-            return Ok(false);
+        if at == self.shared.epoch.load(Ordering::Acquire) {
+            self.shared
+                .send(&wire::round_flag(FrameKind::Formed, round, ok));
+            if let Some((_, f)) = self.answer(at, deadline)? {
+                return match (f.kind, wire::read_round_flag(&f.payload)) {
+                    (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
+                    _ => Err(Error::remote(format!(
+                        "the rendezvous answered a shrink's outcome with {:?}",
+                        f.kind
+                    ))
+                    .rank(self.shared.rank)),
+                };
+            }
         }
-        self.shared
-            .send(&wire::round_flag(FrameKind::Formed, round, ok));
-        let Some((_, f)) = self.answer(at, deadline)? else {
-            return Ok(false);
-        };
-        match (f.kind, wire::read_round_flag(&f.payload)) {
-            (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
-            _ => Err(Error::remote(format!(
-                "the rendezvous answered a shrink's outcome with {:?}",
-                f.kind
-            ))
-            .rank(self.shared.rank)),
+        // The monitor that decided the round died before this rank heard its verdict. It may
+        // have told other members to use the new communicator: its successor learns that from
+        // them (this rank's monitor thread told it what this rank knows) and says.
+        loop {
+            let epoch = self.shared.epoch.load(Ordering::Acquire);
+            match self.answer(epoch, deadline)? {
+                Some((_, f)) => match (f.kind, wire::read_round_flag(&f.payload)) {
+                    (FrameKind::Commit, Ok((wire::INHERITED, commit))) => return Ok(commit),
+                    _ => continue,
+                },
+                None => continue,
+            }
         }
     }
 
@@ -403,6 +416,8 @@ impl Monitor {
     #[cfg(test)]
     pub(crate) fn vanish(mut self) {
         self.bye = false;
+        // A dead process's monitor thread does not linger either.
+        self.shared.vanished.store(true, Ordering::Release);
     }
 }
 

@@ -62,6 +62,10 @@ pub(super) struct Recovery {
     admitting: Option<(Vec<usize>, Abandon)>,
     /// The members whose new communicator is forming, since when, and who reported it formed.
     forming: Option<Forming>,
+    /// Rounds decided by the monitor this one took over from.
+    inherited: Vec<Inherited>,
+    /// Ranks that joined after the predecessor died knowing of no round.
+    orphans: Vec<usize>,
 }
 
 struct Forming {
@@ -73,6 +77,22 @@ struct Forming {
 
 /// A frame for one rank.
 pub(super) type Out = (usize, Frame);
+
+/// A round a dead predecessor decided, as the members who joined this monitor told it.
+struct Inherited {
+    /// The new communicator's unique id: the round's name.
+    id: Vec<u8>,
+    members: Vec<usize>,
+    /// Some member was told to use it: then every member was (all had formed it).
+    committed: bool,
+    /// Members that have said what they know.
+    heard: Vec<usize>,
+    /// Members waiting for the verdict, and whether each has it.
+    waiting: Vec<(usize, bool)>,
+    /// A member knew nothing of the round: nobody can have been told to use it.
+    unknown: bool,
+    done: bool,
+}
 
 impl Recovery {
     pub(super) fn new(
@@ -93,7 +113,83 @@ impl Recovery {
             started: None,
             admitting: None,
             forming: None,
+            inherited: Vec::new(),
+            orphans: Vec::new(),
         }
+    }
+
+    /// Rank `r` joined this monitor after its predecessor died, with its part in the last
+    /// round that one decided (`None`: none, or one told "drop it").
+    pub(super) fn on_rejoin(&mut self, r: usize, round: Option<wire::Outcome>) {
+        match round {
+            Some(o) => {
+                let i = match self.inherited.iter().position(|x| x.id == o.id) {
+                    Some(i) => i,
+                    None => {
+                        self.inherited.push(Inherited {
+                            id: o.id.clone(),
+                            members: o.members.clone(),
+                            committed: false,
+                            heard: Vec::new(),
+                            waiting: Vec::new(),
+                            unknown: false,
+                            done: false,
+                        });
+                        self.inherited.len() - 1
+                    }
+                };
+                let x = &mut self.inherited[i];
+                x.heard.push(r);
+                if o.committed {
+                    x.committed = true;
+                } else {
+                    x.waiting.push((r, false));
+                }
+            }
+            None => {
+                for x in self.inherited.iter_mut().filter(|x| x.members.contains(&r)) {
+                    x.heard.push(r);
+                    x.unknown = true;
+                }
+                self.orphans.push(r);
+            }
+        }
+    }
+
+    /// The verdicts on inherited rounds: "use it" to the members still waiting as soon as one
+    /// member says it was told so; "drop it" once every live member has joined and none was,
+    /// or one knew nothing of the round.
+    fn inherited_verdicts(&mut self, open: &[bool]) -> Vec<Out> {
+        let mut out = Vec::new();
+        for x in self.inherited.iter_mut().filter(|x| !x.done) {
+            // A member that joined knowing nothing, before this round was first reported.
+            if x.members
+                .iter()
+                .any(|m| self.orphans.contains(m) && !x.heard.contains(m))
+            {
+                x.unknown = true;
+            }
+            let all = x
+                .members
+                .iter()
+                .all(|&m| x.heard.contains(&m) || !open.get(m).copied().unwrap_or(false));
+            let verdict = if x.committed {
+                Some(true)
+            } else if x.unknown || all {
+                Some(false)
+            } else {
+                None
+            };
+            let Some(commit) = verdict else { continue };
+            let f = wire::round_flag(FrameKind::Commit, wire::INHERITED, commit);
+            for (m, told) in x.waiting.iter_mut().filter(|(_, t)| !*t) {
+                *told = true;
+                out.push((*m, f.clone()));
+            }
+            // Members that report later still get it; a verdict of "drop" is final.
+            x.done = !commit;
+        }
+        out
     }
 
     /// Whether the root should look again before its usual poll interval (a round is open).
@@ -223,7 +319,8 @@ impl Recovery {
     /// The decision of an open round, once every awaited rank has asked or the time is up, and
     /// the verdict on a forming communicator.
     pub(super) fn decide(&mut self, open: &[bool]) -> Vec<Out> {
-        let mut out = self.verdict(open);
+        let mut out = self.inherited_verdicts(open);
+        out.extend(self.verdict(open));
         out.extend(self.decide_round(open));
         out
     }
@@ -301,5 +398,75 @@ impl Recovery {
         let abandon: Abandon = Arc::new(Mutex::new(None));
         (self.spawn_root)(listener, id.secret(), self.timeout, Some(abandon.clone()))?;
         Ok((id, abandon))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recovery(n: usize) -> Recovery {
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        Recovery::new(n, addr, Duration::from_secs(10), |_, _, _, _| Ok(()))
+    }
+
+    fn told(r: usize, committed: bool) -> Option<wire::Outcome> {
+        let _ = r;
+        Some(wire::Outcome {
+            id: vec![7; 16],
+            members: vec![1, 2, 3],
+            committed,
+        })
+    }
+
+    /// The verdicts sent: (rank, use it).
+    fn verdicts(out: Vec<Out>) -> Vec<(usize, bool)> {
+        out.into_iter()
+            .map(|(r, f)| {
+                assert_eq!(f.kind, FrameKind::Commit);
+                let (round, commit) = wire::read_round_flag(&f.payload).unwrap();
+                assert_eq!(round, wire::INHERITED);
+                (r, commit)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_round_one_member_was_told_to_use_is_used_by_all() {
+        // Rank 0 ran the monitor and died while it said "use it" to ranks 1, 2 and 3.
+        let open = [false, true, true, true];
+        let mut rec = recovery(4);
+        rec.on_rejoin(1, told(1, false));
+        assert!(
+            verdicts(rec.decide(&open)).is_empty(),
+            "ranks 2 and 3 may know"
+        );
+        rec.on_rejoin(2, told(2, true));
+        assert_eq!(verdicts(rec.decide(&open)), [(1, true)]);
+        rec.on_rejoin(3, told(3, false));
+        assert_eq!(verdicts(rec.decide(&open)), [(3, true)]);
+        assert!(verdicts(rec.decide(&open)).is_empty());
+    }
+
+    #[test]
+    fn a_round_nobody_was_told_to_use_is_dropped_once_every_member_said() {
+        let mut open = vec![false, true, true, true];
+        let mut rec = recovery(4);
+        rec.on_rejoin(1, told(1, false));
+        rec.on_rejoin(3, told(3, false));
+        assert!(verdicts(rec.decide(&open)).is_empty(), "rank 2 may know");
+        // Rank 2 died too: nobody left can have been told.
+        open[2] = false;
+        assert_eq!(verdicts(rec.decide(&open)), [(1, false), (3, false)]);
+    }
+
+    #[test]
+    fn a_member_that_knew_nothing_of_the_round_ends_it() {
+        // Rank 2 never had the decision: the monitor cannot have said "use it" to anyone.
+        let open = [false, true, true, true];
+        let mut rec = recovery(4);
+        rec.on_rejoin(2, None);
+        rec.on_rejoin(1, told(1, false));
+        assert_eq!(verdicts(rec.decide(&open)), [(1, false)]);
     }
 }

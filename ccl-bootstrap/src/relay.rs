@@ -131,9 +131,16 @@ impl Relay {
                 let _ = self.s.stop.read();
                 linger = Some(Instant::now() + LINGER);
                 self.leaving = true;
+                #[cfg(test)]
+                if self.s.vanished.load(Ordering::Acquire) {
+                    return;
+                }
             }
+            // A rank told to use a shrunk communicator lingers too: if the monitor dies now,
+            // members still waiting for its verdict learn from this rank that it was "use it".
             if linger.is_some_and(|t| {
-                Instant::now() >= t || (self.children.is_empty() && self.joiners.is_empty())
+                Instant::now() >= t
+                    || (self.children.is_empty() && self.joiners.is_empty() && !self.s.committed())
             }) {
                 return;
             }
@@ -150,7 +157,8 @@ impl Relay {
             for f in frames {
                 self.take_down(f);
             }
-            if closed && !self.adopt() && (self.leaving || !self.failover()) {
+            let may_fail_over = !self.leaving || self.s.committed();
+            if closed && !self.adopt() && !(may_fail_over && self.failover()) {
                 // The root's process ended (it may simply have finished) and no standby took
                 // over: no news, but waits look again.
                 self.s.root_gone.store(true, Ordering::Release);
@@ -436,7 +444,8 @@ impl Relay {
                 continue;
             }
             if c == me {
-                if self.take_over(Vec::new()) {
+                // A rank that is leaving runs no monitor (the others pass it by too).
+                if !self.leaving && self.take_over(Vec::new()) {
                     return true;
                 }
                 continue;
@@ -483,6 +492,12 @@ impl Relay {
             rank: me,
             pid: std::process::id(),
             dead: dead.to_vec(),
+            round: self
+                .s
+                .outcome
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             host: ccl_core::log::hostname().to_string(),
         };
         // Only a refused connection says the standby is gone; anything else (a full accept
@@ -518,6 +533,16 @@ impl Relay {
             format!("waiting for standby rank {c} at {addr} to take the job's monitor over")
         });
         match first {
+            // The monitor runs there, and no longer counts this rank among the job's: moving on
+            // to another standby would start a second monitor.
+            Ok(f) if f.kind == FrameKind::Error => {
+                ccl_warn!(
+                    Some(me),
+                    "monitor: rank {c}, which runs the job's monitor now, refused this rank: {}",
+                    String::from_utf8_lossy(&f.payload)
+                );
+                Some(Err(()))
+            }
             Ok(f) => {
                 let line = Line::new(s);
                 self.s.handle(f);
@@ -552,6 +577,10 @@ impl Relay {
         self.s.moved_to.store(c, Ordering::Release);
         self.s.epoch.fetch_add(1, Ordering::AcqRel);
         let _ = self.s.wake.write(1);
+        if self.leaving {
+            // Here only to say what this rank was told: it has left.
+            self.s.send(&Frame::new(FrameKind::Bye, Vec::new()));
+        }
         ccl_info!(
             Some(self.s.rank),
             "monitor: the job's monitor ended with its process; rank {c} at {addr} runs it now"

@@ -49,6 +49,12 @@ pub(crate) struct Shared {
     /// Shrink rounds decided by the root of an epoch (each root counts from 0): `(epoch,
     /// rounds)`.
     pub(crate) shrink_round: Mutex<(u32, u32)>,
+    /// The test's stand-in for this rank's process dying: its monitor thread ends at once.
+    #[cfg(test)]
+    pub(crate) vanished: AtomicBool,
+    /// This rank's part in the last shrink round decided (kept by the monitor thread, so that
+    /// what it tells a standby matches every frame it read).
+    pub(crate) outcome: Mutex<Option<wire::Outcome>>,
     /// Every rank's host and process id, when the communicator has said: a monitor taken over
     /// names at once a rank of its own host whose process has ended.
     pub(crate) roster: OnceLock<Vec<(String, u32)>>,
@@ -184,6 +190,7 @@ impl Shared {
                 Err(e) => ccl_warn!(Some(self.rank), "monitor: {e}"),
             },
             FrameKind::Shrunk | FrameKind::Commit => {
+                self.note_outcome(&f);
                 let epoch = self.epoch.load(Ordering::Acquire);
                 self.recovery().answers.push_back((epoch, f));
                 let _ = self.wake.write(1);
@@ -208,6 +215,42 @@ impl Shared {
                 None
             }
         }
+    }
+
+    /// Keeps this rank's part in the round a `Shrunk` decision or a `Commit` verdict is about.
+    fn note_outcome(&self, f: &Frame) {
+        let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        match f.kind {
+            FrameKind::Shrunk => {
+                if let Ok(d) = wire::ShrinkDecision::decode(&f.payload, self.size) {
+                    *o = Some(wire::Outcome {
+                        id: d.id,
+                        members: d.members,
+                        committed: false,
+                    });
+                }
+            }
+            FrameKind::Commit => match wire::read_round_flag(&f.payload) {
+                Ok((_, true)) => {
+                    if let Some(o) = o.as_mut() {
+                        o.committed = true;
+                    }
+                }
+                Ok((_, false)) => *o = None,
+                Err(_) => {}
+            },
+            _ => {}
+        }
+    }
+
+    /// Whether this rank was told to use a shrunk communicator: its monitor line must tell a
+    /// standby so if the monitor dies, even after the communicator was dropped.
+    pub(crate) fn committed(&self) -> bool {
+        self.outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|o| o.committed)
     }
 
     /// Shrink rounds the current root has decided.

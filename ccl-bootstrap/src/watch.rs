@@ -995,6 +995,26 @@ impl<'a> Watch<'a> {
             {
                 r
             }
+            Some((secret, r))
+                if rejoin.is_some()
+                    && ccl_core::transport::handshake::secrets_equal(&secret, &self.secret) =>
+            {
+                // One of the job's ranks, named dead or gone here: it must not look for another
+                // monitor, so it hears why instead of a closed line.
+                let why = format!(
+                    "rank {r} is no longer watched by the job's monitor at {} (it was named dead or left)",
+                    self.addr
+                );
+                ccl_warn!(None, "bootstrap root {}: {why}", self.addr);
+                let mut s = c.stream;
+                let _ = s.set_nonblocking(false);
+                let _ = wire::write_frame(
+                    &mut s,
+                    &Frame::error(&why),
+                    Instant::now() + Duration::from_millis(500),
+                );
+                return;
+            }
             _ => {
                 ccl_warn!(
                     None,
@@ -1006,6 +1026,7 @@ impl<'a> Watch<'a> {
             }
         };
         if let Some(j) = rejoin {
+            self.recovery.on_rejoin(r, j.round);
             self.ranks[r].host = j.host;
             self.ranks[r].pid = j.pid;
             // The root that died had named them; the ranks have heard already.

@@ -503,6 +503,10 @@ pub fn round_flag(kind: FrameKind, round: u32, flag: bool) -> Frame {
 }
 
 /// Reads a [`round_flag`] payload.
+/// The round of a [`FrameKind::Commit`] that a monitor sends for a round its dead predecessor
+/// decided.
+pub const INHERITED: u32 = u32::MAX;
+
 pub fn read_round_flag(p: &[u8]) -> Result<(u32, bool)> {
     match p {
         [a, b, c, d, f @ (0 | 1)] => Ok((u32::from_le_bytes([*a, *b, *c, *d]), *f == 1)),
@@ -709,16 +713,38 @@ pub struct Rejoin {
     pub pid: u32,
     /// Ranks this rank knows died (the root told it, or they ran in the root's process).
     pub dead: Vec<usize>,
+    /// The last shrink round the monitor that died decided for this rank, if any.
+    pub round: Option<Outcome>,
     pub host: String,
 }
 
+/// A rank's part in a shrink round: the new communicator's unique id and members, and whether
+/// the monitor said to use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub id: Vec<u8>,
+    pub members: Vec<usize>,
+    pub committed: bool,
+}
+
 impl Rejoin {
-    /// `[secret][u32 rank][u32 pid][u32 n][u32 rank]*n[host]`.
+    /// `[secret][u32 rank][u32 pid][u32 n][u32 rank]*n`, then `[u8 0]` or `[u8 1][u32 id
+    /// length][id][u8 committed][u32 m][u32 rank]*m`, then `[host]`.
     pub fn encode(&self) -> Frame {
         let mut p = self.secret.to_vec();
         p.extend_from_slice(&(self.rank as u32).to_le_bytes());
         p.extend_from_slice(&self.pid.to_le_bytes());
         put_ranks(&mut p, &self.dead);
+        match &self.round {
+            None => p.push(0),
+            Some(o) => {
+                p.push(1);
+                p.extend_from_slice(&(o.id.len() as u32).to_le_bytes());
+                p.extend_from_slice(&o.id);
+                p.push(u8::from(o.committed));
+                put_ranks(&mut p, &o.members);
+            }
+        }
         p.extend_from_slice(self.host.as_bytes());
         Frame::new(FrameKind::Rejoin, p)
     }
@@ -733,11 +759,38 @@ impl Rejoin {
         let (pid, rest) = rest.split_first_chunk::<4>()?;
         let mut off = 0;
         let dead = take_ranks(rest, &mut off, MAX_RANKS).ok()?;
+        let round = match *rest.get(off)? {
+            0 => {
+                off += 1;
+                None
+            }
+            1 => {
+                let len = u32::from_le_bytes(rest.get(off + 1..off + 5)?.try_into().ok()?);
+                let len = usize::try_from(len).ok().filter(|&l| l <= 4096)?;
+                off += 5;
+                let id = rest.get(off..off + len)?.to_vec();
+                off += len;
+                let committed = match *rest.get(off)? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                off += 1;
+                let members = take_ranks(rest, &mut off, MAX_RANKS).ok()?;
+                Some(Outcome {
+                    id,
+                    members,
+                    committed,
+                })
+            }
+            _ => return None,
+        };
         Some(Rejoin {
             secret: *secret,
             rank: u32::from_le_bytes(*rank) as usize,
             pid: u32::from_le_bytes(*pid),
             dead,
+            round,
             host: String::from_utf8_lossy(&rest[off..]).into_owned(),
         })
     }
@@ -931,10 +984,26 @@ mod tests {
             rank: 3,
             pid: 99,
             dead: vec![0, 4],
+            round: None,
             host: "node-1".into(),
         };
         let f = j.encode();
-        assert_eq!(Rejoin::decode(&f), Some(j));
+        assert_eq!(Rejoin::decode(&f), Some(j.clone()));
+        let k = Rejoin {
+            round: Some(Outcome {
+                id: vec![9; 128],
+                members: vec![1, 3, 5],
+                committed: true,
+            }),
+            ..j
+        };
+        let g = k.encode();
+        assert_eq!(Rejoin::decode(&g), Some(k));
+        // Cut anywhere before the host name, it is no frame.
+        for cut in 0..g.payload.len() - "node-1".len() {
+            let h = Frame::new(FrameKind::Rejoin, g.payload[..cut].to_vec());
+            assert_eq!(Rejoin::decode(&h), None, "cut at {cut}");
+        }
         for cut in 0..44 {
             let g = Frame::new(FrameKind::Rejoin, f.payload[..cut].to_vec());
             assert_eq!(Rejoin::decode(&g), None, "cut at {cut}");
