@@ -283,15 +283,24 @@ impl Monitor {
         if at == self.shared.epoch.load(Ordering::Acquire) {
             self.shared
                 .send(&wire::round_flag(FrameKind::Formed, round, ok));
-            if let Some((_, f)) = self.answer(at, deadline)? {
-                return match (f.kind, wire::read_round_flag(&f.payload)) {
-                    (FrameKind::Commit, Ok((r, commit))) if r == round => Ok(commit),
-                    _ => Err(Error::remote(format!(
-                        "the rendezvous answered a shrink's outcome with {:?}",
-                        f.kind
-                    ))
-                    .rank(self.shared.rank)),
-                };
+            while let Some((e, f)) = self.answer(at, deadline)? {
+                if e != at {
+                    // The next monitor's: the verdict below is about this round.
+                    self.shared.recovery().answers.push_front((e, f));
+                    break;
+                }
+                match (f.kind, wire::read_round_flag(&f.payload)) {
+                    (FrameKind::Commit, Ok((r, commit))) if r == round => return Ok(commit),
+                    // A verdict on a round of a dead monitor that this rank no longer waits for.
+                    (FrameKind::Commit, Ok((wire::INHERITED, _))) => continue,
+                    _ => {
+                        return Err(Error::remote(format!(
+                            "the rendezvous answered a shrink's outcome with {:?}",
+                            f.kind
+                        ))
+                        .rank(self.shared.rank));
+                    }
+                }
             }
         }
         // The monitor that decided the round died before this rank heard its verdict. It may

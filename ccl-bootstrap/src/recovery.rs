@@ -121,6 +121,12 @@ impl Recovery {
     /// Rank `r` joined this monitor after its predecessor died, with its part in the last
     /// round that one decided (`None`: none, or one told "drop it").
     pub(super) fn on_rejoin(&mut self, r: usize, round: Option<wire::Outcome>) {
+        ccl_trace!(
+            None,
+            "bootstrap root {}: rank {r} rejoins knowing {:?}",
+            self.addr,
+            round.as_ref().map(|o| (&o.members, o.committed))
+        );
         match round {
             Some(o) => {
                 let i = match self.inherited.iter().position(|x| x.id == o.id) {
@@ -181,6 +187,13 @@ impl Recovery {
                 None
             };
             let Some(commit) = verdict else { continue };
+            ccl_trace!(
+                None,
+                "bootstrap root {}: the inherited round of {:?}: {}",
+                self.addr,
+                x.members,
+                if commit { "use it" } else { "drop it" }
+            );
             let f = wire::round_flag(FrameKind::Commit, wire::INHERITED, commit);
             for (m, told) in x.waiting.iter_mut().filter(|(_, t)| !*t) {
                 *told = true;
