@@ -36,22 +36,7 @@ impl Bootstrap {
         let rank = self.rank;
         let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
         let tree = Tree::new(self.size, fanout);
-        // A hub takes its children's lines where it reached the root from. A rank outside the
-        // root's process may take over the monitor when that process dies: it listens too, and
-        // the root tells every rank where the first few such ranks listen.
-        let standby = !crate::rendezvous::root_is_local(self.root);
-        #[cfg(test)]
-        let standby = standby || crate::hooks::remote(&self.secret).is_some();
-        let listener = if tree.is_hub(rank) || standby {
-            let ip = self.local_ip()?;
-            let l = TcpListener::bind(SocketAddr::new(ip, 0))
-                .map_err(|e| sys("monitor: cannot listen for the ranks it watches", e))?;
-            l.set_nonblocking(true)
-                .map_err(|e| sys("monitor listener", e))?;
-            Some(l)
-        } else {
-            None
-        };
+        let listener = self.monitor_listener(&tree)?;
         let me = wire::Watchme {
             pid: std::process::id(),
             fanout: tree.fanout() as u32,
@@ -122,6 +107,29 @@ impl Bootstrap {
 /// How long a rank of the monitor's process waits, when it leaves, for the monitor to have told
 /// the others so.
 const BYE_HEARD: Duration = Duration::from_millis(500);
+
+impl Bootstrap {
+    /// Where this rank takes monitor lines, if it does. A hub takes its children's lines where
+    /// it reached the root from. A rank outside the root's process may take over the monitor
+    /// when that process dies: it listens too, and the root tells every rank where the first
+    /// few such ranks listen.
+    fn monitor_listener(&self, tree: &Tree) -> Result<Option<TcpListener>> {
+        let rank = self.rank;
+        let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
+        let standby = !crate::rendezvous::root_is_local(self.root);
+        #[cfg(test)]
+        let standby = standby || crate::hooks::remote(&self.secret).is_some();
+        if !(tree.is_hub(rank) || standby) {
+            return Ok(None);
+        }
+        let ip = self.local_ip()?;
+        let l = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| sys("monitor: cannot listen for the ranks it watches", e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| sys("monitor listener", e))?;
+        Ok(Some(l))
+    }
+}
 
 /// A rank's line to the root while the communicator lives: failures of other ranks arrive here
 /// as [`Notice`]s (with the root's verdict), and this rank's own failure goes out through it.

@@ -219,6 +219,44 @@ fn spawn(o: &Opts, meet: &Meet, rank: usize, n: usize, seed: u64) -> std::io::Re
         .spawn()
 }
 
+/// A rank's output as it is read (stdout, stderr), each on a thread of its own.
+type Drain = (
+    std::thread::JoinHandle<String>,
+    std::thread::JoinHandle<String>,
+);
+
+/// Waits for every rank until `deadline` (then kills it): per rank, its exit status, output
+/// and log (kept in `SHRINK_TRIAL_LOGS` when set).
+fn finish(
+    mut kids: Vec<Child>,
+    drains: Vec<Drain>,
+    deadline: Instant,
+    seed: u64,
+) -> Result<Vec<(usize, std::process::ExitStatus, String, String)>, String> {
+    let mut outs = Vec::new();
+    for ((r, k), (out, err)) in kids.iter_mut().enumerate().zip(drains) {
+        let status = loop {
+            match k.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = k.kill();
+                    break k.wait().map_err(|e| e.to_string())?;
+                }
+            }
+        };
+        let out = out.join().unwrap_or_default();
+        let err = err.join().unwrap_or_default();
+        if let Ok(dir) = std::env::var("SHRINK_TRIAL_LOGS") {
+            let _ = std::fs::write(format!("{dir}/seed-{seed}-rank-{r}.log"), &err);
+        }
+        outs.push((r, status, out, err));
+    }
+    Ok(outs)
+}
+
 fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     cfg.timeout = Duration::from_secs(o.timeout_s);
@@ -233,7 +271,7 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
     let mut kids = Vec::new();
     // Each rank's output is read as it comes: a rank that logs more than a pipe holds must not
     // block on it.
-    let mut drains = Vec::new();
+    let mut drains: Vec<Drain> = Vec::new();
     for r in 0..n {
         let mut k = spawn(o, &meet, r, n, seed).map_err(|e| format!("spawning rank {r}: {e}"))?;
         let drain = |p: Option<Box<dyn Read + Send>>| {
@@ -268,27 +306,7 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
         killed.push(v2);
     }
     let deadline = Instant::now() + Duration::from_secs(6 * o.timeout_s + 60);
-    let mut outs = Vec::new();
-    for ((r, k), (out, err)) in kids.iter_mut().enumerate().zip(drains) {
-        let status = loop {
-            match k.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = k.kill();
-                    break k.wait().map_err(|e| e.to_string())?;
-                }
-            }
-        };
-        let out = out.join().unwrap_or_default();
-        let err = err.join().unwrap_or_default();
-        if let Ok(dir) = std::env::var("SHRINK_TRIAL_LOGS") {
-            let _ = std::fs::write(format!("{dir}/seed-{seed}-rank-{r}.log"), &err);
-        }
-        outs.push((r, status, out, err));
-    }
+    let outs = finish(kids, drains, deadline, seed)?;
     // A rank killed after it had already finished counts as a survivor.
     use std::os::unix::process::ExitStatusExt;
     killed.retain(|&v| outs[v].1.signal() == Some(9));
