@@ -257,6 +257,10 @@ fn finish(
     Ok(outs)
 }
 
+/// One trial: start the ranks, kill one or two, check every survivor's report.
+///
+/// Not split, though just over 100 lines: it reads as the trial's script (start, kill, wait,
+/// judge), and its checks share the kill's time and victims with the steps above them.
 fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     cfg.timeout = Duration::from_secs(o.timeout_s);
