@@ -410,6 +410,14 @@ class Communicator:
         c._fill()
         return c
 
+    @classmethod
+    def _borrow(cls, handle):
+        """A view of a communicator someone else owns (the native torch backend's): explicit
+        calls act on it, but dropping the view does not free it."""
+        c = cls._wrap(ctypes.c_void_p(handle))
+        c._borrowed = True
+        return c
+
     def _fill(self):
         v = ctypes.c_int()
         _check(_lib.cclCommUserRank(self._h, ctypes.byref(v)))
@@ -450,7 +458,7 @@ class Communicator:
 
     def __del__(self):
         try:
-            if _lib is not None:
+            if _lib is not None and not getattr(self, "_borrowed", False):
                 self.destroy()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass

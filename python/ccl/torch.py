@@ -26,6 +26,7 @@ How it fits into PyTorch (see docs/torch.md for what each operation does and wha
 """
 
 import ctypes
+import logging
 import os
 import time
 from datetime import timedelta
@@ -51,7 +52,8 @@ from ccl._torch_work import (
     _wait_request,
 )
 
-__all__ = ["ProcessGroupCCL", "BACKEND"]
+__all__ = ["ProcessGroupCCL", "PythonProcessGroupCCL", "BACKEND", "IMPLEMENTATION"]
+_log = logging.getLogger("ccl.torch")
 
 BACKEND = "ccl"
 _UID_KEY = "ccl/unique_id"
@@ -174,7 +176,6 @@ class ProcessGroupCCL(_Backend):
             store.set(_UID_KEY, uid)
         else:
             uid = store.get(_UID_KEY)
-        _flight_recorder_from_torch_env()
         self.comm = _ccl.Communicator(rank, size, uid, timeout=self._timeout)
         self._gone = None
         self._seq = 0
@@ -759,8 +760,52 @@ def _store_wait(store, key, timeout):
         return False
 
 
+def _borrowed_comm(pg):
+    """The native backend's communicator as a ``ccl.Communicator`` (revoke, shrink,
+    failed_ranks), which the group keeps owning; None once the group was shut down."""
+    h = pg._comm_handle()
+    return _ccl.Communicator._borrow(h) if h else None
+
+
+def _native():
+    """The native (C++) backend's module, or None and why not."""
+    choice = os.environ.get("CCL_TORCH_BACKEND", "auto").lower()
+    if choice not in ("auto", "native", "python"):
+        raise ValueError(f"CCL_TORCH_BACKEND={choice}: expected auto, native or python")
+    if choice == "python":
+        return None, "CCL_TORCH_BACKEND=python"
+    try:
+        from ccl import _ctorch
+    except ImportError as e:
+        if choice == "native":
+            raise ImportError(f"CCL_TORCH_BACKEND=native, but {e}") from e
+        return None, f"the native backend is not built or does not load ({e})"
+    _ctorch.load_library(_lib.path)
+    _ctorch.ProcessGroupCCL.comm = property(_borrowed_comm)
+    return _ctorch, None
+
+
+# The Python backend stays, as the fall-back where the native one was not built (no compiler,
+# no torch at install time) and for comparison (CCL_TORCH_BACKEND=python).
+PythonProcessGroupCCL = ProcessGroupCCL
+_ctorch, _why_not = _native()
+if _ctorch is not None:
+    IMPLEMENTATION = "native"
+    ProcessGroupCCL = _ctorch.ProcessGroupCCL  # noqa: F811 - the one torch gets
+    _log.info("ccl.torch: the native (C++) backend runs")
+else:
+    IMPLEMENTATION = "python"
+    (_log.info if _why_not.startswith("CCL_TORCH_BACKEND") else _log.warning)(
+        "ccl.torch: the Python backend runs: %s", _why_not
+    )
+
+
 def _create(store, rank, size, timeout):
-    return ProcessGroupCCL(store, rank, size, timeout)
+    timeout = timeout if timeout is not None else timedelta(minutes=30)
+    _flight_recorder_from_torch_env()
+    if _ctorch is not None:
+        return ProcessGroupCCL(store, rank, size, int(timeout.total_seconds() * 1000))
+    return PythonProcessGroupCCL(store, rank, size, timeout)
 
 
 def _register():

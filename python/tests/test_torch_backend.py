@@ -10,6 +10,20 @@ torch = pytest.importorskip("torch")
 from ranks import run_ranks  # noqa: E402
 
 
+@pytest.fixture(autouse=True, params=["native", "python"])
+def implementation(request, monkeypatch):
+    """Every test runs on both backends: the native (C++) one and the Python fall-back. A
+    package installed without the native one skips its half visibly (scripts/test.sh requires
+    it to be built)."""
+    if request.param == "native":
+        import importlib.util
+
+        if importlib.util.find_spec("ccl._ctorch") is None:
+            pytest.skip("the native torch backend is not built (ccl._ctorch)")
+    monkeypatch.setenv("CCL_TORCH_BACKEND", request.param)
+    return request.param
+
+
 def _init(rank, size, store_file, timeout=None):
     import torch.distributed as dist
 
@@ -24,7 +38,11 @@ def _init(rank, size, store_file, timeout=None):
 
 def registration_and_groups(rank, size, uid, store_file):
     dist = _init(rank, size, store_file)
+    import os
+
     import ccl.torch
+
+    assert ccl.torch.IMPLEMENTATION == os.environ["CCL_TORCH_BACKEND"]
 
     pg = dist.group.WORLD
     assert dist.get_backend() == "ccl"
@@ -273,3 +291,30 @@ def abort_pending(rank, size, uid, store_file):
 
 def test_abort_ends_pending_work(tmp_path):
     run_ranks(abort_pending, 2, str(tmp_path / "store"))
+
+
+@pytest.mark.parametrize("choice", ["python", "native"])
+def test_one_log_line_says_which_backend_runs(choice):
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if choice == "native" and importlib.util.find_spec("ccl._ctorch") is None:
+        pytest.skip("the native torch backend is not built (ccl._ctorch)")
+    code = (
+        "import logging; logging.basicConfig(level=logging.INFO); import ccl.torch as t; "
+        "print('IMPLEMENTATION', t.IMPLEMENTATION)"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, CCL_TORCH_BACKEND=choice),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert f"IMPLEMENTATION {choice}" in p.stdout
+    lines = [x for x in p.stderr.splitlines() if "ccl.torch:" in x]
+    want = "native (C++) backend runs" if choice == "native" else "Python backend runs"
+    assert len(lines) == 1 and want in lines[0], p.stderr

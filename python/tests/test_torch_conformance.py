@@ -86,6 +86,11 @@ def test_pytorch_distributed_subset(tmp_path):
 # Loaded at start-up by every process of the suite (the runner and each rank): makes the ccl
 # backend's all_reduce add one to its result.
 _BREAK_ALLREDUCE = """
+import os
+
+# torch calls a native backend's allreduce from C++, past any Python attribute: the broken
+# all_reduce is the Python backend's.
+os.environ["CCL_TORCH_BACKEND"] = "python"
 import ccl.torch as m
 
 _allreduce = m.ProcessGroupCCL.allreduce
