@@ -70,7 +70,7 @@ def torch_extension():
         "ccl._ctorch",
         ["ccl/csrc/backend.cpp"],
         include_dirs=[str(REPO / "ccl-capi" / "include")],
-        extra_compile_args=["-O2"],
+        extra_compile_args=["-O2", "-g0"],
     )
 
     class OptionalBuild(BuildExtension.with_options(use_ninja=False)):

@@ -41,6 +41,23 @@ if [ ${#need[@]} -gt 0 ]; then
   "$vpy" -m pip install -q --no-cache-dir "${need[@]}" >&2
 fi
 
-log "pip install ./python (builds libccl.so)"
+# The native torch backend is a C++ extension compiled against the installed torch: it needs a
+# C++ compiler and the interpreter's headers (Debian packages, added when missing and root).
+if [ "$torch_req" != none ]; then
+  missing=()
+  command -v g++ >/dev/null 2>&1 || missing+=(g++)
+  "$vpy" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+    missing+=(python3-dev)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "apt-get install ${missing[*]} (to build the native torch backend)"
+      apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
+    else
+      log "missing ${missing[*]}: the native torch backend will not build (the Python one runs)"
+    fi
+  fi
+fi
+
+log "pip install ./python (builds libccl.so and the native torch backend)"
 "$vpy" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python >&2
 echo "$venv"

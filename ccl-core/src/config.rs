@@ -293,6 +293,16 @@ pub const SETTINGS: &[Setting] = &[
         help: "scripts: the torch requirement installed into the venv ('none' skips torch)",
     },
     Setting {
+        name: "CCL_TORCH_BACKEND",
+        default: "auto",
+        help: "Python package: the torch backend's implementation: auto (native when built), native or python",
+    },
+    Setting {
+        name: "CCL_TORCH_NATIVE",
+        default: "1",
+        help: "Python package install: 0 skips building the native (C++) torch backend",
+    },
+    Setting {
         name: "CCL_SKIP_PYTHON",
         default: "",
         help: "scripts/test.sh: 1 skips the Python tests",
