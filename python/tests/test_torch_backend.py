@@ -318,3 +318,49 @@ def test_one_log_line_says_which_backend_runs(choice):
     lines = [x for x in p.stderr.splitlines() if "ccl.torch:" in x]
     want = "native (C++) backend runs" if choice == "native" else "Python backend runs"
     assert len(lines) == 1 and want in lines[0], p.stderr
+
+
+def native_additions(rank, size, uid, store_file):
+    """What only the native backend can do: calls torch passes to C++ backends alone, and the
+    work object torch hands back unwrapped."""
+    dist = _init(rank, size, store_file)
+    from torch.distributed import _functional_collectives as fc
+
+    pg = dist.distributed_c10d._get_default_group()
+    # Sequence numbers: per group, per collective, on the work too.
+    start = pg._get_sequence_number_for_group()
+    w = dist.all_reduce(torch.ones(1), async_op=True)
+    assert w._get_sequence_number() == start + 1 == pg._get_sequence_number_for_group()
+    assert w.wait() and w.is_completed()
+    # Waiting unregisters the work from torch's registry.
+    with fc.allow_inflight_collective_as_graph_input_ctx():
+        n0 = torch._C._distributed_c10d._get_work_registry_size()
+        w = dist.all_reduce(torch.ones(1), async_op=True)
+        assert torch._C._distributed_c10d._get_work_registry_size() == n0 + 1
+        w.wait()
+        assert torch._C._distributed_c10d._get_work_registry_size() == n0
+    # gather_into_tensor, to every root, into a non-contiguous output.
+    for root in range(size):
+        out = torch.zeros(3, size).t() if rank == root else None
+        dist.gather_into_tensor(torch.full((3,), float(rank)), out, dst=root)
+        if rank == root:
+            assert torch.equal(out, torch.arange(float(size)).repeat_interleave(3).view(size, 3))
+    # reduce_scatter with a block of its own size per rank.
+    ins = [torch.full((r + 1,), float(rank + 1)) for r in range(size)]
+    out = torch.zeros(rank + 1)
+    dist.reduce_scatter(out, ins)
+    assert (out == size * (size + 1) / 2).all(), out
+    # Coalesced collectives: one work for the block.
+    a, b = torch.ones(4), torch.full((2,), 2.0)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    assert (a == size).all() and (b == 2 * size).all()
+    dist.destroy_process_group()
+
+
+def test_native_additions(tmp_path, implementation):
+    if implementation != "native":
+        pytest.skip("the Python backend cannot define these (torch passes them to C++ only)")
+    run_ranks(native_additions, 3, str(tmp_path / "store"))

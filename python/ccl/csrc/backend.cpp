@@ -14,6 +14,7 @@
 #include "backend.hpp"
 
 #include <dlfcn.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -421,6 +422,10 @@ bool CclWork::wait(std::chrono::milliseconds timeout) {
                   "ms for the operation to complete (it goes on; the group's timeout ends it)");
     }
   }
+  // torch registers works of collectives issued inside allow_inflight_collective_as_graph_input
+  // (keyed by their tensors); the backend's wait takes them out again.
+  if (c10d::allow_inflight_collective_as_graph_input())
+    c10d::unregister_work(c10::intrusive_ptr<CclWork>::unsafe_reclaim_from_nonowning(this));
   std::lock_guard<std::mutex> l(mutex_);
   if (exception_) std::rethrow_exception(exception_);
   return true;
@@ -1190,6 +1195,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::gather(
     };
   }
   return run(name, c10d::OpType::GATHER, opts.asyncOp, {call}, finish, outs);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::gather_single(at::Tensor& output,
+                                                              at::Tensor& input,
+                                                              const c10d::GatherOptions& opts) {
+  // gather_into_tensor: every rank's input into the root's one output, in rank order.
+  const char* name = "gather_into_tensor";
+  int root = static_cast<int>(opts.rootRank);
+  auto src = input.contiguous();
+  std::vector<Out> outs;
+  at::Tensor dst;
+  if (getRank() == root) {
+    if (nbytes(output) != static_cast<size_t>(getSize()) * nbytes(src))
+      invalid(name, c10::str("the output has ", output.numel(), " elements, ", getSize(),
+                             " ranks x ", input.numel(), " need ", getSize() * input.numel()));
+    outs.emplace_back(output);
+    dst = outs.back().c;
+  }
+  Call call = [src, dst, root, rank = rank_](cclComm_t c, bool async) {
+    cclRequest_t q = nullptr;
+    check(g.cclGatherAsync(src.data_ptr(), dst.defined() ? dst.data_ptr() : nullptr, nbytes(src),
+                           cclUint8, root, c, &q),
+          "gather_into_tensor", rank);
+    return settle(q, async, "gather_into_tensor", rank);
+  };
+  return run(name, c10d::OpType::GATHER, opts.asyncOp, {call}, copyBack(std::move(outs)),
+             {output});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::scatter(
