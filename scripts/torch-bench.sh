@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # torch.distributed through the ccl backend beside Gloo (not a test: numbers): all_reduce
-# latency and bus bandwidth from 8 B to 64 MiB, and the time per step of DDP training
+# latency and bus bandwidth from 8 B to 64 MiB beside PyTorch's no-op "fake" backend (torch's
+# own cost, the floor), the ccl backend's Python implementation and the library alone (the
+# package's Communicator on the same tensors), and the time per step of DDP training
 # (examples/python/ddp_train.py --time-steps, an MLP whose gradients are 50 MB), with 2 and 4
 # ranks, in interleaved rounds (round 1 of every configuration, then round 2, ...; the backend
 # that goes first alternates) so a burst of outside load hits different configurations; prints tables of the medians and whether the
@@ -8,6 +10,9 @@
 #
 #   ROUNDS=3        rounds
 #   RANKS="2 4"     world sizes
+#   AR_BACKENDS="gloo ccl ccl-python ccl-nofr fake lib"   backends of the all_reduce runs
+#   DDP_BACKENDS="gloo ccl ccl-python"           backends of the DDP runs
+#   MAX_SIZE=64M    the largest all_reduce
 #   QUIET=0.5       before each run, wait (up to 120 s) until the 1-minute load average per core
 #                   is below this; the load is recorded with every result either way
 #   OUT=file        JSON lines (default target/torch-bench/<time>.jsonl)
@@ -35,15 +40,21 @@ quiet() {
 }
 
 for round in $(seq 1 "${ROUNDS:-3}"); do
-  # Which backend goes first alternates from round to round.
-  order="gloo ccl"
-  [ $((round % 2)) = 0 ] && order="ccl gloo"
+  # The order of the backends turns by one from round to round.
+  ar=(${AR_BACKENDS:-gloo ccl ccl-python ccl-nofr fake lib})
+  dd=(${DDP_BACKENDS:-gloo ccl ccl-python})
+  k=$(((round - 1) % ${#ar[@]}))
+  ar=("${ar[@]:k}" "${ar[@]:0:k}")
+  k=$(((round - 1) % ${#dd[@]}))
+  dd=("${dd[@]:k}" "${dd[@]:0:k}")
   for n in ${RANKS:-2 4}; do
-    for b in $order; do
+    for b in "${ar[@]}"; do
       quiet
       echo "== round $round, $n ranks, $b: all_reduce"
       "$py" python/bench/torch_bench.py allreduce --backend "$b" --ranks "$n" --round "$round" \
-        --out "$out" >/dev/null
+        -e "${MAX_SIZE:-64M}" --out "$out" >/dev/null
+    done
+    for b in "${dd[@]}"; do
       quiet
       echo "== round $round, $n ranks, $b: DDP"
       "$py" python/bench/torch_bench.py ddp --backend "$b" --ranks "$n" --round "$round" \

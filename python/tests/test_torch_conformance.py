@@ -35,6 +35,8 @@ SUBSET = [
     "test_scatter",
     "test_send_recv",
     "test_send_recv_with_tag",
+    "test_isend",
+    "test_irecv",
     "test_batch_isend_irecv_gloo_tags",
     "test_barrier_timeout_global",
     "test_monitored_barrier_gloo",
