@@ -24,7 +24,8 @@ cargo build --release -q -p ccl-capi
 venv=$(CCL_LIBRARY="$PWD/target/release/libccl.so" CCL_TORCH="${CCL_TORCH:-torch==2.15.0}" \
   scripts/python-setup.sh | tail -n 1)
 py="$venv/bin/python"
-export CCL_LIBRARY="$PWD/target/release/libccl.so" PYTHONPATH="$PWD/python"
+# The venv's installed package (with its native torch backend), not the source tree.
+export CCL_LIBRARY="$PWD/target/release/libccl.so"
 out=${OUT:-target/torch-bench/$(date +%Y%m%d-%H%M%S).jsonl}
 mkdir -p "$(dirname "$out")"
 echo "results in $out"

@@ -43,7 +43,7 @@ for n in ${WORLD_SIZES:-2 4}; do
     # INIT_METHOD selects the file:// variants of the tests, as PyTorch's CI does for its
     # init-file runs; each test gets its own file from the harness.
     BACKEND=$b WORLD_SIZE=$n INIT_METHOD="file://$out/unused-init" OMP_NUM_THREADS=1 \
-      CCL_LIBRARY="$PWD/target/release/libccl.so" PYTHONPATH="$PWD/python" \
+      CCL_LIBRARY="$PWD/target/release/libccl.so" \
       isolate "$venv/bin/python" python/conformance/dist_suite.py --json "$out/$b-$n.json" "$@" \
       >"$out/$b-$n.log" 2>&1 || true
     "$venv/bin/python" - "$out/$b-$n.json" <<'PY'

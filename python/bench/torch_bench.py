@@ -239,6 +239,14 @@ def overhead_main(args):
 # ---- launching ranks -----------------------------------------------------------------
 
 
+def _source_tree():
+    """The repository's python/ for running without installing; nothing when the package is
+    installed, whose native torch backend the source tree does not have."""
+    import importlib.util
+
+    return [] if importlib.util.find_spec("ccl") is not None else [str(REPO / "python")]
+
+
 def launch(cmd_for_rank, n, extra_env=None, timeout=3600):
     """Runs n processes (one per rank) on loopback; returns rank 0's stdout."""
     env = dict(os.environ)
@@ -248,9 +256,7 @@ def launch(cmd_for_rank, n, extra_env=None, timeout=3600):
             "GLOO_SOCKET_IFNAME": "lo",
             "CCL_SOCKET_IFNAME": "=lo",
             "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO / "python"), env.get("PYTHONPATH")) if p
-            ),
+            "PYTHONPATH": os.pathsep.join(p for p in (*_source_tree(), env.get("PYTHONPATH")) if p),
         }
     )
     env.update(extra_env or {})

@@ -60,8 +60,15 @@ def _run_suite(tmp_path, names, pythonpath=()):
         CCL_SOCKET_IFNAME="=lo",
         GLOO_SOCKET_IFNAME="lo",
     )
+    # The installed package (whose native torch backend the source tree does not have); the
+    # source tree only when the package is not installed.
+    import importlib.util
+
+    src = [] if importlib.util.find_spec("ccl") is not None else [str(SUITE.parents[1])]
+    if importlib.util.find_spec("ccl._ctorch") is not None:
+        env["CCL_TORCH_BACKEND"] = "native"
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (*pythonpath, str(SUITE.parents[1]), env.get("PYTHONPATH")) if p
+        p for p in (*pythonpath, *src, env.get("PYTHONPATH")) if p
     )
     p = subprocess.run(
         [sys.executable, str(SUITE), "--json", str(out), *names],
