@@ -610,6 +610,9 @@ class ProcessGroupCCL(_Backend):
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
         n = self._size
+        if not (input.is_contiguous() and output.is_contiguous()):
+            # As Gloo: refused before anything is sent.
+            raise ValueError("Tensors must be contiguous")
         o = _Out(output)
         src, dst = _bytes(input.contiguous()), _bytes(o.c)
         out_splits, in_splits = list(output_splits), list(input_splits)

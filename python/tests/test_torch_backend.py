@@ -171,6 +171,9 @@ def uneven_and_rooted(rank, size, uid, store_file):
     dist.all_to_all_single(out, inp, splits_out, splits_in)
     want = torch.cat([torch.full((n, 2), float(100 * r + rank)) for r, n in enumerate(splits_out)])
     assert torch.equal(out, want)
+    # A non-contiguous all_to_all_single is refused before anything is sent, as Gloo does.
+    with pytest.raises(ValueError, match="Tensors must be contiguous"):
+        dist.all_to_all_single(torch.empty(size, size), torch.ones(size, size).t())
     # Uneven all_to_all over lists, and all_gather with per-rank sizes.
     outs = [torch.empty(r + 1) for r in range(size)]
     dist.all_to_all(outs, [torch.full((rank + 1,), float(k)) for k in range(size)])
@@ -332,6 +335,10 @@ def native_additions(rank, size, uid, store_file):
     w = dist.all_reduce(torch.ones(1), async_op=True)
     assert w._get_sequence_number() == start + 1 == pg._get_sequence_number_for_group()
     assert w.wait() and w.is_completed()
+    from torch._C._distributed_c10d import WorkResult
+
+    w = dist.all_reduce(torch.ones(2), async_op=True)
+    assert WorkResult(w.get_future_result().wait()) == WorkResult.SUCCESS and w.is_completed()
     # Waiting unregisters the work from torch's registry.
     with fc.allow_inflight_collective_as_graph_input_ctx():
         n0 = torch._C._distributed_c10d._get_work_registry_size()

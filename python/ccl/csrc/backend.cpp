@@ -460,6 +460,21 @@ c10::intrusive_ptr<c10::ivalue::Future> CclWork::getFuture() {
   return fut;
 }
 
+c10::intrusive_ptr<c10::ivalue::Future> CclWork::getFutureResult() {
+  auto out = c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get());
+  getFuture()->addCallback([out](c10::ivalue::Future& f) {
+    auto r = c10d::WorkResult::SUCCESS;
+    if (f.hasError()) {
+      // The library's timeouts say so in their message ("... timeout (rank 0, peer 1) ...").
+      r = f.tryRetrieveErrorMessage().find("timeout") != std::string::npos
+              ? c10d::WorkResult::TIMEOUT
+              : c10d::WorkResult::COMM_ERROR;
+    }
+    out->markCompleted(c10::IValue(static_cast<int64_t>(r)));
+  });
+  return out;
+}
+
 std::vector<at::Tensor> CclWork::result() {
   wait();
   return result_;
@@ -1313,6 +1328,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::all_to_all_single(
     std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
   const char* name = "all_to_all_single";
   const int n = getSize();
+  // As Gloo: refused before anything is sent (PyTorch's backend suite checks the message).
+  TORCH_CHECK_VALUE(input.is_contiguous() && output.is_contiguous(),
+                    "Tensors must be contiguous");
   Out o(output);
   auto src = input.contiguous();
   Call call;

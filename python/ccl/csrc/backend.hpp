@@ -82,6 +82,8 @@ class CclWork : public c10d::Work {
   bool isSuccess() const override;
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A Future of the WorkResult (SUCCESS, TIMEOUT, COMM_ERROR) that never holds an error.
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override;
 
