@@ -11,7 +11,7 @@
 #   ROUNDS=3        rounds
 #   RANKS="2 4"     world sizes
 #   AR_BACKENDS="gloo ccl ccl-python ccl-nofr fake lib"   backends of the all_reduce runs
-#   DDP_BACKENDS="gloo ccl ccl-python"           backends of the DDP runs
+#   DDP_BACKENDS="gloo ccl ccl-python fake"      backends of the DDP runs (fake: no communication)
 #   MAX_SIZE=64M    the largest all_reduce
 #   QUIET=0.5       before each run, wait (up to 120 s) until the 1-minute load average per core
 #                   is below this; the load is recorded with every result either way
@@ -43,7 +43,7 @@ quiet() {
 for round in $(seq 1 "${ROUNDS:-3}"); do
   # The order of the backends turns by one from round to round.
   ar=(${AR_BACKENDS:-gloo ccl ccl-python ccl-nofr fake lib})
-  dd=(${DDP_BACKENDS:-gloo ccl ccl-python})
+  dd=(${DDP_BACKENDS:-gloo ccl ccl-python fake})
   k=$(((round - 1) % ${#ar[@]}))
   ar=("${ar[@]:k}" "${ar[@]:0:k}")
   k=$(((round - 1) % ${#dd[@]}))

@@ -43,7 +43,7 @@ def main():
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--init-method", default="env://")
     p.add_argument("--save", help="write this rank's final weights to SAVE.format(rank=...)")
-    p.add_argument("--backend", default="ccl", help="torch.distributed backend (ccl or gloo)")
+    p.add_argument("--backend", default="ccl", help="torch.distributed backend (ccl, gloo, or fake: no communication)")
     p.add_argument("--width", type=int, default=32, help="hidden layer width")
     p.add_argument("--depth", type=int, default=1, help="hidden layers")
     p.add_argument("--time-steps", type=int, default=0, help="time this many steps instead")
@@ -53,7 +53,14 @@ def main():
     if not args.init_method.startswith("env://"):
         # Other rendezvous need rank and size given; torchrun and friends set these.
         kw = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
-    dist.init_process_group(args.backend, init_method=args.init_method, **kw)
+    if args.backend == "fake":
+        # PyTorch's no-op backend: the step without communication, the floor for the others.
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        kw = {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+        dist.init_process_group("fake", store=FakeStore(), **kw)
+    else:
+        dist.init_process_group(args.backend, init_method=args.init_method, **kw)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     x, y = synthetic(args.samples, 16, seed=7)
@@ -66,6 +73,15 @@ def main():
         layers += [nn.Linear(args.width, args.width), nn.Tanh()]
     model = nn.Sequential(*layers, nn.Linear(args.width, 2))
     ddp = nn.parallel.DistributedDataParallel(model)
+    if args.backend == "fake":
+        # The fake backend's works carry no result, which DDP's reducer refuses: a hook that
+        # hands each bucket back as it is (the same bytes DDP would have averaged).
+        def keep(_, bucket):
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp.register_comm_hook(None, keep)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 

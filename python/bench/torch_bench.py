@@ -437,22 +437,24 @@ def cmd_summary(args):
     if dd:
         out.append("\n### DDP training step (examples/python/ddp_train.py --time-steps)\n")
         out.append(
-            "| ranks | model | gradient MB | Gloo step (ms) | ccl (python) step (ms) "
-            "| ccl step (ms) | ccl / Gloo | rounds |"
+            "| ranks | model | gradient MB | no communication (fake) step (ms) | Gloo step (ms) "
+            "| ccl (python) step (ms) | ccl step (ms) | ccl / Gloo | rounds |"
         )
-        out.append("|---:|---|---:|---:|---:|---:|---:|---:|")
+        out.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for n in sorted({r["ranks"] for r in dd}):
             g = [r for r in dd if r["ranks"] == n and r["backend"] == "gloo"]
             c = [r for r in dd if r["ranks"] == n and r["backend"] == "ccl"]
             if not g or not c:
                 continue
             p = [r for r in dd if r["ranks"] == n and r["backend"] == "ccl-python"]
+            f = [r for r in dd if r["ranks"] == n and r["backend"] == "fake"]
+            fs = f"{med(r['step_ms'] for r in f):.1f}" if f else "-"
             gs, cs = med(r["step_ms"] for r in g), med(r["step_ms"] for r in c)
             ps = f"{med(r['step_ms'] for r in p):.1f}" if p else "-"
             m = c[0]
             out.append(
                 f"| {n} | MLP width {m['width']} depth {m['depth']}, batch {m['batch']} | "
-                f"{m['gradient_bytes'] / 1e6:.1f} | {gs:.1f} | {ps} | {cs:.1f} | {cs / gs:.2f} | "
+                f"{m['gradient_bytes'] / 1e6:.1f} | {fs} | {gs:.1f} | {ps} | {cs:.1f} | {cs / gs:.2f} | "
                 f"{min(len(g), len(c))} |"
             )
             verdicts.append(
@@ -475,7 +477,7 @@ def main():
     a = sub.add_parser("allreduce", help="all_reduce latency and busbw, 8 B to 64 MiB")
     d = sub.add_parser("ddp", help="DDP training step time")
     a.add_argument("--backend", choices=BACKENDS, required=True)
-    d.add_argument("--backend", choices=["gloo", "ccl", "ccl-python"], required=True)
+    d.add_argument("--backend", choices=["gloo", "ccl", "ccl-python", "fake"], required=True)
     for p in (a, d):
         p.add_argument("--ranks", type=int, default=2)
         p.add_argument("--out", help="append JSON lines here")
