@@ -27,6 +27,20 @@ def _batch(rank, n=8, width=16):
     return torch.randn(n, width, generator=g), torch.randn(n, width, generator=g)
 
 
+def _train(model, rank, steps=3):
+    """Three SGD steps on this rank's batches; the losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(rank + 10 * step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
 def _fsdp2(dist, rank, size):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -37,15 +51,7 @@ def _fsdp2(dist, rank, size):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(3):
-        x, y = _batch(rank + 10 * step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses = _train(model, rank)
     full = [p.full_tensor().sum().item() for p in model.parameters()]
     return losses + full
 
@@ -96,14 +102,7 @@ def _ddp_hooks(dist, rank, size):
     for hook in (default_hooks.allreduce_hook, default_hooks.fp16_compress_hook):
         model = torch.nn.parallel.DistributedDataParallel(_mlp(), bucket_cap_mb=0.001)
         model.register_comm_hook(None, hook)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(3):
-            x, y = _batch(rank + 10 * step)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            out.append(loss.item())
+        out += _train(model, rank)
         out += [p.sum().item() for p in model.parameters()]
     return out
 
