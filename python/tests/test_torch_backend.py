@@ -364,6 +364,13 @@ def native_additions(rank, size, uid, store_file):
         dist.all_reduce(b)
     cm.wait()
     assert (a == size).all() and (b == 2 * size).all()
+    # split_group: cclCommSplit under torch's groups (here {0, 1} and {2}).
+    assert size == 3
+    sub = dist.split_group(split_ranks=[[0, 1], [2]])
+    t = torch.ones(2)
+    dist.all_reduce(t, group=sub)
+    assert (t == (2 if rank < 2 else 1)).all(), t
+    assert dist.get_group_rank(sub, rank) == (rank if rank < 2 else 0)
     dist.destroy_process_group()
 
 

@@ -28,6 +28,7 @@ namespace {
 #define CCL_FUNCTIONS(X)                                                                   \
   X(cclGetErrorString)                                                                     \
   X(cclGetLastError) X(cclGetUniqueId) X(cclCommInitRankConfig) X(cclCommDestroy)          \
+      X(cclCommSplit)                                                                      \
       X(cclCommAbort) X(cclAllReduce) X(cclAllReduceAsync) X(cclBroadcast)                 \
           X(cclBroadcastAsync) X(cclReduce) X(cclReduceAsync) X(cclAllGather)              \
               X(cclAllGatherAsync) X(cclReduceScatterAsync) X(cclReduceScatterVAsync)      \
@@ -625,6 +626,38 @@ ProcessGroupCCL::ProcessGroupCCL(const c10::intrusive_ptr<c10d::Store>& store, i
   state_->comm = comm;
   state_->rank = rank;
   state_->size = size;
+}
+
+ProcessGroupCCL::ProcessGroupCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                 int size, std::chrono::milliseconds timeout, cclComm_t comm)
+    : c10d::Backend(rank, size),
+      state_(std::make_shared<CommState>()),
+      completer_(std::make_shared<Completer>()),
+      p2p_(std::make_shared<P2P>(state_)),
+      store_(store),
+      timeout_(timeout) {
+  state_->comm = comm;
+  state_->rank = rank;
+  state_->size = size;
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupCCL::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  auto it = std::find(ranks.begin(), ranks.end(), getRank());
+  const bool member = it != ranks.end();
+  // Members of one new group share its smallest rank as the color; their order in `ranks`
+  // is their order in it.
+  const int color = member ? *std::min_element(ranks.begin(), ranks.end()) : CCL_SPLIT_NOCOLOR;
+  const int key = member ? static_cast<int>(it - ranks.begin()) : 0;
+  cclComm_t comm = state_->live("split");
+  p2p_->flush();
+  cclComm_t child = nullptr;
+  check(g.cclCommSplit(comm, color, key, &child, nullptr), "split", rank_);
+  if (!member || child == nullptr) return nullptr;
+  auto timeout = opts ? opts->timeout : timeout_;
+  return c10::make_intrusive<ProcessGroupCCL>(store, key, static_cast<int>(ranks.size()),
+                                              timeout, child);
 }
 
 ProcessGroupCCL::~ProcessGroupCCL() {

@@ -144,11 +144,20 @@ class ProcessGroupCCL : public c10d::Backend {
  public:
   ProcessGroupCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                   std::chrono::milliseconds timeout);
+  // A group over a communicator made by a split of another group's.
+  ProcessGroupCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                  std::chrono::milliseconds timeout, cclComm_t comm);
   ~ProcessGroupCCL() override;
 
   const std::string getBackendName() const override { return "ccl"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
   bool supportsCoalescing() const override { return true; }
+  bool supportsSplitting() const override { return true; }
+  // torch's split_group: every rank of this group calls it with the ranks (of this group) of
+  // its new group, or of the first one when it joins none; one cclCommSplit for all of them.
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setSequenceNumberForGroup() override {}
