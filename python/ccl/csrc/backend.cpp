@@ -595,38 +595,37 @@ void P2P::flushLocked() {
 
 // ---- ProcessGroupCCL: lifetime -------------------------------------------------------------
 
-ProcessGroupCCL::ProcessGroupCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                 int size, std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size),
-      state_(std::make_shared<CommState>()),
-      completer_(std::make_shared<Completer>()),
-      p2p_(std::make_shared<P2P>(state_)),
-      store_(store),
-      timeout_(timeout) {
+namespace {
+
+// Joins a new communicator: rank 0 makes the unique id and puts it in the group's store, so
+// whatever rendezvous torch uses carries the library's too. The group's timeout becomes the
+// communicator's deadline: every operation of the group fails when it goes that long without
+// progress.
+cclComm_t joinComm(c10d::Store& store, int rank, int size, std::chrono::milliseconds timeout) {
   TORCH_CHECK(!g_path.empty(), "ccl: the torch backend's library is not loaded");
-  // Rank 0 makes the unique id and puts it in the group's store, so whatever rendezvous torch
-  // uses carries the library's too.
   static const std::string kUidKey = "ccl/unique_id";
   cclUniqueId uid;
   if (rank == 0) {
     check(g.cclGetUniqueId(&uid), "init", rank);
-    store->set(kUidKey, std::vector<uint8_t>(uid.internal, uid.internal + sizeof uid.internal));
+    store.set(kUidKey, std::vector<uint8_t>(uid.internal, uid.internal + sizeof uid.internal));
   } else {
-    auto v = store->get(kUidKey);
+    auto v = store.get(kUidKey);
     TORCH_CHECK(v.size() == sizeof uid.internal, "ccl: the store's unique id has ", v.size(),
                 " bytes, not ", sizeof uid.internal, " (another backend wrote ", kUidKey, "?)");
     std::memcpy(uid.internal, v.data(), v.size());
   }
-  // The group's timeout becomes the communicator's deadline: every operation of the group
-  // fails when it goes that long without progress.
   cclConfig_t cfg = CCL_CONFIG_INITIALIZER;
   cfg.timeoutMs = static_cast<int>(std::clamp<int64_t>(timeout.count(), 1, INT_MAX));
   cclComm_t comm = nullptr;
   check(g.cclCommInitRankConfig(&comm, size, uid, rank, &cfg), "init", rank);
-  state_->comm = comm;
-  state_->rank = rank;
-  state_->size = size;
+  return comm;
 }
+
+}  // namespace
+
+ProcessGroupCCL::ProcessGroupCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                 int size, std::chrono::milliseconds timeout)
+    : ProcessGroupCCL(store, rank, size, timeout, joinComm(*store, rank, size, timeout)) {}
 
 ProcessGroupCCL::ProcessGroupCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                  int size, std::chrono::milliseconds timeout, cclComm_t comm)
