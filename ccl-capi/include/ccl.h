@@ -327,6 +327,15 @@ cclResult_t cclRecv(void* recvbuff, size_t count, cclDataType_t datatype, int pe
 cclResult_t cclGroupStart(void);
 cclResult_t cclGroupEnd(void);
 
+/* Receiving from any source (MPI_ANY_SOURCE): waits until some peer's next operation toward
+ * this rank is a send (alone or in a group) and stores that peer in *peer and the bytes it
+ * sends here in *bytes (bytes may be NULL); lowest rank first when several wait. Nothing is
+ * received: cclRecv (or a group) naming *peer receives it next. Peers whose next operation
+ * here is a collective are passed over. Not inside a group (cclInvalidUsage). After the
+ * communicator's timeout with no send it fails with cclTimeout, naming what each peer announced
+ * instead, and the communicator stays usable. */
+cclResult_t cclProbe(int* peer, size_t* bytes, cclComm_t comm);
+
 /* ---- Non-blocking collectives -----------------------------------------------------------
  *
  * Same arguments as the blocking forms plus request, which receives a handle. The operation

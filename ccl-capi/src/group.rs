@@ -15,7 +15,7 @@ use ccl::Communicator;
 use crate::buffers::{
     OutBuf, Prepared, PreparedV, RawIn, RawOut, bytes_of, check_region, dtype_of,
 };
-use crate::error::{Fail, guard};
+use crate::error::{Fail, guard, out};
 use crate::handles::{comm_from, comm_live};
 use crate::{cclComm_t, cclDataType_t, cclResult_t};
 
@@ -233,5 +233,27 @@ pub extern "C" fn cclRecv(
         }
         c.recv::<u8>(buf.as_mut(), peer)?;
         Ok(())
+    })
+}
+
+/// Waits for a send to this rank from any peer and says which peer and how many bytes.
+#[unsafe(no_mangle)]
+pub extern "C" fn cclProbe(peer: *mut c_int, bytes: *mut usize, comm: cclComm_t) -> cclResult_t {
+    guard("cclProbe", || {
+        let c = comm_from(comm)?;
+        if peer.is_null() {
+            return Err(Fail::arg("peer is NULL"));
+        }
+        if active() {
+            return Err(Fail::usage(
+                "cclProbe inside a group: the group's operations run at cclGroupEnd, so a probe \
+                 there could not see what they send; probe before cclGroupStart",
+            ));
+        }
+        let found = c.probe()?;
+        if !bytes.is_null() {
+            out(bytes, "bytes", found.bytes)?;
+        }
+        out(peer, "peer", found.peer as c_int)
     })
 }

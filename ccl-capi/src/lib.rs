@@ -24,7 +24,7 @@ mod mem;
 mod vcolls;
 
 pub use colls::*;
-pub use group::{cclGroupEnd, cclGroupStart, cclRecv, cclSend};
+pub use group::{cclGroupEnd, cclGroupStart, cclProbe, cclRecv, cclSend};
 pub use mem::{cclCommDeregister, cclCommRegister, cclMemAlloc, cclMemFree};
 pub use vcolls::*;
 

@@ -21,7 +21,7 @@ use ccl_core::{ccl_info, ccl_trace};
 use ccl_diag::recorder::Begin;
 
 use crate::registry::Registry;
-use crate::{DataType, Error, ReduceOp, Result};
+use crate::{DataType, Error, ErrorKind, ReduceOp, Result};
 
 /// Most cached schedules per communicator; beyond that the cache starts over.
 const PLAN_CACHE_LIMIT: usize = 256;
@@ -501,6 +501,20 @@ impl Engine {
         };
         exec::run(&self.peers, &mut inner.links, &mut inner.exec, job)
             .map_err(|e| self.peers.fail(e))
+    }
+
+    /// Waits for a send to this rank from any peer ([`exec::probe`]).
+    pub(crate) fn probe(&self) -> Result<exec::Probed> {
+        let mut g = self.lock();
+        let Inner { links, exec, .. } = &mut *g;
+        exec::probe(&self.peers, links, exec).map_err(|e| {
+            // A probe that found nothing left every stream in step; anything else did not.
+            if e.kind() == ErrorKind::Timeout {
+                e
+            } else {
+                self.peers.fail(e)
+            }
+        })
     }
 
     /// The peers with an endpoint.

@@ -4,12 +4,15 @@
 //! operations at once as one schedule, so exchanges such as "send to the left, receive from the
 //! right" cannot deadlock however large they are. Operations with the same peer match in the
 //! order they were added, on both sides.
+//!
+//! A receive may also take whichever send reaches this rank first ([`Communicator::recv_any`],
+//! or [`Communicator::probe`] then receives from the peer it names), as `MPI_ANY_SOURCE` does.
 
 use crate::exec::{ExtraBuf, OpInfo, OpKind};
 use ccl_algos::schedule::{Action, Buf, Combine, Region, Schedule};
 
 use crate::engine::Execution;
-use crate::{Communicator, DataType, Element, Error, ReduceOp, Result};
+use crate::{Communicator, DataType, Element, Error, Probed, ReduceOp, Result};
 
 enum Op<'b> {
     Send { peer: usize, buf: &'b [u8] },
@@ -62,6 +65,12 @@ impl<'c, 'b> Group<'c, 'b> {
 
     /// Runs every operation of the group and returns when all are done.
     pub fn run(self) -> Result<()> {
+        let comm = self.comm;
+        comm.order.blocking(|| self.run_in_turn())
+    }
+
+    /// [`run`](Group::run), once it is this call's turn among the communicator's operations.
+    fn run_in_turn(self) -> Result<()> {
         let me = self.comm.rank();
         let mut sched = Schedule::new("p2p");
         let mut extra: Vec<ExtraBuf<'b>> = Vec::with_capacity(self.ops.len());
@@ -132,18 +141,15 @@ impl<'c, 'b> Group<'c, 'b> {
             root: 0,
             count: 0,
         };
-        let engine = &self.comm.engine;
-        self.comm.order.blocking(|| {
-            engine.execute(Execution {
-                sched: &sched,
-                send: None,
-                recv: &mut [],
-                extra,
-                dtype: DataType::U8,
-                op: ReduceOp::Sum,
-                info: d,
-                local: None,
-            })
+        self.comm.engine.execute(Execution {
+            sched: &sched,
+            send: None,
+            recv: &mut [],
+            extra,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            info: d,
+            local: None,
         })
     }
 }
@@ -170,5 +176,31 @@ impl Communicator {
         let mut g = self.group();
         g.recv(buf, peer)?;
         g.run()
+    }
+
+    /// Waits until some peer's next operation toward this rank is a send (alone or in a
+    /// group), and says which peer and how many bytes it sends here; lowest rank first when
+    /// several wait. Nothing is received: receive it next with [`recv`](Communicator::recv) or
+    /// a group naming that peer (another thread's call in between may take it first).
+    ///
+    /// A send waits to be found once its header has arrived, which every transport lets go
+    /// before the receiver posts anything. Peers whose next operation here is a collective
+    /// are passed over. After `CCL_TIMEOUT` with no such send it fails with a timeout that
+    /// names what each peer has announced instead; the communicator stays usable.
+    pub fn probe(&self) -> Result<Probed> {
+        self.order.blocking(|| self.engine.probe())
+    }
+
+    /// Receives into `buf` the first send to reach this rank from any peer, and returns that
+    /// peer ([`probe`](Communicator::probe), then [`recv`](Communicator::recv)). The send must
+    /// have `buf`'s byte length, as for `recv`.
+    pub fn recv_any<T: Element>(&self, buf: &mut [T]) -> Result<usize> {
+        self.order.blocking(|| {
+            let found = self.engine.probe()?;
+            let mut g = self.group();
+            g.recv(buf, found.peer)?;
+            g.run_in_turn()?;
+            Ok(found.peer)
+        })
     }
 }

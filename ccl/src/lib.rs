@@ -2,7 +2,8 @@
 //!
 //! Allreduce, broadcast, reduce, allgather, reduce-scatter, alltoall, gather, scatter, the
 //! collectives with a count per rank (allgatherv, reduce-scatterv, alltoallv), barrier and
-//! point-to-point sends and receives across processes and hosts over RDMA (RoCEv2 verbs),
+//! point-to-point sends and receives (also from any source: [`Communicator::recv_any`]) across
+//! processes and hosts over RDMA (RoCEv2 verbs),
 //! shared memory, TCP, or threads of one process, with NCCL's semantics and a safe Rust API.
 //!
 //! ## Quick start
@@ -58,7 +59,7 @@
 //! waits), `wireup` (which transport each pair of ranks uses, and the connections), `exec` (the
 //! executor that runs a schedule over the connections), `engine` (one path for every operation:
 //! check, choose the algorithm, fetch or build the schedule, execute), `order` (issue order and
-//! the progress thread), `group` (sends and receives), `registry` (registered memory),
+//! the progress thread), `group` (sends and receives, and from any source), `registry` (registered memory),
 //! [`recover`] (revoke, shrink, grow) and `split`. `docs/design.md` explains how they fit.
 #![forbid(unsafe_code)]
 
@@ -95,6 +96,7 @@ mod wireup;
 /// Page-aligned memory (huge pages when the system has them), as [`Buffer`] uses; for callers
 /// that allocate memory to register later (the C ABI's `cclMemAlloc`).
 pub use ccl_shm::pages::Pages;
+pub use exec::Probed;
 pub use group::Group;
 pub use order::Request;
 pub use peers::InitTimings;

@@ -796,6 +796,24 @@ class Communicator:
         _check(_lib.cclRecv(r.ptr, r.count, r.dtype, int(peer), self._handle()))
         return buf
 
+    def probe(self):
+        """Waits until some peer's next operation toward this rank is a send and returns
+        ``(peer, nbytes)``: who sends, and how many bytes (lowest rank first when several
+        wait). Nothing is received; ``recv`` from that peer takes it. Peers whose next
+        operation here is a collective are passed over. Raises ``CclError`` (code TIMEOUT)
+        after the communicator's timeout with no send; the communicator stays usable."""
+        peer, nbytes = ctypes.c_int(), ctypes.c_size_t()
+        _check(_lib.cclProbe(ctypes.byref(peer), ctypes.byref(nbytes), self._handle()))
+        return peer.value, nbytes.value
+
+    def recv_any(self, buf):
+        """Receives into `buf` the first send to reach this rank from any peer (``probe``,
+        then ``recv``) and returns that peer. The send must have `buf`'s size in bytes. Another
+        thread's receive between the two calls could take the send: receive from one thread."""
+        peer, _ = self.probe()
+        self.recv(buf, peer)
+        return peer
+
     def _blocks(self, b, what):
         if b.count % self.size:
             raise _invalid(

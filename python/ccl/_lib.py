@@ -77,6 +77,7 @@ PROTOTYPES = {
     "cclRecv": (c_int, [c_void_p, c_size_t, c_int, c_int, Handle]),
     "cclGroupStart": (c_int, []),
     "cclGroupEnd": (c_int, []),
+    "cclProbe": (c_int, [c_int_p, c_size_t_p, Handle]),
     "cclAllReduceAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle, Handle_p]),
     "cclBroadcastAsync": (c_int, [c_void_p, c_void_p, c_size_t, c_int, c_int, Handle, Handle_p]),
     "cclReduceAsync": (

@@ -724,10 +724,13 @@ class ProcessGroupCCL(_Backend):
         return self._p2p.post("recv", tensors[0], src, tag)
 
     def recv_anysource(self, tensors, tag=0):
+        # torch wraps a Python backend's work in a holder that passes on only wait() and
+        # get_future(), so `dist.recv` could not learn the sender: only the C++ backend can.
         raise _unsupported(
             "recv",
-            "receiving from any source (src=None) needs library support ccl does not have "
-            "yet; name the source rank",
+            "receiving from any source (src=None) needs ccl's native backend (torch does not "
+            "pass a Python backend's source rank on); install it with a C++ compiler present, "
+            "or name the source rank",
         )
 
 

@@ -118,6 +118,26 @@ def collectives(rank, size, uid):
         comm.recv(inbox, left)
     assert (inbox == left).all()
 
+    # From any source: the others send their rank to rank 0, which takes each once.
+    if rank:
+        comm.send(np.full(3, rank, np.int64), 0)
+    else:
+        got = set()
+        for _ in range(size - 1):
+            if got:
+                buf = np.empty(3, np.int64)
+                peer = comm.recv_any(buf)
+            else:
+                peer, nbytes = comm.probe()
+                assert nbytes == 24
+                buf = np.empty(3, np.int64)
+                comm.recv(buf, peer)
+            assert (buf == peer).all()
+            got.add(peer)
+        assert got == set(range(1, size))
+    with ccl.group(), pytest.raises(ccl.CclError, match="cclProbe inside a group"):
+        comm.probe()
+
     # Split into even and odd ranks.
     sub = comm.split(rank % 2, key=rank)
     v = np.array([rank], np.int64)

@@ -35,6 +35,7 @@ SUBSET = [
     "test_scatter",
     "test_send_recv",
     "test_send_recv_with_tag",
+    "test_send_recv_any_source",
     "test_isend",
     "test_irecv",
     "test_batch_isend_irecv_gloo_tags",

@@ -455,6 +455,31 @@ static void test_p2p_and_groups(cclComm_t comm, int rank, int n) {
     CHECK(in[999] == 999 % 1000, "send/recv: got %d", in[999]);
   }
 
+  /* From any source: every other rank sends its rank to rank 0, which takes them in the
+   * order they come, each once. */
+  if (rank != 0) {
+    int32_t me = rank;
+    OK(cclSend(&me, 1, cclInt32, 0, comm));
+  } else {
+    int seen = 0;
+    for (int k = 1; k < n; k++) {
+      int from = -1;
+      size_t bytes = 0;
+      int32_t got = -1;
+      OK(cclProbe(&from, &bytes, comm));
+      CHECK(from > 0 && from < n && bytes == 4, "cclProbe: peer %d, %zu bytes", from, bytes);
+      if (from <= 0 || from >= n) break;
+      OK(cclRecv(&got, 1, cclInt32, from, comm));
+      CHECK(got == from, "any source: rank %d sent %d", from, (int)got);
+      seen |= 1 << from;
+    }
+    CHECK(n > 31 || seen == (int)(((1u << n) - 1) & ~1u), "any source: senders seen %#x", seen);
+  }
+  OK(cclGroupStart());
+  FAILS(cclProbe(&left, NULL, comm), cclInvalidUsage, "inside a group");
+  OK(cclGroupEnd());
+  FAILS(cclProbe(NULL, NULL, comm), cclInvalidArgument, "peer is NULL");
+
   /* Collectives in a (nested) group run at the outermost end. */
   double a[4], b[4];
   for (int i = 0; i < 4; i++) a[i] = b[i] = rank + 1;

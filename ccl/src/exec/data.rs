@@ -42,6 +42,7 @@ impl Run<'_, '_> {
     /// Queues the header for every peer this rank sends to, with a small first message riding
     /// along, and notes which peers' headers to expect.
     pub(super) fn queue_headers(&mut self) -> Result<()> {
+        let mut arrived = false;
         for (pi, p) in self.sched.peers.iter().enumerate() {
             let bytes = p.send_elems * self.elem;
             if bytes > 0 || (self.sched.handshake && !p.sends.is_empty()) {
@@ -70,8 +71,27 @@ impl Run<'_, '_> {
                 }
             }
             if p.recv_elems * self.elem > 0 || (self.sched.handshake && !p.recvs.is_empty()) {
-                self.st.peers[pi].expects_header = true;
-                self.st.headers_left += 1;
+                let q = &mut self.st.peers[pi];
+                q.expects_header = true;
+                // A receive from any source may have read (part of) this header already.
+                if let Some(e) = self.st.take_early(p.peer) {
+                    let q = &mut self.st.peers[pi];
+                    q.header_in = e.header;
+                    q.header_in_got = e.got;
+                }
+                if self.st.peers[pi].header_in_pending() {
+                    self.st.headers_left += 1;
+                } else {
+                    arrived = true;
+                }
+            }
+        }
+        if arrived {
+            for pi in 0..self.sched.peers.len() {
+                let q = &self.st.peers[pi];
+                if q.expects_header && !q.header_in_pending() {
+                    self.check_header(pi)?;
+                }
             }
         }
         Ok(())

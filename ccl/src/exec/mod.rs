@@ -46,11 +46,14 @@ mod host;
 mod op;
 mod pass;
 mod plan;
+mod probe;
 mod stall;
 mod state;
 
 pub(crate) use op::op_record;
 pub(crate) use plan::{PlanJob, run_plan};
+pub use probe::Probed;
+pub(crate) use probe::probe;
 
 use buffers::outside;
 use data::{header_of, order};
@@ -200,6 +203,9 @@ pub(crate) struct ExecState {
     /// Whether the next operation in host memory starts on the second half of the slots (the
     /// last one's last chunk was on the first; see `crate::host`).
     host_second_half: bool,
+    /// Peers' headers read ahead by a receive from any source (`probe`), for the operations
+    /// they open.
+    early: Vec<probe::Early>,
 }
 
 /// Runs `job` to completion (or error), recording it in the communicator's flight recorder.

@@ -18,8 +18,14 @@ impl Run<'_, '_> {
             self.seq
         );
         while Instant::now() < until {
-            self.comm
-                .block(self.links, &[], None, Duration::from_millis(100), || {})?;
+            self.comm.block(
+                self.links,
+                &[],
+                None,
+                Duration::from_millis(100),
+                false,
+                || {},
+            )?;
         }
         Err(Error::timeout(format!(
             "stalled on purpose (CCL_FAULT_STALL=op:{}) for {:.1} s and nothing failed the job",
@@ -108,7 +114,7 @@ impl Run<'_, '_> {
         self.st.waits = waits;
         let (comm, sched, st) = (self.comm, self.sched, &*self.st);
         // About to sleep: this is when a dump (or a hang) needs the recorder current.
-        comm.block(self.links, &st.waits, host, timeout - idle, || {
+        comm.block(self.links, &st.waits, host, timeout - idle, false, || {
             st.sync_trace(comm, sched, st.first_waited_peer(sched))
         })
     }
@@ -144,11 +150,16 @@ impl Run<'_, '_> {
                 }
                 let mut head = [0u8; HEADER_LEN];
                 let mut got = 0;
-                self.links.get(peer)?.recv_with(HEADER_LEN, &mut |b| {
-                    got = b.len().min(HEADER_LEN);
-                    head[..got].copy_from_slice(&b[..got]);
-                    0
-                })?;
+                // A receive from any source may have read its header already.
+                if let Some(e) = self.st.early.iter().find(|e| e.peer == peer) {
+                    (head, got) = (e.header, e.got);
+                } else {
+                    self.links.get(peer)?.recv_with(HEADER_LEN, &mut |b| {
+                        got = b.len().min(HEADER_LEN);
+                        head[..got].copy_from_slice(&b[..got]);
+                        0
+                    })?;
+                }
                 if got > 0 {
                     let theirs = match Header::decode(&head) {
                         Ok(h) if got == HEADER_LEN => h.describe(),

@@ -241,7 +241,24 @@ impl Lazy {
     }
 }
 
+impl Lazy {
+    /// Readable while connections wait in the inbox.
+    pub(crate) fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.shared.wake.as_fd()
+    }
+}
+
 impl Peers {
+    /// Moves the connections made on demand since the last look into `links`, without
+    /// waiting: for a wait that is not for given peers (a receive from any source), where a
+    /// sender's first connection is how it shows up.
+    pub(crate) fn adopt_connections(&self, links: &mut Links) {
+        if let Some(lazy) = links.lazy.as_ref() {
+            // A failed connection is reported to the operation that wanted it, not here.
+            let _ = lazy.collect(&mut links.endpoints, &[]);
+        }
+    }
+
     /// Makes sure this rank holds a connection to each of `peers` before an operation over
     /// them runs: connects the higher ones, asks the lower ones to connect, and waits (on the
     /// threads' eventfd, the abort signal and the monitor) until every one is in, the

@@ -46,16 +46,17 @@ impl Peers {
 
     /// Sleeps until an endpoint may make progress on what `waits` says this rank waits for from
     /// each peer, every rank of the host has posted `count` times in host memory (when `host` is
-    /// `(memory, count)`), the communicator is aborted, another rank's failure is announced, or `max` (at
-    /// most 100 ms) passes. Returns at once when an endpoint turns out ready while arming its
-    /// notification; `before_sleep` runs only when the rank really sleeps. Fails with the
-    /// failure a notice announced.
+    /// `(memory, count)`), the communicator is aborted, another rank's failure is announced, a
+    /// peer connects on demand (when `connections`), or `max` (at most 100 ms) passes. Returns
+    /// at once when an endpoint turns out ready while arming its notification; `before_sleep`
+    /// runs only when the rank really sleeps. Fails with the failure a notice announced.
     pub(crate) fn block(
         &self,
         links: &mut Links,
         waits: &[(usize, Interest)],
         host: Option<(&dyn HostMemory, u64)>,
         max: Duration,
+        connections: bool,
         before_sleep: impl FnOnce(),
     ) -> Result<()> {
         for &(peer, interest) in waits {
@@ -89,6 +90,9 @@ impl Peers {
             if let Some(Some(ep)) = links.endpoints.get(peer) {
                 ep.wait_fds(interest, &mut fds);
             }
+        }
+        if connections && let Some(fd) = links.lazy.as_ref().map(|l| l.wake_fd()) {
+            fds.push((fd, PollFlags::POLLIN));
         }
         let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(fd, f)| PollFd::new(*fd, *f)).collect();
         let ms = max.min(RECHECK).as_millis().max(1) as u16;

@@ -12,6 +12,7 @@ mod common;
 
 mod algos;
 mod allreduce;
+mod any_source;
 mod async_split;
 mod collectives;
 mod diagnosis;

@@ -34,7 +34,7 @@ namespace {
               X(cclAllGatherAsync) X(cclReduceScatterAsync) X(cclReduceScatterVAsync)      \
                   X(cclAlltoAllAsync) X(cclGatherAsync) X(cclScatterAsync)                 \
                       X(cclAllGatherVAsync) X(cclAlltoAllVAsync) X(cclBarrier)             \
-                          X(cclBarrierAsync) X(cclSend) X(cclRecv) X(cclGroupStart)        \
+                          X(cclBarrierAsync) X(cclSend) X(cclRecv) X(cclProbe) X(cclGroupStart)\
                               X(cclGroupEnd) X(cclWait)
 
 // The library's functions, looked up in the libccl.so the Python package loaded (not linked:
@@ -483,12 +483,19 @@ std::vector<at::Tensor> CclWork::result() {
 
 uint64_t CclWork::getSequencenumber() const { return seq_; }
 
+int CclWork::sourceRank() const {
+  TORCH_CHECK(source_, "sourceRank(): ", name_, " is not a receive");
+  TORCH_CHECK(state_.load() == kDone, "sourceRank(): the receive has not completed; wait first");
+  return source_();
+}
+
 // ---- P2P -----------------------------------------------------------------------------------
 
 std::shared_ptr<Transfer> P2P::post(bool send, const at::Tensor& tensor, int peer, int tag) {
   const char* kind = send ? "send" : "recv";
-  TORCH_CHECK(peer >= 0 && peer < state_->size, "invalid argument: ", kind, ": peer ", peer,
-              " is out of range for ", state_->size, " ranks");
+  const bool any = !send && peer == kAnySource;
+  TORCH_CHECK(any || (peer >= 0 && peer < state_->size), "invalid argument: ", kind, ": peer ",
+              peer, " is out of range for ", state_->size, " ranks");
   auto t = std::make_shared<Transfer>();
   t->send = send;
   t->tensor = tensor;
@@ -498,6 +505,12 @@ std::shared_ptr<Transfer> P2P::post(bool send, const at::Tensor& tensor, int pee
   t->tagbuf = at::full({1}, send ? static_cast<int64_t>(tag) : int64_t{-1}, at::kLong);
   std::lock_guard<std::recursive_mutex> l(m_);
   state_->live(kind);
+  if (any) {
+    // What follows belongs to the next group: it may repeat any peer.
+    batch_.push_back(t);
+    peers_.clear();
+    return t;
+  }
   if (peers_.count({send, peer})) flushLocked();
   batch_.push_back(t);
   peers_.insert({send, peer});
@@ -542,54 +555,73 @@ void P2P::flushLocked() {
   auto batch = std::move(batch_);
   batch_.clear();
   peers_.clear();
-  if (batch.empty()) return;
+  // Groups between the receives from any source, in the order they were recorded.
+  size_t first = 0;
+  for (size_t i = 0; i <= batch.size(); ++i) {
+    if (i < batch.size() && batch[i]->peer != kAnySource) continue;
+    if (first < i) runGroup(batch, first, i);
+    if (i < batch.size()) runGroup(batch, i, i + 1);
+    first = i + 1;
+  }
+}
+
+void P2P::runGroup(std::vector<std::shared_ptr<Transfer>>& batch, size_t first, size_t last) {
   std::exception_ptr err;
   try {
     cclComm_t c = state_->live("send/recv");
+    // A receive from any source (alone in its group) takes the send the library finds.
+    if (auto& head = *batch[first]; head.peer == kAnySource) {
+      int peer = -1;
+      size_t bytes = 0;
+      check(g.cclProbe(&peer, &bytes, c), "recv from any source", state_->rank);
+      head.peer = peer;
+    }
     check(g.cclGroupStart(), "send/recv", state_->rank);
-    // Every recorded call is followed by the group's end, also after a failed one: the group
-    // belongs to this thread and must not stay open.
-    cclResult_t first = cclSuccess;
+    // Every recorded call is followed by the group's end, also after a failed one: the
+    // group belongs to this thread and must not stay open.
+    cclResult_t failed = cclSuccess;
     std::string msg;
     auto note = [&](cclResult_t r) {
-      if (r != cclSuccess && first == cclSuccess) {
-        first = r;
+      if (r != cclSuccess && failed == cclSuccess) {
+        failed = r;
         msg = lastError(r);
       }
     };
-    for (auto& t : batch) {
-      if (t->send) {
-        note(g.cclSend(t->buf.data_ptr(), nbytes(t->buf), cclUint8, t->peer, c));
-        note(g.cclSend(t->tagbuf.data_ptr(), 8, cclUint8, t->peer, c));
+    for (size_t i = first; i < last; ++i) {
+      auto& t = *batch[i];
+      if (t.send) {
+        note(g.cclSend(t.buf.data_ptr(), nbytes(t.buf), cclUint8, t.peer, c));
+        note(g.cclSend(t.tagbuf.data_ptr(), 8, cclUint8, t.peer, c));
       } else {
-        note(g.cclRecv(t->buf.data_ptr(), nbytes(t->buf), cclUint8, t->peer, c));
-        note(g.cclRecv(t->tagbuf.data_ptr(), 8, cclUint8, t->peer, c));
+        note(g.cclRecv(t.buf.data_ptr(), nbytes(t.buf), cclUint8, t.peer, c));
+        note(g.cclRecv(t.tagbuf.data_ptr(), 8, cclUint8, t.peer, c));
       }
     }
     note(g.cclGroupEnd());
-    TORCH_CHECK(first == cclSuccess, "ccl send/recv failed on rank ", state_->rank, ": ", msg);
+    TORCH_CHECK(failed == cclSuccess, "ccl send/recv failed on rank ", state_->rank, ": ", msg);
   } catch (...) {
     err = std::current_exception();
   }
-  for (auto& t : batch) {
+  for (size_t i = first; i < last; ++i) {
+    auto& t = *batch[i];
     if (err) {
-      t->error = err;
-    } else if (!t->send) {
-      int64_t got = t->tagbuf.item<int64_t>();
-      if (got != t->tag) {
+      t.error = err;
+    } else if (!t.send) {
+      int64_t got = t.tagbuf.item<int64_t>();
+      if (got != t.tag) {
         try {
-          TORCH_CHECK(false, "invalid argument: recv from rank ", t->peer, " with tag ", t->tag,
+          TORCH_CHECK(false, "invalid argument: recv from rank ", t.peer, " with tag ", t.tag,
                       " got the message sent with tag ", got,
                       ": ccl matches the messages between two ranks in the order they are "
                       "posted, so the n-th send's tag must be the n-th receive's");
         } catch (...) {
-          t->error = std::current_exception();
+          t.error = std::current_exception();
         }
-      } else if (!t->buf.is_same(t->tensor)) {
-        t->tensor.copy_(t->buf);
+      } else if (!t.buf.is_same(t.tensor)) {
+        t.tensor.copy_(t.buf);
       }
     }
-    t->done = true;
+    t.done = true;
   }
 }
 
@@ -1486,9 +1518,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::p2p(bool send, std::vector<at::T
   auto t = p2p_->post(send, tensors[0], peer, tag);
   ++seq_;
   Drive drive = [p = p2p_, t] { p->wait(t); };
-  return record(c10::make_intrusive<CclWork>(
-      rank_, send ? c10d::OpType::SEND : c10d::OpType::RECV, seq_, name, std::move(drive),
-      tensors, completer_, false));
+  auto type = send ? c10d::OpType::SEND
+                   : (peer == kAnySource ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV);
+  auto work = c10::make_intrusive<CclWork>(rank_, type, seq_, name, std::move(drive), tensors,
+                                           completer_, false);
+  if (!send) work->setSource([t] { return t->peer; });
+  return record(std::move(work));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::send(std::vector<at::Tensor>& tensors, int dst,
@@ -1501,10 +1536,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::recv(std::vector<at::Tensor>& te
   return p2p(false, tensors, src, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false,
-                              "ccl backend: recv: receiving from any source (src=None) needs "
-                              "library support ccl does not have yet; name the source rank");
+c10::intrusive_ptr<c10d::Work> ProcessGroupCCL::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
+  return p2p(false, tensors, kAnySource, tag);
 }
 
 }  // namespace ccl_torch

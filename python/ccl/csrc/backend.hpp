@@ -86,6 +86,9 @@ class CclWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override;
+  // The rank a receive's data came from (what `dist.recv` without a source returns).
+  int sourceRank() const override;
+  void setSource(std::function<int()> source) { source_ = std::move(source); }
 
  private:
   friend class Completer;
@@ -101,7 +104,11 @@ class CclWork : public c10d::Work {
   std::shared_ptr<Completer> completer_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   bool inFlight_;
+  std::function<int()> source_;
 };
+
+// The peer of a receive from any source (`dist.recv` without `src`).
+constexpr int kAnySource = -1;
 
 // One isend or irecv, recorded until its group runs: the contiguous bytes, and the tag that
 // travels with the data (8 bytes in the same group), so that a receive whose tag differs from
@@ -110,7 +117,7 @@ struct Transfer {
   bool send;
   at::Tensor tensor;  // the caller's
   at::Tensor buf;     // contiguous: the caller's, or a stand-in copied back after a receive
-  int peer;
+  int peer;  // kAnySource until a receive from any source finds its sender
   int tag;
   at::Tensor tagbuf;
   bool done = false;
@@ -123,6 +130,8 @@ struct Transfer {
 // operations between two ranks the same on both), at the end of a coalesced block, and before a
 // second send to (or receive from) the same peer is recorded. With at most one transfer per
 // peer and direction in a group, groups match between ranks however each side batched them.
+// A receive from any source runs alone, after the transfers recorded before it: its peer is
+// known only once the library has found a send to take (cclProbe).
 class P2P {
  public:
   explicit P2P(std::shared_ptr<CommState> state) : state_(std::move(state)) {}
@@ -134,6 +143,8 @@ class P2P {
 
  private:
   void flushLocked();
+  // Runs transfers [first, last) of `batch` as one library group and settles each.
+  void runGroup(std::vector<std::shared_ptr<Transfer>>& batch, size_t first, size_t last);
   std::shared_ptr<CommState> state_;
   std::recursive_mutex m_;
   std::vector<std::shared_ptr<Transfer>> batch_;
