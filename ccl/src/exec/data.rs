@@ -71,13 +71,11 @@ impl Run<'_, '_> {
                 }
             }
             if p.recv_elems * self.elem > 0 || (self.sched.handshake && !p.recvs.is_empty()) {
-                let q = &mut self.st.peers[pi];
-                q.expects_header = true;
+                self.st.peers[pi].expects_header = true;
                 // A receive from any source may have read (part of) this header already.
                 if let Some(e) = self.st.take_early(p.peer) {
                     let q = &mut self.st.peers[pi];
-                    q.header_in = e.header;
-                    q.header_in_got = e.got;
+                    (q.header_in, q.header_in_got) = (e.header, e.got);
                 }
                 if self.st.peers[pi].header_in_pending() {
                     self.st.headers_left += 1;
