@@ -219,6 +219,11 @@ impl Lazy {
         })
     }
 
+    /// Readable while connections wait in the inbox.
+    pub(crate) fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.shared.wake.as_fd()
+    }
+
     /// Whether `peer`'s pair is made on demand.
     fn is_lazy(&self, peer: usize) -> bool {
         self.shared.lazy.get(peer).copied().flatten().is_some()
@@ -238,13 +243,6 @@ impl Lazy {
         }
         let i = inbox.failed.iter().position(|(p, _)| wanted.contains(p))?;
         Some(inbox.failed.remove(i).1)
-    }
-}
-
-impl Lazy {
-    /// Readable while connections wait in the inbox.
-    pub(crate) fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.shared.wake.as_fd()
     }
 }
 

@@ -34,8 +34,8 @@ namespace {
               X(cclAllGatherAsync) X(cclReduceScatterAsync) X(cclReduceScatterVAsync)      \
                   X(cclAlltoAllAsync) X(cclGatherAsync) X(cclScatterAsync)                 \
                       X(cclAllGatherVAsync) X(cclAlltoAllVAsync) X(cclBarrier)             \
-                          X(cclBarrierAsync) X(cclSend) X(cclRecv) X(cclProbe) X(cclGroupStart)\
-                              X(cclGroupEnd) X(cclWait)
+                          X(cclBarrierAsync) X(cclSend) X(cclRecv) X(cclGroupStart)        \
+                              X(cclGroupEnd) X(cclWait) X(cclProbe)
 
 // The library's functions, looked up in the libccl.so the Python package loaded (not linked:
 // CCL_LIBRARY may name another build, and the package's Communicator must see the same
