@@ -255,16 +255,17 @@ def any_source(rank, size, uid, store_file):
         return
     # Each rank in turn receives two messages from every other one, without naming the
     # sender (as PyTorch's test_send_recv_any_source): dist.recv returns it, and an irecv's
-    # work says it; each message holds its sender's rank, and each sender comes twice.
+    # work says it; each message holds its sender's rank, and each sender comes twice. One tag
+    # for all: a receive from any source takes the first send whatever its tag.
     for dst in range(size):
         if dst != rank:
-            dist.send(torch.full((10,), float(rank)), dst)
+            dist.send(torch.full((10,), float(rank)), dst, tag=5)
             dist.send(torch.full((10,), float(rank)), dst, tag=5)
             continue
         seen = []
         for _ in range(size - 1):
             t = torch.full((10,), -1.0)
-            src = dist.recv(t)
+            src = dist.recv(t, tag=5)
             assert (t == src).all(), (src, t)
             u = torch.full((10,), -1.0)
             w = dist.irecv(u, tag=5)
