@@ -5,6 +5,8 @@
 
 use crate::common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ccl::{ErrorKind, ReduceOp};
@@ -75,7 +77,10 @@ fn a_sender_never_connected_before_is_found() {
 fn collective_passed_over(t: TransportKind) {
     let mut cfg = config(t, Duration::from_secs(60));
     cfg.algo = Some("allreduce:ring".into());
-    let got = run_ranks(3, cfg, |comm| {
+    // Rank 1 sends only once rank 0 has received rank 2's send (the ranks are threads here),
+    // so the order is fixed however the machine schedules them.
+    let first_taken = Arc::new(AtomicBool::new(false));
+    let got = run_ranks(3, cfg, move |comm| {
         let me = comm.rank();
         let mut order = Vec::new();
         match me {
@@ -85,10 +90,15 @@ fn collective_passed_over(t: TransportKind) {
                     let from = comm.recv_any(&mut b).unwrap();
                     assert_eq!(b, [from as u64 * 11; 4]);
                     order.push(from);
+                    first_taken.store(true, Ordering::Release);
                 }
             }
             1 => {
-                std::thread::sleep(Duration::from_millis(300));
+                while !first_taken.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                // Time for rank 2's allreduce header to reach rank 0 first.
+                std::thread::sleep(Duration::from_millis(200));
                 comm.send(&[11u64; 4], 0).unwrap();
             }
             _ => comm.send(&[22u64; 4], 0).unwrap(),
