@@ -19,7 +19,7 @@ pub(super) struct Early {
     pub got: usize,
 }
 
-/// A send waiting to be received, found by [`probe`].
+/// A send waiting to be received, found by [`Communicator::probe`](crate::Communicator::probe).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Probed {
     /// The sending peer.
