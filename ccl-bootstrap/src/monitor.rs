@@ -375,14 +375,16 @@ impl Monitor {
         self.shared.acks.load(Ordering::Acquire)
     }
 
-    /// Tells the root (and through it every rank) that this rank failed, and why.
-    pub fn report(&self, message: &str) {
+    /// Tells the root (and through it every rank) that this rank failed, and why: `peer` is
+    /// the rank its error names, which the root blames instead of this rank when its verdict
+    /// cannot tell the two apart.
+    pub fn report(&self, message: &str, peer: Option<usize>) {
         let n = Notice {
             rank: self.shared.rank,
             died: false,
             message: message.to_string(),
             verdict: String::new(),
-            culprit: None,
+            culprit: peer,
         };
         self.shared.send(&n.encode(FrameKind::Failure));
     }

@@ -1009,7 +1009,7 @@ mod tests {
             asked[10].lock().unwrap().contains(&8)
         });
         // A rank's failure reaches every other rank.
-        ms[11].report("rank 11 broke");
+        ms[11].report("rank 11 broke", None);
         for (r, m) in ms.iter().enumerate().filter(|(r, _)| *r != 11) {
             let n = m.wait(Duration::from_secs(30)).expect("a notice");
             assert_eq!(n.rank, 11, "rank {r}: {n:?}");
@@ -1111,7 +1111,7 @@ mod tests {
 
     /// The verdict every other rank gets once `reporter` reports a failure.
     fn verdict_after_report(ms: &[Monitor], reporter: usize) -> String {
-        ms[reporter].report("timed out");
+        ms[reporter].report("timed out", None);
         let verdicts: Vec<String> = ms
             .iter()
             .enumerate()
@@ -1161,6 +1161,31 @@ mod tests {
             v.contains("ranks 0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11 and 12 wait on it"),
             "{v}"
         );
+    }
+
+    /// A rank at the end of every wait whose own failure report names another rank failed
+    /// because of that rank (it saw it leave): the notice blames the rank it named. Here rank
+    /// 1 failed and says it waits for nobody (as a rank that has exited says nothing), so the
+    /// ring's waits all end at it; its report names rank 0.
+    #[test]
+    fn a_culprit_whose_report_names_another_rank_passes_the_blame_on() {
+        use ccl_diag::recorder::State;
+        let state = |r| {
+            let mut v = diag::decode(&ring_view(r, 4, 0, 0)).unwrap();
+            if r == 1 {
+                v.ops[0].state = State::Failed;
+                v.ops[0].waiting_on = None;
+            }
+            diag::encode(&v)
+        };
+        let (_id, ms, _) = job_with(4, 4, std::sync::Arc::new(state));
+        ms[1].report("shared-memory peer 0 left", Some(0));
+        for r in [0, 2, 3] {
+            let n = ms[r].wait(Duration::from_secs(30)).expect("a notice");
+            assert_eq!(n.rank, 1, "rank {r}: {n:?}");
+            assert!(n.verdict.contains("stuck behind rank 1"), "rank {r}: {n:?}");
+            assert_eq!(n.culprit, Some(0), "rank {r}: {n:?}");
+        }
     }
 
     /// A link whose ends report through different top-level hubs: the root finds it from the

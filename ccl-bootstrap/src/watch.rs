@@ -89,6 +89,8 @@ struct Watched {
     undelivered: Vec<Frame>,
     /// Why it is gone, when the root knows better than "its line closed".
     why: Option<String>,
+    /// The rank its own failure report named (the peer it saw leave, or timed out on).
+    blamed: Option<usize>,
 }
 
 impl Watched {
@@ -105,6 +107,7 @@ impl Watched {
             lost_hub: 0,
             undelivered: Vec::new(),
             why: None,
+            blamed: None,
         }
     }
 }
@@ -725,6 +728,8 @@ impl<'a> Watch<'a> {
                         }
                         if let Ok(mut n) = Notice::decode(&f.payload) {
                             n.rank = r;
+                            self.ranks[r].blamed =
+                                n.culprit.filter(|&c| c != r && c < self.ranks.len());
                             if !self.ranks[r].quiet {
                                 self.ranks[r].quiet = true;
                                 failures.push(n);
@@ -773,6 +778,22 @@ impl<'a> Watch<'a> {
         }
     }
 
+    /// Where the blame for culprit `r` ends: a rank that reported its own failure naming
+    /// another (the peer it saw leave, or timed out on) failed because of it, and once it has
+    /// exited it is absent from the verdict just like the rank it named, so the verdict alone
+    /// cannot tell them apart (ranks 0 and 2 both gone, where 0 only saw 2 leave).
+    fn blame(&self, mut r: usize) -> usize {
+        let mut seen = vec![r];
+        while let Some(b) = self.ranks[r].blamed {
+            if seen.contains(&b) {
+                break;
+            }
+            seen.push(b);
+            r = b;
+        }
+        r
+    }
+
     /// Asks every rank where it is and says which rank the job waits for.
     fn judge(&mut self) -> (String, Option<usize>) {
         let n = self.ranks.len();
@@ -791,7 +812,7 @@ impl<'a> Watch<'a> {
             })
         };
         let culprit = match &v.culprit {
-            diag::Culprit::Ranks(s) => s.iter().next().copied(),
+            diag::Culprit::Ranks(s) => s.iter().next().map(|&r| self.blame(r)),
             diag::Culprit::Link { to, .. } => Some(*to),
             diag::Culprit::Nothing => None,
         };

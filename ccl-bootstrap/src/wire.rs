@@ -352,7 +352,7 @@ pub struct Notice {
     pub message: String,
     /// The monitor's verdict on the job (empty from a rank, or when it has none).
     pub verdict: String,
-    /// The rank the verdict names first.
+    /// The rank the verdict names first; in a rank's own report, the peer its error names.
     pub culprit: Option<usize>,
 }
 

@@ -145,7 +145,7 @@ impl Peers {
         // A timeout is this rank's own failure: the monitor needs it to start the verdict.
         let reported = e.kind() == ErrorKind::Timeout;
         if reported {
-            m.report(&e.to_string());
+            m.report(&e.to_string(), e.peer_id());
         }
         let acks = m.acks();
         // The root acknowledges a report at once and gathers the verdict within GATHER; a root
@@ -361,7 +361,7 @@ impl Peers {
             && e.kind() != ErrorKind::Revoked
             && let Some(m) = &self.monitor
         {
-            m.report(&e.to_string());
+            m.report(&e.to_string(), e.peer_id());
         }
         first
     }

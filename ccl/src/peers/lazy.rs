@@ -296,6 +296,7 @@ impl Peers {
             }
         }
         let deadline = Instant::now() + self.config.timeout;
+        let mut waits_on = None;
         loop {
             let lazy = links.lazy.as_ref().expect("checked above");
             if let Some(e) = lazy.collect(&mut links.endpoints, &wanted) {
@@ -304,6 +305,14 @@ impl Peers {
             wanted.retain(|&p| links.endpoints[p].is_none());
             if wanted.is_empty() {
                 return Ok(());
+            }
+            // The operation waits for this peer before any of its data moves: the monitor's
+            // verdict follows that wait (a stopped peer never answers a connection).
+            if waits_on != Some(wanted[0]) {
+                waits_on = Some(wanted[0]);
+                if let Some(e) = self.recorder().current() {
+                    e.waiting_on = waits_on;
+                }
             }
             self.check_aborted()?;
             self.check_notices()?;
