@@ -10,6 +10,14 @@ pub(super) const ROOT_SILENT: Duration = Duration::from_millis(1500);
 /// machine.
 pub(super) const VERDICT_SLACK: Duration = Duration::from_millis(1500);
 
+/// The peer a failure report blames: one this rank saw leave or waited for in vain (a remote
+/// error, a timeout). A disagreement (invalid usage, such as settings that differ) is both
+/// ranks' doing, so the blame stays with the rank that reports it.
+pub(super) fn blamed_peer(e: &Error) -> Option<usize> {
+    e.peer_id()
+        .filter(|_| matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout))
+}
+
 /// `verdict: ...; ` before a message, when there is a verdict.
 pub(super) fn verdict_prefix(v: &str) -> String {
     if v.is_empty() {
@@ -145,7 +153,7 @@ impl Peers {
         // A timeout is this rank's own failure: the monitor needs it to start the verdict.
         let reported = e.kind() == ErrorKind::Timeout;
         if reported {
-            m.report(&e.to_string(), e.peer_id());
+            m.report(&e.to_string(), blamed_peer(&e));
         }
         let acks = m.acks();
         // The root acknowledges a report at once and gathers the verdict within GATHER; a root
@@ -361,7 +369,7 @@ impl Peers {
             && e.kind() != ErrorKind::Revoked
             && let Some(m) = &self.monitor
         {
-            m.report(&e.to_string(), e.peer_id());
+            m.report(&e.to_string(), blamed_peer(&e));
         }
         first
     }

@@ -390,7 +390,7 @@ impl Peers {
         // Tell the others, unless the failure is one they told us about.
         let tell = |e: &Error| {
             if let (Some(m), false) = (&monitor, e.message().contains("during set-up")) {
-                m.report(&e.to_string(), e.peer_id());
+                m.report(&e.to_string(), failure::blamed_peer(e));
             }
         };
         wireup::prepare_all(
