@@ -68,6 +68,11 @@ pub fn root_lines() -> usize {
     SETTLED_LINES.load(Ordering::Relaxed)
 }
 
+/// Whether rank `w` said goodbye (its frames may still wait to be handled).
+fn said_goodbye(w: &Watched) -> bool {
+    w.left || w.frames.iter().any(|f| f.kind == FrameKind::Bye)
+}
+
 /// What the root knows of one rank while watching.
 struct Watched {
     frames: VecDeque<Frame>,
@@ -494,11 +499,18 @@ impl<'a> Watch<'a> {
     }
 
     /// Counts the root's lines once every rank told to move to its hub has moved (or gone):
-    /// [`root_lines`].
+    /// [`root_lines`], the ranks' first lines that the root kept. A short job on a loaded
+    /// machine can end before its last rank has moved: a kept line whose rank has said goodbye
+    /// still counts (the root held it until the job's end), and a line of a rank that joined
+    /// the root again because its hub left first does not (that is the job ending).
     fn settle(&mut self) {
         if !self.settled && self.links.iter().all(|l| !(l.attached && l.open)) {
             self.settled = true;
-            let lines = self.links.iter().filter(|l| l.open).count();
+            let ranks = &self.ranks;
+            let lines = self.links[..ranks.len().min(self.links.len())]
+                .iter()
+                .filter(|l| !l.attached && (l.open || said_goodbye(&ranks[l.rank])))
+                .count();
             SETTLED_LINES.fetch_max(lines, Ordering::Relaxed);
         }
     }
