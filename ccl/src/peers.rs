@@ -271,3 +271,4 @@ impl Peers {
 }
 
 pub(crate) use ccl_diag::verdict::SlowPeer;
+pub(crate) use failure::blamed_peer;

@@ -94,13 +94,13 @@ pub(super) fn end_op(
         state.host_second_half ^= sched.host_chunks % 2 == 1;
     }
     state.end_idle();
-    // A failed operation waits on the peer it waited for, or else on the one its error names
+    // A failed operation waits on the peer it waited for, or else on the one its error blames
     // (an operation in host memory has no peer of its own to wait on, yet its error names the
     // rank that left): a monitor's verdict follows that wait instead of ending at this rank.
     let waiting = r.as_ref().err().and_then(|e| {
         state
             .first_waited_peer(sched)
-            .or(e.peer_id().filter(|&p| p != comm.rank()))
+            .or(crate::peers::blamed_peer(e).filter(|&p| p != comm.rank()))
     });
     {
         let mut rec = comm.recorder();

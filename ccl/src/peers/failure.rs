@@ -13,7 +13,7 @@ pub(super) const VERDICT_SLACK: Duration = Duration::from_millis(1500);
 /// The peer a failure report blames: one this rank saw leave or waited for in vain (a remote
 /// error, a timeout). A disagreement (invalid usage, such as settings that differ) is both
 /// ranks' doing, so the blame stays with the rank that reports it.
-pub(super) fn blamed_peer(e: &Error) -> Option<usize> {
+pub(crate) fn blamed_peer(e: &Error) -> Option<usize> {
     e.peer_id()
         .filter(|_| matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout))
 }
