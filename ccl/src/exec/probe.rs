@@ -34,8 +34,8 @@ enum Next {
     Unknown,
     /// A point-to-point send of this many bytes.
     Send(usize),
-    /// Another operation, described.
-    Other(String),
+    /// Another operation (described only if the probe fails: it is read on every pass).
+    Other(Header),
 }
 
 impl ExecState {
@@ -95,7 +95,7 @@ impl ExecState {
         Ok(if h.kind == KIND_P2P {
             Next::Send(h.bytes as usize)
         } else {
-            Next::Other(h.describe())
+            Next::Other(h)
         })
     }
 }
@@ -116,7 +116,7 @@ pub(crate) fn probe(comm: &Peers, links: &mut Links, st: &mut ExecState) -> Resu
         recv: true,
     };
     let mut waits: Vec<(usize, Interest)> = Vec::new();
-    let mut others: Vec<(usize, String)> = Vec::new();
+    let mut others: Vec<(usize, Header)> = Vec::new();
     loop {
         comm.check_aborted()?;
         // A peer that sends to this rank for the first time connects first (`CCL_CONNECT=lazy`).
@@ -153,7 +153,7 @@ pub(crate) fn probe(comm: &Peers, links: &mut Links, st: &mut ExecState) -> Resu
 fn no_sender(
     me: usize,
     waited: Duration,
-    others: &[(usize, String)],
+    others: &[(usize, Header)],
     silent: &[(usize, Interest)],
 ) -> Error {
     let mut what = format!(
@@ -161,7 +161,11 @@ fn no_sender(
         waited.as_secs_f64()
     );
     for (p, op) in others {
-        let _ = write!(what, "; peer {p}'s next operation here is {op}");
+        let _ = write!(
+            what,
+            "; peer {p}'s next operation here is {}",
+            op.describe()
+        );
     }
     if !silent.is_empty() {
         // Hundreds of ranks would drown the message: the first few say enough.

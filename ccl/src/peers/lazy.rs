@@ -330,7 +330,7 @@ impl Peers {
             }
             wait_readable(
                 &[
-                    lazy.shared.wake.as_fd(),
+                    lazy.wake_fd(),
                     self.abort.fd(),
                     match &self.monitor {
                         Some(m) => m.fd(),
