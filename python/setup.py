@@ -4,16 +4,19 @@
 copies target/release/libccl.so into the package. With CCL_LIBRARY set to an existing
 libccl.so, that file is shipped instead and cargo is not run.
 
-When torch is importable at build time (install with --no-build-isolation, as
-scripts/python-setup.sh does) and a C++ compiler is there, the native torch backend
-(ccl/csrc/backend.cpp, module ccl._ctorch) is compiled against that torch. If it cannot be
-built, the package installs without it and ``ccl.torch`` runs its Python backend, saying so.
-CCL_TORCH_NATIVE=0 skips it.
+The native torch backend (oxccl/csrc/backend.cpp, module oxccl._ctorch) is compiled against the
+torch of the environment the package is installed into. pip builds in an isolated environment
+where that torch cannot be imported, so its facts (version, include and library paths, ABI) are
+asked of the target interpreter itself (oxccl/_build.py). Where there is no torch yet, or no
+compiler, the package installs without it and the first `import oxccl.torch` compiles it for
+the torch that runs (or says what is missing); nothing slower runs in its place.
 """
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -22,6 +25,14 @@ from setuptools.dist import Distribution
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+HEADER = REPO / "ccl-capi" / "include" / "ccl.h"
+
+
+def _load_build():
+    spec = importlib.util.spec_from_file_location("_oxccl_build", HERE / "oxccl" / "_build.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def built_library() -> Path:
@@ -41,13 +52,36 @@ def built_library() -> Path:
     return target / "release" / "libccl.so"
 
 
+def build_torch_backend(pkg: Path):
+    """Compiles the native backend into `pkg` for the target environment's torch, if it has
+    one; leaves no earlier build behind either way (an extension of another torch would not
+    load, or worse, load)."""
+    b = _load_build()
+    for old in pkg.glob(b.MODULE + "*"):
+        old.unlink()
+    try:
+        facts = b.local_facts()
+    except Exception:  # noqa: BLE001 - pip's isolated environment: ask the target interpreter
+        facts = b.torch_facts(sys.executable)
+    if facts is None:
+        print("oxccl: no torch in the target environment; the native torch backend will be "
+              "compiled at the first `import oxccl.torch`")
+        return
+    try:
+        b.build(facts, pkg, csrc=pkg / "csrc", log=print)
+    except b.BuildError as e:
+        print(f"oxccl: {e}\noxccl: it will be tried again at the first `import oxccl.torch`")
+
+
 class BuildWithCargo(build_py):
     def run(self):
         super().run()
-        lib = built_library()
-        dest = Path(self.build_lib) / "ccl" / "libccl.so"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(lib, dest)
+        pkg = Path(self.build_lib) / "oxccl"
+        pkg.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built_library(), pkg / "libccl.so")
+        (pkg / "csrc").mkdir(exist_ok=True)
+        shutil.copyfile(HEADER, pkg / "csrc" / "ccl.h")
+        build_torch_backend(pkg)
 
 
 class BinaryDistribution(Distribution):
@@ -57,41 +91,4 @@ class BinaryDistribution(Distribution):
         return True
 
 
-def torch_extension():
-    """The native torch backend's extension and the build command for it, or (None, None)."""
-    if os.environ.get("CCL_TORCH_NATIVE", "1") == "0":
-        return None, None
-    try:
-        from torch.utils.cpp_extension import BuildExtension, CppExtension
-    except Exception as e:  # noqa: BLE001 - no torch: the Python backend only
-        print(f"ccl: torch not importable ({e}); the native torch backend is not built")
-        return None, None
-    ext = CppExtension(
-        "ccl._ctorch",
-        ["ccl/csrc/backend.cpp"],
-        include_dirs=[str(REPO / "ccl-capi" / "include")],
-        extra_compile_args=["-O2", "-g0"],
-    )
-
-    class OptionalBuild(BuildExtension.with_options(use_ninja=False)):
-        """A failed build of the native backend leaves the package with its Python backend."""
-
-        def build_extension(self, ext):
-            try:
-                super().build_extension(ext)
-            except Exception as e:  # noqa: BLE001 - reported, then the fallback is used
-                print(f"ccl: the native torch backend did not build ({e}); ccl.torch will "
-                      "use the Python backend")
-
-    return ext, OptionalBuild
-
-
-ext, build_ext_cmd = torch_extension()
-cmdclass = {"build_py": BuildWithCargo}
-if ext is not None:
-    cmdclass["build_ext"] = build_ext_cmd
-setup(
-    cmdclass=cmdclass,
-    distclass=BinaryDistribution,
-    ext_modules=[ext] if ext is not None else [],
-)
+setup(cmdclass={"build_py": BuildWithCargo}, distclass=BinaryDistribution)

@@ -3,7 +3,7 @@
 # already there. Usage: scripts/install-deps.sh [build|test]
 #   build: a Rust toolchain check, a C compiler, pkg-config, and for the verbs transport
 #          (ccl-ibverbs, through rdma-sys: bindgen + pkg-config) libibverbs-dev, librdmacm-dev,
-#          libclang-dev. `cargo build -p ccl --no-default-features` needs none of the last three.
+#          libclang-dev. `cargo build -p oxccl --no-default-features` needs none of the last three.
 #   test:  build + what the test suite uses, including rdma-core and the verbs providers (rxe);
 #          the SoftRoCE VM itself is prepared by scripts/rxe-vm-setup.sh when first used.
 set -euo pipefail

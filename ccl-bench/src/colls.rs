@@ -14,7 +14,7 @@
 //! `unit = floor(2 count / (n-1))`, so every rank sends and receives the same total,
 //! `unit x n(n-1)/2`, which is the size column.
 
-use ccl::{Collective, Communicator, DataType, ReduceOp, Result};
+use oxccl::{Collective, Communicator, DataType, ReduceOp, Result};
 use ccl_core::dispatch_dtype;
 use ccl_core::test_values::{self, CheckValue};
 
@@ -69,9 +69,9 @@ fn alltoallv_total(n: usize, count: usize) -> usize {
 }
 
 /// This rank's alltoallv counts: symmetric, so the same layout serves in place.
-fn alltoallv_counts(r: usize, n: usize, count: usize) -> ccl::Counts {
+fn alltoallv_counts(r: usize, n: usize, count: usize) -> oxccl::Counts {
     let c: Vec<usize> = (0..n).map(|k| pair_count(r, k, n, count)).collect();
-    ccl::Counts::AllToAllV {
+    oxccl::Counts::AllToAllV {
         send_counts: c.clone(),
         send_displs: None,
         recv_counts: c,
@@ -246,13 +246,13 @@ impl Bench for Coll {
         let lens = match self.op {
             Op::Coll(Collective::AllToAllV) => {
                 let t = alltoallv_total(n, count);
-                ccl::BufferLens { send: t, recv: t }
+                oxccl::BufferLens { send: t, recv: t }
             }
             // Counts come from the benchmark's buffer sizes, so their lengths fit.
             Op::Coll(c) => c
                 .buffer_lens(count, n)
                 .expect("a benchmark row's buffers fit"),
-            Op::SendRecv => ccl::BufferLens {
+            Op::SendRecv => oxccl::BufferLens {
                 send: count,
                 recv: count,
             },

@@ -8,7 +8,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-use ccl::{Communicator, DataType, ReduceOp, Result};
+use oxccl::{Communicator, DataType, ReduceOp, Result};
 use serde::{Deserialize, Serialize};
 
 /// One operation plugged into the harness (nccl-tests: one file per collective).

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use ccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
+use oxccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
 use ccl_core::config::{TransportKind, parse_size};
 use ccl_diag::human_bytes;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -104,7 +104,7 @@ struct PlotArgs {
 
 impl Cmd {
     fn parts(&self) -> Option<(colls::Op, &BenchArgs)> {
-        use ccl::Collective as C;
+        use oxccl::Collective as C;
         use colls::Op;
         Some(match self {
             Cmd::Allreduce(a) => (Op::Coll(C::AllReduce), a),
@@ -268,7 +268,7 @@ fn main() -> ExitCode {
 }
 
 /// Settings from the environment with the command line on top.
-fn settings(args: &BenchArgs, op: colls::Op) -> ccl::Result<Config> {
+fn settings(args: &BenchArgs, op: colls::Op) -> oxccl::Result<Config> {
     let mut c = Config::from_env()?;
     if let Some(t) = args.transport {
         c.transport = t;
@@ -708,7 +708,7 @@ fn kill_all(children: &mut [Option<Child>]) {
 }
 
 /// Every rank's flight recorder, parsed, in rank order (on every rank).
-fn gather_traces(comm: &Communicator) -> ccl::Result<Vec<ccl_diag::Dump>> {
+fn gather_traces(comm: &Communicator) -> oxccl::Result<Vec<ccl_diag::Dump>> {
     let mine = comm.trace_json().into_bytes();
     let n = comm.size();
     let mut lens = vec![0u64; n];
@@ -723,8 +723,8 @@ fn gather_traces(comm: &Communicator) -> ccl::Result<Vec<ccl_diag::Dump>> {
         .enumerate()
         .map(|(r, (c, &len))| {
             serde_json::from_slice(&c[..len as usize]).map_err(|e| {
-                ccl::Error::new(
-                    ccl::ErrorKind::Internal,
+                oxccl::Error::new(
+                    oxccl::ErrorKind::Internal,
                     format!(
                         "rank {}: the recorder of rank {r} is not a dump: {e}",
                         comm.rank()

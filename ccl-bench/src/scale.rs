@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ccl::Communicator;
+use oxccl::Communicator;
 use nix::sys::resource::{UsageWho, getrusage};
 
 /// The launcher's start, in microseconds since the epoch, passed to the ranks it starts so that
@@ -156,7 +156,7 @@ struct RankLine {
     start_us: u64,
     /// From the job's start to the communicator being ready.
     init_us: u64,
-    /// Set-up's phases on this rank ([`ccl::InitTimings`]): joining, exchanging records,
+    /// Set-up's phases on this rank ([`oxccl::InitTimings`]): joining, exchanging records,
     /// connecting.
     join_us: u64,
     exchange_us: u64,
@@ -226,7 +226,7 @@ static FIRST_CPU: OnceLock<u64> = OnceLock::new();
 /// ([`now_us`]).
 pub(crate) fn first_allreduce(comm: &Communicator) -> Result<u64, String> {
     let mut x = [1u64];
-    comm.all_reduce_in_place(&mut x, ccl::ReduceOp::Sum)
+    comm.all_reduce_in_place(&mut x, oxccl::ReduceOp::Sum)
         .map_err(|e| e.to_string())?;
     let t = now_us();
     FIRST_CPU.get_or_init(|| cpu_us(UsageWho::RUSAGE_SELF));

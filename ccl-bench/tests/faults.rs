@@ -703,7 +703,7 @@ fn the_live_query_answers_during_a_hang_and_refuses_a_stranger() {
     assert!(!e.contains("rank 1 (") && !e.contains("allreduce"), "{e}");
     // Nor does one that presents a wrong unique id.
     let root = format!("127.0.0.1:{port}").parse().unwrap();
-    let id = ccl::UniqueId::for_address(root, [0x5a; 32]).to_hex();
+    let id = oxccl::UniqueId::for_address(root, [0x5a; 32]).to_hex();
     let o = Command::new(trace)
         .args(["--live", "--id", &id])
         .output()

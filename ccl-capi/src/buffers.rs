@@ -3,7 +3,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use ccl::{Collective, Communicator, Counts, DataType, ReduceOp};
+use oxccl::{Collective, Communicator, Counts, DataType, ReduceOp};
 
 use crate::error::Fail;
 

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use ccl::Collective;
+use oxccl::Collective;
 
 use crate::buffers::{Prepared, RawCall, prepare, ranges};
 use crate::error::{Fail, guard, out};

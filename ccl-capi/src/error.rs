@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use ccl::ErrorKind;
+use oxccl::ErrorKind;
 
 use crate::{
     cclInternalError, cclInvalidArgument, cclInvalidUsage, cclRemoteError, cclResult_t, cclRevoked,
@@ -38,7 +38,7 @@ impl Fail {
 
 /// The result code of a library error. An aborted communicator is a usage error: the caller
 /// (or another thread of it) ended the communicator.
-pub(crate) fn code_of(e: &ccl::Error) -> cclResult_t {
+pub(crate) fn code_of(e: &oxccl::Error) -> cclResult_t {
     match e.kind() {
         ErrorKind::InvalidArgument => cclInvalidArgument,
         ErrorKind::InvalidUsage | ErrorKind::Aborted => cclInvalidUsage,
@@ -50,8 +50,8 @@ pub(crate) fn code_of(e: &ccl::Error) -> cclResult_t {
     }
 }
 
-impl From<ccl::Error> for Fail {
-    fn from(e: ccl::Error) -> Fail {
+impl From<oxccl::Error> for Fail {
+    fn from(e: oxccl::Error) -> Fail {
         Fail {
             code: code_of(&e),
             msg: e.to_string(),

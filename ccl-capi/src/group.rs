@@ -3,14 +3,14 @@
 //! As in NCCL, the group is per thread: between the outermost start and end, operations are
 //! recorded with the communicator they target, and the end runs them. Per communicator (in the
 //! order each was first used) the recorded collectives run first, in order, then every send and
-//! receive together as one exchange (`ccl::Group`), which is what keeps "everyone sends, then
+//! receive together as one exchange (`oxccl::Group`), which is what keeps "everyone sends, then
 //! everyone receives" from deadlocking.
 
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use ccl::Communicator;
+use oxccl::Communicator;
 
 use crate::buffers::{
     OutBuf, Prepared, PreparedV, RawIn, RawOut, bytes_of, check_region, dtype_of,

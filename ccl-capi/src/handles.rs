@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ccl::Communicator;
+use oxccl::Communicator;
 
 use crate::error::Fail;
 use crate::{cclComm, cclComm_t, cclRequest, cclRequest_t};
@@ -27,7 +27,7 @@ pub(crate) trait Pending: Send {
     /// Whether it has finished.
     fn done(&self) -> bool;
     /// Waits for it and returns its result.
-    fn finish(self: Box<Self>) -> ccl::Result<()>;
+    fn finish(self: Box<Self>) -> oxccl::Result<()>;
     /// Whether it runs on communicator `comm` and uses memory overlapping `addr..addr + len`.
     fn touches(&self, _comm: usize, _addr: usize, _len: usize) -> bool {
         false
@@ -49,7 +49,7 @@ impl<P: Pending> Pending for Tracked<P> {
         self.inner.done()
     }
 
-    fn finish(self: Box<Self>) -> ccl::Result<()> {
+    fn finish(self: Box<Self>) -> oxccl::Result<()> {
         Box::new(self.inner).finish()
     }
 
@@ -62,12 +62,12 @@ impl<P: Pending> Pending for Tracked<P> {
     }
 }
 
-impl<B: Send> Pending for ccl::Request<B> {
+impl<B: Send> Pending for oxccl::Request<B> {
     fn done(&self) -> bool {
         self.test()
     }
 
-    fn finish(self: Box<Self>) -> ccl::Result<()> {
+    fn finish(self: Box<Self>) -> oxccl::Result<()> {
         (*self).wait().map(drop)
     }
 }
@@ -138,7 +138,7 @@ impl<T> Registry<T> {
 
 static COMMS: Mutex<Registry<Arc<Communicator>>> =
     Mutex::new(Registry::new(COMM_TAG, "communicator", "destroyed"));
-static REGS: Mutex<Registry<(usize, ccl::UnboundRegistration)>> =
+static REGS: Mutex<Registry<(usize, oxccl::UnboundRegistration)>> =
     Mutex::new(Registry::new(REG_TAG, "registration", "deregistered"));
 static REQUESTS: Mutex<Registry<Box<dyn Pending>>> = Mutex::new(Registry::new(
     REQUEST_TAG,
@@ -177,7 +177,7 @@ pub(crate) fn insert_request(p: Box<dyn Pending>) -> cclRequest_t {
 }
 
 /// The request's result if it has finished (then it is unregistered), `None` if it has not.
-pub(crate) fn test_request(h: cclRequest_t) -> Result<Option<ccl::Result<()>>, Fail> {
+pub(crate) fn test_request(h: cclRequest_t) -> Result<Option<oxccl::Result<()>>, Fail> {
     let p = {
         let mut r = lock(&REQUESTS);
         if !r.get(h as usize)?.done() {
@@ -194,7 +194,7 @@ pub(crate) fn take_request(h: cclRequest_t) -> Result<Box<dyn Pending>, Fail> {
 }
 
 /// A registration of caller memory with communicator `comm` (`cclCommRegister`).
-pub(crate) fn insert_reg(comm: cclComm_t, r: ccl::UnboundRegistration) -> usize {
+pub(crate) fn insert_reg(comm: cclComm_t, r: oxccl::UnboundRegistration) -> usize {
     let comm = comm as usize;
     lock(&REGS).insert((comm, r))
 }

@@ -13,7 +13,7 @@
 use std::ffi::{c_char, c_int, c_uint};
 use std::time::Duration;
 
-use ccl::{Communicator, Config, UniqueId};
+use oxccl::{Communicator, Config, UniqueId};
 
 mod buffers;
 mod colls;
@@ -79,7 +79,7 @@ pub const cclNumOps: cclRedOp_t = 8;
 /// `CCL_SPLIT_NOCOLOR`.
 pub const CCL_SPLIT_NOCOLOR: c_int = -1;
 /// `CCL_UNIQUE_ID_BYTES`.
-pub const CCL_UNIQUE_ID_BYTES: usize = ccl::UNIQUE_ID_BYTES;
+pub const CCL_UNIQUE_ID_BYTES: usize = oxccl::UNIQUE_ID_BYTES;
 
 /// `cclUniqueId`: 128 opaque bytes, passed by value.
 #[repr(C)]

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
-use ccl::Pages;
+use oxccl::Pages;
 
 use crate::cclComm_t;
 use crate::cclResult_t;
@@ -22,7 +22,7 @@ use crate::handles::{comm_from, insert_reg, registered_overlap, remove_reg};
 /// (`cclCommMemAlloc`).
 enum Alloc {
     Pages(Pages),
-    Comm(ccl::Buffer<u8>),
+    Comm(oxccl::Buffer<u8>),
 }
 
 impl Alloc {

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use ccl::{Communicator, Counts, DataType, ReduceOp};
+use oxccl::{Communicator, Counts, DataType, ReduceOp};
 
 use crate::buffers::ranges;
 use crate::buffers::{OutBuf, PreparedV, RawIn, RawOut, bytes_of, check_region, dtype_of, op_of};

@@ -215,7 +215,7 @@ fn constants_match() {
             assert!(r.contains_key(name), "{name} is in the header only");
         }
     }
-    assert_eq!(h["CCL_UNIQUE_ID_BYTES"], ccl::UNIQUE_ID_BYTES as i64);
+    assert_eq!(h["CCL_UNIQUE_ID_BYTES"], oxccl::UNIQUE_ID_BYTES as i64);
     // The version macros are the crate's version.
     let v = |k: &str| h[k].to_string();
     assert_eq!(
@@ -223,15 +223,15 @@ fn constants_match() {
         env!("CARGO_PKG_VERSION")
     );
     // The library's own types agree with NCCL's numbering as the header states it.
-    for t in ccl::DataType::ALL {
+    for t in oxccl::DataType::ALL {
         assert!(h.values().any(|&x| x == t as i64));
     }
-    assert_eq!(h["cclNumTypes"], ccl::DataType::ALL.len() as i64);
-    assert_eq!(h["cclNumOps"], ccl::ReduceOp::ALL.len() as i64);
-    assert_eq!(h["cclBfloat16"], ccl::DataType::Bf16 as i64);
-    assert_eq!(h["cclAvg"], ccl::ReduceOp::Avg as i64);
-    assert_eq!(h["cclBAnd"], ccl::ReduceOp::BAnd as i64);
-    assert_eq!(h["cclBXor"], ccl::ReduceOp::BXor as i64);
+    assert_eq!(h["cclNumTypes"], oxccl::DataType::ALL.len() as i64);
+    assert_eq!(h["cclNumOps"], oxccl::ReduceOp::ALL.len() as i64);
+    assert_eq!(h["cclBfloat16"], oxccl::DataType::Bf16 as i64);
+    assert_eq!(h["cclAvg"], oxccl::ReduceOp::Avg as i64);
+    assert_eq!(h["cclBAnd"], oxccl::ReduceOp::BAnd as i64);
+    assert_eq!(h["cclBXor"], oxccl::ReduceOp::BXor as i64);
     assert!(r.contains_key("CCL_CONFIG_MAGIC"), "the magic is compared");
 }
 

@@ -23,7 +23,7 @@ static FORK_INIT: OnceLock<Result<(), i32>> = OnceLock::new();
 /// Calls `ibv_fork_init` once per process, before any other verbs call this crate makes.
 ///
 /// Registered memory must not be shared copy-on-write with a child process (the child's writes
-/// would move pages under the device), and programs that use ccl do fork: data loaders, the
+/// would move pages under the device), and programs that use oxccl do fork: data loaders, the
 /// benchmark's launcher, `subprocess`. `ibv_fork_init` marks registered ranges `MADV_DONTFORK`;
 /// on kernels that copy pinned pages at fork (5.13+) it is a no-op. Every verbs entry point of
 /// this crate goes through [`Context::open`] or [`device_names`], which call this first.

@@ -73,7 +73,7 @@ def load():
 # "ccl-nofr" is ccl with torch's own flight recorder off (TORCH_FR_BUFFER_SIZE=0): torch 2.15
 # hooks its recorder into every out-of-tree backend's operations, Gloo and fake record
 # themselves or not at all.
-BACKENDS = ["gloo", "ccl", "ccl-python", "ccl-nofr", "fake", "lib"]
+BACKENDS = ["gloo", "oxccl", "ccl-python", "ccl-nofr", "fake", "lib"]
 
 
 def _backend_env(backend):
@@ -89,7 +89,7 @@ def _ops(args, rank, n):
     import torch.distributed as dist
 
     if args.backend == "lib":
-        import ccl
+        import oxccl as ccl
 
         store = dist.FileStore(args.store, n)
         if rank == 0:
@@ -103,14 +103,14 @@ def _ops(args, rank, n):
             return t.item()
 
         return (lambda t: comm.all_reduce(t)), comm.barrier, slowest, comm.destroy
-    if args.backend.startswith("ccl"):
-        import ccl.torch  # noqa: F401
+    if args.backend.startswith("oxccl"):
+        import oxccl.torch  # noqa: F401
     if args.backend == "fake":
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=n)
     else:
-        name = "ccl" if args.backend.startswith("ccl") else args.backend
+        name = "oxccl" if args.backend.startswith("oxccl") else args.backend
         dist.init_process_group(name, init_method="file://" + args.store, rank=rank, world_size=n)
     ops = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
 
@@ -187,7 +187,7 @@ def overhead_main(args):
     import torch
     import torch.distributed as dist
 
-    import ccl.torch as cclt
+    import oxccl.torch as cclt
 
     torch.set_num_threads(1)
     n = args.calls
@@ -202,7 +202,7 @@ def overhead_main(args):
 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    # The Python implementation under a name of its own, beside the one "ccl" runs.
+    # The Python implementation under a name of its own, beside the one "oxccl" runs.
     dist.Backend.register_backend(
         "cclpy",
         lambda store, rank, size, timeout: cclt.PythonProcessGroupCCL(store, rank, size, timeout),
@@ -211,8 +211,8 @@ def overhead_main(args):
     with tempfile.TemporaryDirectory(prefix="ccl-torch-overhead-") as d:
         rows = {}
         t = torch.zeros(2)
-        for backend in ("fake", "gloo", "ccl", "cclpy"):
-            label = {"ccl": f"ccl ({cclt.IMPLEMENTATION})", "cclpy": "ccl (python)"}.get(
+        for backend in ("fake", "gloo", "oxccl", "cclpy"):
+            label = {"oxccl": f"ccl ({cclt.IMPLEMENTATION})", "cclpy": "ccl (python)"}.get(
                 backend, backend
             )
             kw = {"store": FakeStore()} if backend == "fake" else {"init_method": f"file://{d}/{backend}"}
@@ -221,7 +221,7 @@ def overhead_main(args):
             rows[f"{label}: dist.all_reduce(async_op=True).wait()"] = per_call(
                 lambda: dist.all_reduce(t, async_op=True).wait()
             )
-            if backend == "ccl":
+            if backend == "oxccl":
                 pg = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
                 lib, h, p = cclt._lib, pg.comm._h, t.data_ptr()
                 f32, total = cclt._FAST_DTYPES[torch.float32], cclt._ccl.SUM
@@ -244,7 +244,7 @@ def _source_tree():
     installed, whose native torch backend the source tree does not have."""
     import importlib.util
 
-    return [] if importlib.util.find_spec("ccl") is not None else [str(REPO / "python")]
+    return [] if importlib.util.find_spec("oxccl") is not None else [str(REPO / "python")]
 
 
 def launch(cmd_for_rank, n, extra_env=None, timeout=3600):
@@ -316,7 +316,7 @@ def cmd_ddp(args):
             sys.executable,
             str(REPO / "examples" / "python" / "ddp_train.py"),
             "--backend",
-            "ccl" if args.backend.startswith("ccl") else args.backend,
+            "oxccl" if args.backend.startswith("oxccl") else args.backend,
             "--init-method",
             "file://" + os.path.join(d, "store"),
             "--width",
@@ -380,12 +380,12 @@ def cmd_summary(args):
         "fake": "fake",
         "gloo": "Gloo",
         "ccl-python": "ccl (python)",
-        "ccl": "ccl",
+        "oxccl": "oxccl",
         "ccl-nofr": "ccl, torch's recorder off",
         "lib": "library",
     }
     for n in sorted({r["ranks"] for r in ar}):
-        have = [b for b in ("fake", "gloo", "ccl-python", "ccl", "ccl-nofr", "lib") if any(
+        have = [b for b in ("fake", "gloo", "ccl-python", "oxccl", "ccl-nofr", "lib") if any(
             r["backend"] == b and r["ranks"] == n for r in ar)]
         out.append(f"\n### all_reduce, {n} ranks (float32 sum, in place; median of rounds)\n")
         out.append(
@@ -412,7 +412,7 @@ def cmd_summary(args):
                 + " | ".join(f"{bw[b]:.3f}" for b in have if b != "fake")
                 + f" | {min(len(v) for v in per.values())} | {wrong} |"
             )
-            for b in ("ccl", "ccl-nofr"):
+            for b in ("oxccl", "ccl-nofr"):
                 if size == smallest and n == 2 and "fake" in t and b in t:
                     d = t[b] - t["fake"]
                     verdicts.append(
@@ -420,8 +420,8 @@ def cmd_summary(args):
                         f"(fake) {t['fake']:.1f} us: {d:+.1f} us (target <= +1.5: "
                         f"{'met' if d <= 1.5 else 'NOT met'})"
                     )
-            if size >= 1 << 20 and "lib" in bw and "ccl" in bw:
-                ratio = bw["ccl"] / bw["lib"]
+            if size >= 1 << 20 and "lib" in bw and "oxccl" in bw:
+                ratio = bw["oxccl"] / bw["lib"]
                 if ratio < 0.9:
                     verdicts.append(
                         f"{n} ranks, {fmt_size(size)}: ccl busbw {bw['ccl']:.3f} is "
@@ -429,7 +429,7 @@ def cmd_summary(args):
                         "NOT met)"
                     )
         big = [b for b in {r["bytes"] for r in ar if r["ranks"] == n} if b >= 1 << 20]
-        if big and "lib" in have and "ccl" in have and not any(
+        if big and "lib" in have and "oxccl" in have and not any(
             f"{n} ranks" in v and "busbw" in v for v in verdicts
         ):
             verdicts.append(f"{n} ranks, 1 MiB and above: ccl busbw >= 0.9 of the library's: met")
@@ -443,7 +443,7 @@ def cmd_summary(args):
         out.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for n in sorted({r["ranks"] for r in dd}):
             g = [r for r in dd if r["ranks"] == n and r["backend"] == "gloo"]
-            c = [r for r in dd if r["ranks"] == n and r["backend"] == "ccl"]
+            c = [r for r in dd if r["ranks"] == n and r["backend"] == "oxccl"]
             if not g or not c:
                 continue
             p = [r for r in dd if r["ranks"] == n and r["backend"] == "ccl-python"]
@@ -477,7 +477,7 @@ def main():
     a = sub.add_parser("allreduce", help="all_reduce latency and busbw, 8 B to 64 MiB")
     d = sub.add_parser("ddp", help="DDP training step time")
     a.add_argument("--backend", choices=BACKENDS, required=True)
-    d.add_argument("--backend", choices=["gloo", "ccl", "ccl-python", "fake"], required=True)
+    d.add_argument("--backend", choices=["gloo", "oxccl", "ccl-python", "fake"], required=True)
     for p in (a, d):
         p.add_argument("--ranks", type=int, default=2)
         p.add_argument("--out", help="append JSON lines here")

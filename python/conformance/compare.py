@@ -74,7 +74,7 @@ def main():
             gloo = {k: v for k, v in gloo.items() if k in both}
             ccl = {k: v for k, v in ccl.items() if k in both}
             print(f"  {len(both)} tests reached by both runs ({left} reached by one only, left out)")
-        for name, t in (("gloo", gloo), ("ccl", ccl)):
+        for name, t in (("gloo", gloo), ("oxccl", ccl)):
             c = {k: sum(v["outcome"] == k for v in t.values()) for k in ("pass", "fail", "skip")}
             print(f"  {name:5s} {c['pass']:4d} pass {c['fail']:4d} fail {c['skip']:4d} skipped")
         gloo_passed |= {k for k in gloo if gloo[k]["outcome"] == "pass"}

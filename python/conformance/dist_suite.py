@@ -10,14 +10,14 @@ PyTorch chooses which tests to run by the backend's name: ``BACKEND == "gloo"``,
 ``DistTestCases`` sets. For ccl to get exactly the tests Gloo gets, two things are patched, and
 nothing else, before the test module is imported (its decorators read the name at import):
 
-1. the module's ``BACKEND`` is ``"ccl"`` but compares (and hashes) equal to ``"gloo"`` as well
+1. the module's ``BACKEND`` is ``"oxccl"`` but compares (and hashes) equal to ``"gloo"`` as well
    (``_CpuBackendName``), so ``BACKEND == "gloo"``, ``BACKEND != "gloo"`` and
    ``BACKEND in {"gloo", ...}`` select as for Gloo;
-2. ``"ccl"`` is added to ``DistTestCases.backend_feature["plugin"]``, PyTorch's own list of
+2. ``"oxccl"`` is added to ``DistTestCases.backend_feature["plugin"]``, PyTorch's own list of
    third-party backends, which ``require_backend_is_available`` consults for the plain name.
 
-Everything the tests do at run time goes through ``torch.distributed`` with backend ``"ccl"``;
-``dist.get_backend()`` returns ``"ccl"``.
+Everything the tests do at run time goes through ``torch.distributed`` with backend ``"oxccl"``;
+``dist.get_backend()`` returns ``"oxccl"``.
 """
 
 import argparse
@@ -31,7 +31,7 @@ import torch  # noqa: F401 - imported before the patches, as the test module exp
 import torch.distributed as dist
 
 BACKEND = os.environ.get("BACKEND", "")
-if BACKEND not in ("gloo", "ccl"):
+if BACKEND not in ("gloo", "oxccl"):
     raise SystemExit(f"BACKEND must be gloo or ccl, not {BACKEND!r}")
 if "WORLD_SIZE" not in os.environ:
     raise SystemExit("set WORLD_SIZE (2 or more)")
@@ -41,7 +41,7 @@ os.environ.setdefault("CCL_SOCKET_IFNAME", "=lo")
 
 
 class _CpuBackendName(str):
-    """The string "ccl" that is also equal to "gloo": PyTorch's tests select CPU-backend tests
+    """The string "oxccl" that is also equal to "gloo": PyTorch's tests select CPU-backend tests
     with ``BACKEND == "gloo"`` and ``BACKEND in {...}``, and ccl is to take every one of them.
     Its hash is "gloo"'s, so set lookups find "gloo" (and then compare equal)."""
 
@@ -56,10 +56,10 @@ class _CpuBackendName(str):
 
 
 def _patch_for_ccl():
-    import ccl.torch  # noqa: F401 - registers the backend
+    import oxccl.torch  # noqa: F401 - registers the backend
     from torch.testing._internal.common_distributed import DistTestCases
 
-    DistTestCases.backend_feature["plugin"].add("ccl")
+    DistTestCases.backend_feature["plugin"].add("oxccl")
 
     # The test module reads os.environ["BACKEND"] once, at import; hand it the alias.
     environ_cls = type(os.environ)
@@ -75,10 +75,10 @@ def _patch_for_ccl():
     finally:
         os.environ.__class__ = environ_cls
     name = distributed_test.BACKEND
-    assert name == "gloo" and name in {"gloo"} and str.__eq__(name, "ccl") and name != "nccl"
+    assert name == "gloo" and name in {"gloo"} and str.__eq__(name, "oxccl") and name != "nccl"
 
 
-if BACKEND == "ccl":
+if BACKEND == "oxccl":
     _patch_for_ccl()
 
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402

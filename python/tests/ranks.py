@@ -4,7 +4,7 @@ import multiprocessing as mp
 import os
 import traceback
 
-import ccl
+import oxccl as ccl
 
 TIMEOUT = 120
 

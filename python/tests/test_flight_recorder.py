@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-import ccl
+import oxccl as ccl
 from ranks import run_ranks
 
 pytest.importorskip(
@@ -103,10 +103,10 @@ def torch_job_hangs(rank, size, uid, store_file, out):
     import torch
     import torch.distributed as dist
 
-    import ccl.torch  # noqa: F401
+    import oxccl.torch  # noqa: F401
 
     dist.init_process_group(
-        "ccl",
+        "oxccl",
         init_method="file://" + store_file,
         rank=rank,
         world_size=size,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import ccl
+import oxccl as ccl
 from ranks import run_ranks
 
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64"]

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-import ccl
+import oxccl as ccl
 from ranks import run_ranks
 
 

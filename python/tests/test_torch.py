@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import ccl  # noqa: E402
+import oxccl as ccl  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,10 +70,10 @@ def test_refuses_non_contiguous_and_unsupported_tensors():
 def process_group(rank, size, uid, store_file):
     import torch.distributed as dist
 
-    import ccl.torch  # noqa: F401
+    import oxccl.torch  # noqa: F401
 
-    dist.init_process_group("ccl", init_method="file://" + store_file, rank=rank, world_size=size)
-    assert dist.get_backend() == "ccl"
+    dist.init_process_group("oxccl", init_method="file://" + store_file, rank=rank, world_size=size)
+    assert dist.get_backend() == "oxccl"
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t)
     assert (t == size * (size + 1) / 2).all()
@@ -136,9 +136,9 @@ def gather_shapes(rank, size, uid, store_file):
     r), with tensors of different shapes and empty ones; all_gather of empty tensors."""
     import torch.distributed as dist
 
-    import ccl.torch  # noqa: F401
+    import oxccl.torch  # noqa: F401
 
-    dist.init_process_group("ccl", init_method="file://" + store_file, rank=rank, world_size=size)
+    dist.init_process_group("oxccl", init_method="file://" + store_file, rank=rank, world_size=size)
     shapes = [(2, 2), (0,), (3, 3, 3), (0,), (5,)]
     inputs = [torch.full(s, float(10 * rank + j)) for j, s in enumerate(shapes)]
     outputs = [[torch.full(s, -1.0) for s in shapes] for _ in range(size)]
@@ -192,45 +192,3 @@ def test_ddp_training_under_torchrun(tmp_path):
     w1 = torch.load(save.format(rank=1))
     for k in w0:
         assert torch.equal(w0[k].view(torch.int32), w1[k].view(torch.int32)), k
-
-
-def vcoll_layouts(rank, size, uid):
-    """The torch backend's gather, scatter, all-gather and all-to-all helpers over the library:
-    lists that are views of one storage (used in place) and lists that are not (packed), and a
-    root whose scatter inputs have the wrong size, which must fail every rank at once."""
-    from ccl import _vcoll
-
-    comm = ccl.Communicator(rank, size, uid)
-    # All-gather into chunks of one tensor (in place) and into separate tensors (packed).
-    sizes = [r + 1 for r in range(size)]
-    whole = torch.full((sum(sizes),), 255, dtype=torch.uint8)
-    chunks = list(torch.split(whole, sizes))
-    _vcoll.all_gather(comm, torch.full((rank + 1,), rank, dtype=torch.uint8), chunks)
-    want = torch.cat([torch.full((r + 1,), r, dtype=torch.uint8) for r in range(size)])
-    assert torch.equal(whole, want)
-    apart = [torch.empty(r + 1, dtype=torch.uint8) for r in range(size)]
-    _vcoll.all_gather(comm, torch.full((rank + 1,), rank, dtype=torch.uint8), apart)
-    assert all((a == r).all() for r, a in enumerate(apart))
-    # All-to-all from views of one tensor into separate tensors.
-    src = torch.cat([torch.full((k + 1,), 10 * rank + k, dtype=torch.uint8) for k in range(size)])
-    sends = list(torch.split(src, [k + 1 for k in range(size)]))
-    recvs = [torch.empty(rank + 1, dtype=torch.uint8) for _ in range(size)]
-    _vcoll.all_to_all(comm, sends, recvs)
-    assert all((x == 10 * r + rank).all() for r, x in enumerate(recvs))
-    # Scatter with a wrong-sized input on the root: every rank fails, none waits it out. (The
-    # barrier first, so that the abort finds the others past the all-to-all; they may still be
-    # finishing the barrier itself.)
-    recv = torch.empty(4, dtype=torch.uint8)
-    if rank == 0:
-        comm.barrier()
-        with pytest.raises(ValueError, match="every input must have the output's 4 bytes"):
-            bad = [torch.zeros(4, dtype=torch.uint8)] * (size - 1) + [torch.zeros(5, dtype=torch.uint8)]
-            _vcoll.scatter(comm, 0, bad, recv)
-    else:
-        with pytest.raises(ccl.CclError, match="rank 0 failed"):
-            comm.barrier()
-            _vcoll.scatter(comm, 0, None, recv)
-
-
-def test_vcoll_layouts_and_a_bad_root():
-    run_ranks(vcoll_layouts, 3)

@@ -10,45 +10,26 @@ torch = pytest.importorskip("torch")
 from ranks import run_ranks  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=["native", "python"])
-def implementation(request, monkeypatch):
-    """Every test runs on both backends: the native (C++) one and the Python fall-back. A
-    package installed without the native one skips its half visibly (scripts/test.sh requires
-    it to be built)."""
-    if request.param == "native":
-        import importlib.util
-
-        if importlib.util.find_spec("ccl._ctorch") is None:
-            pytest.skip("the native torch backend is not built (ccl._ctorch)")
-    monkeypatch.setenv("CCL_TORCH_BACKEND", request.param)
-    return request.param
-
-
 def _init(rank, size, store_file, timeout=None):
+    # No import of oxccl.torch: torch finds the backend through the package's entry point.
     import torch.distributed as dist
-
-    import ccl.torch  # noqa: F401
 
     kw = {} if timeout is None else {"timeout": timeout}
     dist.init_process_group(
-        "ccl", init_method="file://" + store_file, rank=rank, world_size=size, **kw
+        "oxccl", init_method="file://" + store_file, rank=rank, world_size=size, **kw
     )
     return dist
 
 
 def registration_and_groups(rank, size, uid, store_file):
     dist = _init(rank, size, store_file)
-    import os
-
-    import ccl.torch
-
-    assert ccl.torch.IMPLEMENTATION == os.environ["CCL_TORCH_BACKEND"]
+    import oxccl.torch
 
     pg = dist.group.WORLD
-    assert dist.get_backend() == "ccl"
+    assert dist.get_backend() == "oxccl"
     assert pg.group_name, "the group has a name"
     assert torch.device("cpu") in pg._device_types
-    assert isinstance(pg._get_backend(torch.device("cpu")), ccl.torch.ProcessGroupCCL)
+    assert isinstance(pg._get_backend(torch.device("cpu")), oxccl.torch.ProcessGroupOxccl)
     # A subgroup of all but the last rank, and one of everyone: both work and both go away.
     sub = dist.new_group(list(range(size - 1)))
     full = dist.new_group()
@@ -244,15 +225,7 @@ def test_point_to_point(tmp_path):
 
 
 def any_source(rank, size, uid, store_file):
-    import os
-
     dist = _init(rank, size, store_file)
-    if os.environ["CCL_TORCH_BACKEND"] == "python":
-        # torch keeps a Python backend's source rank from dist.recv: refused, not half done.
-        with pytest.raises(NotImplementedError, match="native backend"):
-            dist.recv(torch.zeros(2))
-        dist.destroy_process_group()
-        return
     # Each rank in turn receives two messages from every other one, without naming the
     # sender (as PyTorch's test_send_recv_any_source): dist.recv returns it, and an irecv's
     # work says it; each message holds its sender's rank, and each sender comes twice. One tag
@@ -343,33 +316,6 @@ def test_abort_ends_pending_work(tmp_path):
     run_ranks(abort_pending, 2, str(tmp_path / "store"))
 
 
-@pytest.mark.parametrize("choice", ["python", "native"])
-def test_one_log_line_says_which_backend_runs(choice):
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-
-    if choice == "native" and importlib.util.find_spec("ccl._ctorch") is None:
-        pytest.skip("the native torch backend is not built (ccl._ctorch)")
-    code = (
-        "import logging; logging.basicConfig(level=logging.INFO); import ccl.torch as t; "
-        "print('IMPLEMENTATION', t.IMPLEMENTATION)"
-    )
-    p = subprocess.run(
-        [sys.executable, "-c", code],
-        env=dict(os.environ, CCL_TORCH_BACKEND=choice),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert p.returncode == 0, p.stderr
-    assert f"IMPLEMENTATION {choice}" in p.stdout
-    lines = [x for x in p.stderr.splitlines() if "ccl.torch:" in x]
-    want = "native (C++) backend runs" if choice == "native" else "Python backend runs"
-    assert len(lines) == 1 and want in lines[0], p.stderr
-
-
 def native_additions(rank, size, uid, store_file):
     """What only the native backend can do: calls torch passes to C++ backends alone, and the
     work object torch hands back unwrapped."""
@@ -421,7 +367,5 @@ def native_additions(rank, size, uid, store_file):
     dist.destroy_process_group()
 
 
-def test_native_additions(tmp_path, implementation):
-    if implementation != "native":
-        pytest.skip("the Python backend cannot define these (torch passes them to C++ only)")
+def test_native_additions(tmp_path):
     run_ranks(native_additions, 3, str(tmp_path / "store"))

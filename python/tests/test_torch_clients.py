@@ -145,8 +145,8 @@ def _pipeline(dist, rank, size):
 def clients(rank, size, uid, store_file, backend, out_dir):
     import torch.distributed as dist
 
-    if backend == "ccl":
-        import ccl.torch  # noqa: F401
+    if backend == "oxccl":
+        import oxccl.torch  # noqa: F401
     dist.init_process_group(backend, init_method="file://" + store_file, rank=rank, world_size=size)
     torch.set_num_threads(1)
     results = {
@@ -174,7 +174,7 @@ def _run(tmp_path, backend, size):
 @pytest.mark.parametrize("size", [2, 4])
 def test_clients_give_the_numbers_they_give_on_gloo(tmp_path, size):
     gloo = _run(tmp_path, "gloo", size)
-    ccl = _run(tmp_path, "ccl", size)
+    ccl = _run(tmp_path, "oxccl", size)
     for r in range(size):
         for client, want in gloo[r].items():
             got = ccl[r][client]

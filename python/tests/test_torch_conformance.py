@@ -54,7 +54,7 @@ def _run_suite(tmp_path, names, pythonpath=()):
     out = tmp_path / "results.json"
     env = dict(
         os.environ,
-        BACKEND="ccl",
+        BACKEND="oxccl",
         WORLD_SIZE="2",
         INIT_METHOD=f"file://{tmp_path}/unused-init",
         OMP_NUM_THREADS="1",
@@ -65,9 +65,7 @@ def _run_suite(tmp_path, names, pythonpath=()):
     # source tree only when the package is not installed.
     import importlib.util
 
-    src = [] if importlib.util.find_spec("ccl") is not None else [str(SUITE.parents[1])]
-    if importlib.util.find_spec("ccl._ctorch") is not None:
-        env["CCL_TORCH_BACKEND"] = "native"
+    src = [] if importlib.util.find_spec("oxccl") is not None else [str(SUITE.parents[1])]
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (*pythonpath, *src, env.get("PYTHONPATH")) if p
     )
@@ -81,7 +79,7 @@ def _run_suite(tmp_path, names, pythonpath=()):
     )
     assert out.exists(), p.stdout[-4000:] + p.stderr[-4000:]
     results = json.loads(out.read_text())
-    assert results["backend"] == "ccl" and results["world_size"] == 2
+    assert results["backend"] == "oxccl" and results["world_size"] == 2
     return results["tests"]
 
 
@@ -96,25 +94,36 @@ def test_pytorch_distributed_subset(tmp_path):
 # Loaded at start-up by every process of the suite (the runner and each rank): makes the ccl
 # backend's all_reduce add one to its result.
 _BREAK_ALLREDUCE = """
-import os
+import torch.distributed as dist
+from torch._C._distributed_c10d import Backend
 
-# torch calls a native backend's allreduce from C++, past any Python attribute: the broken
-# all_reduce is the Python backend's.
-os.environ["CCL_TORCH_BACKEND"] = "python"
-import ccl.torch as m
+import oxccl.torch as m
 
-_allreduce = m.ProcessGroupCCL.allreduce
+# torch calls a native backend's operations from C++, past any Python attribute: the backend is
+# wrapped in a Python one whose all_reduce adds one, and registered under the same name.
+class _OffByOne(Backend):
+    def __init__(self, inner):
+        super().__init__(inner.rank(), inner.size())
+        self.inner = inner
+
+    def allreduce(self, tensors, opts):
+        work = self.inner.allreduce(tensors, opts)
+        work.wait()
+        for t in tensors:
+            t.add_(1)
+        return work
+
+    def getBackendName(self):
+        return "oxccl"
 
 
-def allreduce(self, tensors, opts=None):
-    work = _allreduce(self, tensors, opts)
-    work.wait()
-    for t in tensors:
-        t.add_(1)
-    return work
+for _name in ("broadcast", "allgather", "_allgather_base", "barrier", "reduce_scatter",
+              "_reduce_scatter_base", "alltoall_base", "gather", "scatter", "send", "recv"):
+    setattr(_OffByOne, _name, lambda self, *a, _n=_name: getattr(self.inner, _n)(*a))
 
-
-m.ProcessGroupCCL.allreduce = allreduce
+dist.Backend.register_backend(
+    "oxccl", lambda o, b: _OffByOne(m._create(o, b)), extended_api=True, devices=["cpu"]
+)
 """
 
 

@@ -20,7 +20,7 @@ use std::io::Read;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ccl::{Communicator, Config, ReduceOp, UniqueId};
+use oxccl::{Communicator, Config, ReduceOp, UniqueId};
 use clap::Parser;
 
 /// Environment variable that makes this program a rank.

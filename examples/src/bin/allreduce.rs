@@ -12,7 +12,7 @@
 //! target/release/allreduce`.
 #![forbid(unsafe_code)]
 
-use ccl::{Communicator, ReduceOp};
+use oxccl::{Communicator, ReduceOp};
 
 fn main() {
     let comm = match Communicator::from_env() {

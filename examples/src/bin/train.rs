@@ -29,7 +29,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, ExitCode};
 
-use ccl::{Communicator, Config, ReduceOp, UniqueId};
+use oxccl::{Communicator, Config, ReduceOp, UniqueId};
 
 struct Args {
     np: Option<usize>,
@@ -151,7 +151,7 @@ fn train(comm: Communicator, a: &Args) -> Result<(), String> {
     let first_rank = comm.rank();
     let f = a.features;
     let (mut x, mut y) = shard(a, comm.rank(), comm.size());
-    let err = |e: ccl::Error| e.to_string();
+    let err = |e: oxccl::Error| e.to_string();
 
     // Weights and bias; every rank starts from rank 0's (different) random values.
     let mut w = vec![0.0f64; f + 1];
