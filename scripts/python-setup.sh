@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the Python environment the Python tests run in: a venv with numpy, pytest
-# and PyTorch (PyPI's wheel, plus expecttest for PyTorch's own tests), then installs the ccl
-# package from python/ into it (which builds libccl.so with cargo). Prints the venv's path on
+# and PyTorch (PyPI's wheel, plus expecttest for PyTorch's own tests), then installs the oxccl
+# package from python/ into it as the README says (`pip install ./python`: libccl.so built with
+# cargo, the native torch backend compiled for the venv's torch). Prints the venv's path on
 # stdout as its last line.
 #
 #   CCL_VENV   where the venv lives (default: ~/.cache/ccl/venv, kept between runs: torch is
@@ -53,11 +54,14 @@ if [ "$torch_req" != none ]; then
       log "apt-get install ${missing[*]} (to build the native torch backend)"
       apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
     else
-      log "missing ${missing[*]}: the native torch backend will not build (the Python one runs)"
+      log "missing ${missing[*]}: the native torch backend cannot be compiled (import oxccl.torch will say so)"
     fi
   fi
 fi
 
 log "pip install ./python (builds libccl.so and the native torch backend)"
-"$vpy" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python >&2
+# The README's own line, in pip's isolated build environment: what a user gets.
+"$vpy" -m pip install -q --force-reinstall --no-deps ./python >&2
+# pip leaves its build tree in the source directory; a later install must not pick it up.
+rm -rf python/build python/oxccl.egg-info
 echo "$venv"

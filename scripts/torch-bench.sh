@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# torch.distributed through the ccl backend beside Gloo (not a test: numbers): all_reduce
+# torch.distributed through the oxccl backend beside Gloo (not a test: numbers): all_reduce
 # latency and bus bandwidth from 8 B to 64 MiB beside PyTorch's no-op "fake" backend (torch's
-# own cost, the floor), the ccl backend's Python implementation and the library alone (the
-# package's Communicator on the same tensors), and the time per step of DDP training
+# own cost, the floor) and the library alone (the package's Communicator on the same tensors), and the time per step of DDP training
 # (examples/python/ddp_train.py --time-steps, an MLP whose gradients are 50 MB), with 2 and 4
 # ranks, in interleaved rounds (round 1 of every configuration, then round 2, ...; the backend
 # that goes first alternates) so a burst of outside load hits different configurations; prints tables of the medians and whether the
@@ -10,8 +9,8 @@
 #
 #   ROUNDS=3        rounds
 #   RANKS="2 4"     world sizes
-#   AR_BACKENDS="gloo ccl ccl-python ccl-nofr fake lib"   backends of the all_reduce runs
-#   DDP_BACKENDS="gloo ccl ccl-python fake"      backends of the DDP runs (fake: no communication)
+#   AR_BACKENDS="gloo oxccl oxccl-nofr fake lib"   backends of the all_reduce runs
+#   DDP_BACKENDS="gloo oxccl fake"      backends of the DDP runs (fake: no communication)
 #   MAX_SIZE=64M    the largest all_reduce
 #   QUIET=0.5       before each run, wait (up to 120 s) until the 1-minute load average per core
 #                   is below this; the load is recorded with every result either way
@@ -42,8 +41,8 @@ quiet() {
 
 for round in $(seq 1 "${ROUNDS:-3}"); do
   # The order of the backends turns by one from round to round.
-  ar=(${AR_BACKENDS:-gloo ccl ccl-python ccl-nofr fake lib})
-  dd=(${DDP_BACKENDS:-gloo ccl ccl-python fake})
+  ar=(${AR_BACKENDS:-gloo oxccl oxccl-nofr fake lib})
+  dd=(${DDP_BACKENDS:-gloo oxccl fake})
   k=$(((round - 1) % ${#ar[@]}))
   ar=("${ar[@]:k}" "${ar[@]:0:k}")
   k=$(((round - 1) % ${#dd[@]}))

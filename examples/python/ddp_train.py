@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import oxccl.torch  # noqa: F401 - registers the "oxccl" backend
+# No import of oxccl: torch finds the "oxccl" backend through the package's entry point.
 
 
 def synthetic(n, features, seed):
@@ -43,7 +43,7 @@ def main():
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--init-method", default="env://")
     p.add_argument("--save", help="write this rank's final weights to SAVE.format(rank=...)")
-    p.add_argument("--backend", default="oxccl", help="torch.distributed backend (ccl, gloo, or fake: no communication)")
+    p.add_argument("--backend", default="oxccl", help="torch.distributed backend (oxccl, gloo, or fake: no communication)")
     p.add_argument("--width", type=int, default=32, help="hidden layer width")
     p.add_argument("--depth", type=int, default=1, help="hidden layers")
     p.add_argument("--time-steps", type=int, default=0, help="time this many steps instead")

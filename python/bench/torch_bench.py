@@ -66,20 +66,18 @@ def load():
 # ---- one rank ---------------------------------------------------------------------------
 
 
-# The backends measured: torch's Gloo, the ccl backend (native when built, else Python), the
-# ccl backend's Python implementation, PyTorch's no-op "fake" backend (torch's own cost: the
-# floor any backend pays) and the library alone (the package's Communicator on the same
-# tensors: the ceiling for bandwidth).
-# "ccl-nofr" is ccl with torch's own flight recorder off (TORCH_FR_BUFFER_SIZE=0): torch 2.15
+# The backends measured: torch's Gloo, the oxccl backend, PyTorch's no-op "fake" backend
+# (torch's own cost: the floor any backend pays) and the library alone (the package's
+# Communicator on the same tensors: the ceiling for bandwidth).
+# "oxccl-nofr" is oxccl with torch's own flight recorder off (TORCH_FR_BUFFER_SIZE=0): torch 2.15
 # hooks its recorder into every out-of-tree backend's operations, Gloo and fake record
 # themselves or not at all.
-BACKENDS = ["gloo", "oxccl", "ccl-python", "ccl-nofr", "fake", "lib"]
+BACKENDS = ["gloo", "oxccl", "oxccl-nofr", "fake", "lib"]
 
 
 def _backend_env(backend):
     return {
-        "ccl-python": {"CCL_TORCH_BACKEND": "python"},
-        "ccl-nofr": {"TORCH_FR_BUFFER_SIZE": "0"},
+        "oxccl-nofr": {"TORCH_FR_BUFFER_SIZE": "0"},
     }.get(backend, {})
 
 
@@ -187,7 +185,8 @@ def overhead_main(args):
     import torch
     import torch.distributed as dist
 
-    import oxccl.torch as cclt
+    import oxccl
+    import oxccl.torch  # noqa: F401
 
     torch.set_num_threads(1)
     n = args.calls
@@ -202,19 +201,11 @@ def overhead_main(args):
 
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    # The Python implementation under a name of its own, beside the one "oxccl" runs.
-    dist.Backend.register_backend(
-        "cclpy",
-        lambda store, rank, size, timeout: cclt.PythonProcessGroupCCL(store, rank, size, timeout),
-        devices=["cpu"],
-    )
     with tempfile.TemporaryDirectory(prefix="ccl-torch-overhead-") as d:
         rows = {}
         t = torch.zeros(2)
-        for backend in ("fake", "gloo", "oxccl", "cclpy"):
-            label = {"oxccl": f"ccl ({cclt.IMPLEMENTATION})", "cclpy": "ccl (python)"}.get(
-                backend, backend
-            )
+        for backend in ("fake", "gloo", "oxccl"):
+            label = backend
             kw = {"store": FakeStore()} if backend == "fake" else {"init_method": f"file://{d}/{backend}"}
             dist.init_process_group(backend, rank=0, world_size=1, **kw)
             rows[f"{label}: dist.all_reduce"] = per_call(lambda: dist.all_reduce(t))
@@ -223,8 +214,8 @@ def overhead_main(args):
             )
             if backend == "oxccl":
                 pg = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
-                lib, h, p = cclt._lib, pg.comm._h, t.data_ptr()
-                f32, total = cclt._FAST_DTYPES[torch.float32], cclt._ccl.SUM
+                lib, h, p = oxccl._lib, pg.comm._h, t.data_ptr()
+                f32, total = oxccl.DTYPES["float32"], oxccl.SUM
                 rows["library: cclAllReduce through ctypes alone"] = per_call(
                     lambda: lib.cclAllReduce(p, p, 2, f32, total, h)
                 )
@@ -379,13 +370,12 @@ def cmd_summary(args):
     names = {
         "fake": "fake",
         "gloo": "Gloo",
-        "ccl-python": "ccl (python)",
         "oxccl": "oxccl",
-        "ccl-nofr": "ccl, torch's recorder off",
+        "oxccl-nofr": "oxccl, torch's recorder off",
         "lib": "library",
     }
     for n in sorted({r["ranks"] for r in ar}):
-        have = [b for b in ("fake", "gloo", "ccl-python", "oxccl", "ccl-nofr", "lib") if any(
+        have = [b for b in ("fake", "gloo", "oxccl", "oxccl-nofr", "lib") if any(
             r["backend"] == b and r["ranks"] == n for r in ar)]
         out.append(f"\n### all_reduce, {n} ranks (float32 sum, in place; median of rounds)\n")
         out.append(
@@ -412,7 +402,7 @@ def cmd_summary(args):
                 + " | ".join(f"{bw[b]:.3f}" for b in have if b != "fake")
                 + f" | {min(len(v) for v in per.values())} | {wrong} |"
             )
-            for b in ("oxccl", "ccl-nofr"):
+            for b in ("oxccl", "oxccl-nofr"):
                 if size == smallest and n == 2 and "fake" in t and b in t:
                     d = t[b] - t["fake"]
                     verdicts.append(
@@ -424,7 +414,7 @@ def cmd_summary(args):
                 ratio = bw["oxccl"] / bw["lib"]
                 if ratio < 0.9:
                     verdicts.append(
-                        f"{n} ranks, {fmt_size(size)}: ccl busbw {bw['ccl']:.3f} is "
+                        f"{n} ranks, {fmt_size(size)}: oxccl busbw {bw['oxccl']:.3f} is "
                         f"{ratio:.2f} of the library's {bw['lib']:.3f} GB/s (target >= 0.9: "
                         "NOT met)"
                     )
@@ -438,23 +428,21 @@ def cmd_summary(args):
         out.append("\n### DDP training step (examples/python/ddp_train.py --time-steps)\n")
         out.append(
             "| ranks | model | gradient MB | no communication (fake) step (ms) | Gloo step (ms) "
-            "| ccl (python) step (ms) | ccl step (ms) | ccl / Gloo | rounds |"
+            "| oxccl step (ms) | oxccl / Gloo | rounds |"
         )
-        out.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("|---:|---|---:|---:|---:|---:|---:|---:|")
         for n in sorted({r["ranks"] for r in dd}):
             g = [r for r in dd if r["ranks"] == n and r["backend"] == "gloo"]
             c = [r for r in dd if r["ranks"] == n and r["backend"] == "oxccl"]
             if not g or not c:
                 continue
-            p = [r for r in dd if r["ranks"] == n and r["backend"] == "ccl-python"]
             f = [r for r in dd if r["ranks"] == n and r["backend"] == "fake"]
             fs = f"{med(r['step_ms'] for r in f):.1f}" if f else "-"
             gs, cs = med(r["step_ms"] for r in g), med(r["step_ms"] for r in c)
-            ps = f"{med(r['step_ms'] for r in p):.1f}" if p else "-"
             m = c[0]
             out.append(
                 f"| {n} | MLP width {m['width']} depth {m['depth']}, batch {m['batch']} | "
-                f"{m['gradient_bytes'] / 1e6:.1f} | {fs} | {gs:.1f} | {ps} | {cs:.1f} | {cs / gs:.2f} | "
+                f"{m['gradient_bytes'] / 1e6:.1f} | {fs} | {gs:.1f} | {cs:.1f} | {cs / gs:.2f} | "
                 f"{min(len(g), len(c))} |"
             )
             verdicts.append(
@@ -477,7 +465,7 @@ def main():
     a = sub.add_parser("allreduce", help="all_reduce latency and busbw, 8 B to 64 MiB")
     d = sub.add_parser("ddp", help="DDP training step time")
     a.add_argument("--backend", choices=BACKENDS, required=True)
-    d.add_argument("--backend", choices=["gloo", "oxccl", "ccl-python", "fake"], required=True)
+    d.add_argument("--backend", choices=["gloo", "oxccl", "fake"], required=True)
     for p in (a, d):
         p.add_argument("--ranks", type=int, default=2)
         p.add_argument("--out", help="append JSON lines here")

@@ -842,6 +842,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOxccl::reconfigure(const c10d::Reconf
     std::sort(handles.begin(), handles.end());
   }
   TORCH_CHECK(!handles.empty(), "invalid argument: reconfigure: no handles");
+  for (const auto& h : handles) (void)uidOf(h);  // every one well formed, before anything runs
   const std::string mine = get_reconfigure_handle();
   auto it = std::find(handles.begin(), handles.end(), mine);
   TORCH_CHECK(it != handles.end(), "invalid argument: reconfigure: this process's handle is not "
@@ -857,8 +858,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOxccl::reconfigure(const c10d::Reconf
   cfg.timeoutMs = static_cast<int>(std::clamp<int64_t>(timeout.count(), 1, INT_MAX));
   cclComm_t comm = nullptr;
   {
-    pybind11::gil_scoped_release nogil;
-    check(g.cclCommInitRankConfig(&comm, size, uid, rank, &cfg), "reconfigure", rank);
+    // torch calls this without the GIL (as every backend call).
+    cclResult_t init = g.cclCommInitRankConfig(&comm, size, uid, rank, &cfg);
+    {
+      // The first handle's rendezvous has served (or failed) this attempt: every member asks
+      // for a new handle before the next one.
+      std::lock_guard<std::mutex> l(handleM_);
+      handle_.clear();
+    }
+    check(init, "reconfigure", rank);
     // Every member must mean the same reconfiguration: the largest uuid and the largest negated
     // one are this rank's own only when all agree.
     int64_t both[2] = {opts.uuid, -opts.uuid};
@@ -873,10 +881,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupOxccl::reconfigure(const c10d::Reconf
       TORCH_CHECK(false, "invalid argument: reconfigure: the members passed different uuids (",
                   opts.uuid, " here; others between ", -both[1], " and ", both[0], ")");
     }
-  }
-  {
-    std::lock_guard<std::mutex> l(handleM_);
-    handle_.clear();  // its rendezvous (if first) now serves this communicator
   }
   p2p_->cancel("replaced by a reconfigure");
   cclComm_t old;
