@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # PyTorch's own distributed tests (torch/testing/_internal/distributed/distributed_test.py,
 # DistributedTest._DistTestBase, as PyTorch's test_distributed_spawn.py runs them) on Gloo and on
-# the ccl backend, side by side, at world sizes 2 and 4; then the comparison: every test that
+# the oxccl backend, side by side, at world sizes 2 and 4; then the comparison: every test that
 # passes on Gloo must pass on ccl or be listed, with its reason, in docs/torch.md ("Known
 # differences from Gloo"). Exit status 1 otherwise. Slow: every test starts its ranks as fresh
 # processes, GPU tests too before they skip; on the shared 2-core machine under load (load
@@ -10,9 +10,9 @@
 # stopped part way keeps its results (compare them with compare.py --common).
 #
 #   WORLD_SIZES="2 4"   world sizes to run
-#   BACKENDS="gloo ccl" backends to run
+#   BACKENDS="gloo oxccl" backends to run
 #   OUT=dir             where results go (default target/torch-conformance/<time>); gloo-N.json,
-#                       ccl-N.json (every test's outcome, message and time) and their logs
+#                       oxccl-N.json (every test's outcome, message and time) and their logs
 #   CCL_VENV            the venv (scripts/python-setup.sh)
 #   extra arguments     test names, to run only those (e.g. test_all_reduce_sum)
 #
@@ -38,7 +38,7 @@ isolate() {
 }
 
 for n in ${WORLD_SIZES:-2 4}; do
-  for b in ${BACKENDS:-gloo ccl}; do
+  for b in ${BACKENDS:-gloo oxccl}; do
     echo "== $b, world size $n ($(date +%H:%M:%S))"
     # INIT_METHOD selects the file:// variants of the tests, as PyTorch's CI does for its
     # init-file runs; each test gets its own file from the harness.

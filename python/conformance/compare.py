@@ -2,7 +2,7 @@
 
     python python/conformance/compare.py RESULTS_DIR [--known docs/torch.md]
 
-RESULTS_DIR holds gloo-N.json and ccl-N.json for each world size N. Prints, per world size, how
+RESULTS_DIR holds gloo-N.json and oxccl-N.json for each world size N. Prints, per world size, how
 many tests pass, fail and are skipped on each backend, and every test that passes on Gloo but
 not on ccl. Those must be listed, with a reason, in the table of the section "Known differences
 from Gloo" of docs/torch.md (rows ``| test_name | world sizes | reason |``); the exit status is 1
@@ -58,15 +58,15 @@ def main():
     sizes = sorted(
         int(p.stem.split("-")[1])
         for p in res.glob("gloo-*.json")
-        if (res / f"ccl-{p.stem.split('-')[1]}.json").exists()
+        if (res / f"oxccl-{p.stem.split('-')[1]}.json").exists()
     )
     if not sizes:
-        raise SystemExit(f"no gloo-N.json with a matching ccl-N.json in {res}")
+        raise SystemExit(f"no gloo-N.json with a matching oxccl-N.json in {res}")
     bad = False
     still_listed = set(known)
     gloo_passed = set()
     for n in sizes:
-        gloo, ccl = load(res / f"gloo-{n}.json"), load(res / f"ccl-{n}.json")
+        gloo, ccl = load(res / f"gloo-{n}.json"), load(res / f"oxccl-{n}.json")
         print(f"\n== world size {n}")
         if args.common:
             both = set(gloo) & set(ccl)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 BACKEND = os.environ.get("BACKEND", "")
 if BACKEND not in ("gloo", "oxccl"):
-    raise SystemExit(f"BACKEND must be gloo or ccl, not {BACKEND!r}")
+    raise SystemExit(f"BACKEND must be gloo or oxccl, not {BACKEND!r}")
 if "WORLD_SIZE" not in os.environ:
     raise SystemExit("set WORLD_SIZE (2 or more)")
 # Loopback only: Gloo resolves the host name unless told the interface.

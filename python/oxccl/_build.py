@@ -129,9 +129,7 @@ def recorded(directory):
 
 def cache_dir(facts):
     """Where a build made at first use lives: per user, per torch and Python."""
-    root = os.environ.get("OXCCL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "oxccl"
-    )
+    root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "oxccl")
     tag = f"torch-{facts['torch']}-py{sysconfig.get_config_var('py_version_nodot')}"
     return Path(root) / "ext" / tag
 

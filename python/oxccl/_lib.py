@@ -140,7 +140,7 @@ def candidates():
         return [Path(env)]
     here = Path(__file__).resolve().parent
     out = [here / "libccl.so"]
-    # A source checkout: python/ccl/ -> target/release/libccl.so of the workspace.
+    # A source checkout: python/oxccl/ -> target/release/libccl.so of the workspace.
     repo = here.parent.parent
     target = Path(os.environ.get("CARGO_TARGET_DIR", repo / "target"))
     out.append(target / "release" / "libccl.so")

@@ -3,7 +3,7 @@
 ctypes trusts whatever argtypes and restype it is given: a size_t declared as c_int, a missing
 argument or a struct field out of place is not an error anywhere, it silently truncates values or
 corrupts memory at run time. So every prototype, struct and mirrored constant of
-python/ccl/_lib.py (and the enum values of python/ccl/__init__.py) is compared with the header
+python/oxccl/_lib.py (and the enum values of python/oxccl/__init__.py) is compared with the header
 here, with the standard library only: no libccl.so, numpy or torch is needed.
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = ROOT / "ccl-capi" / "include" / "ccl.h"
-PACKAGE = ROOT / "python" / "ccl"
+PACKAGE = ROOT / "python" / "oxccl"
 LIB_PY = PACKAGE / "_lib.py"
 INIT_PY = PACKAGE / "__init__.py"
 
@@ -711,7 +711,7 @@ def header():
 
 @pytest.fixture(scope="module")
 def lib():
-    # By path, not `import ccl._lib`: the package's __init__ loads libccl.so and numpy, and the
+    # By path, not `import oxccl._lib`: the package's __init__ loads libccl.so and numpy, and the
     # declarations themselves need neither.
     spec = importlib.util.spec_from_file_location("ccl_lib_declarations", LIB_PY)
     mod = importlib.util.module_from_spec(spec)

@@ -175,7 +175,7 @@ def test_refuses_bad_buffers_with_clear_messages():
         comm.all_reduce(np.zeros(4, np.float32), out=np.zeros(4))
     with pytest.raises(ccl.CclError, match="type list is not an array"):
         comm.all_reduce([1.0, 2.0])
-    with pytest.raises(ccl.CclError, match="not a ccl.ReduceOp"):
+    with pytest.raises(ccl.CclError, match="not an oxccl.ReduceOp"):
         comm.all_reduce(np.zeros(4), op=17)
     # Errors found by the C library carry its message and code.
     with pytest.raises(ccl.CclError, match="cclBroadcast: invalid argument: root 3 is out of range") as e:
@@ -217,7 +217,7 @@ def test_version_and_library():
 
 
 FROM_ENV = """
-import numpy as np, ccl
+import numpy as np, oxccl as ccl
 comm = ccl.Communicator.from_env()
 x = np.full(8, comm.rank + 1, np.int64)
 comm.all_reduce(x)
