@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing ccl needs on Debian/Ubuntu (as root), skipping whatever is
 # already there. Usage: scripts/install-deps.sh [build|test]
-#   build: a Rust toolchain check, a C compiler, pkg-config, and for the verbs transport
-#          (ccl-ibverbs, through rdma-sys: bindgen + pkg-config) libibverbs-dev, librdmacm-dev,
-#          libclang-dev. `cargo build -p oxccl --no-default-features` needs none of the last three.
+#   build: a Rust toolchain check and a C compiler. The verbs transport (ccl-ibverbs) needs no
+#          rdma-core headers: it has its own definitions and opens libibverbs at run time.
 #   test:  build + what the test suite uses, including rdma-core and the verbs providers (rxe);
 #          the SoftRoCE VM itself is prepared by scripts/rxe-vm-setup.sh when first used.
 set -euo pipefail
@@ -20,15 +19,18 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-pkgs=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev)
+pkgs=(gcc)
 case "$what" in
   build) ;;
   # binutils: nm checks libccl.so's exports; g++: the header compiles as C++; iproute2 and
   # util-linux: the Python tests run in a loopback-only network namespace; rdma-core and the
-  # providers: the verbs tests (in the SoftRoCE VM); python3-venv unless a Python with venv is
+  # providers: the verbs tests (in the SoftRoCE VM); the rdma-core headers, pkg-config and
+  # libclang: ccl-ibverbs' layout check (`--features layout-check`: rdma-sys generates bindings
+  # from the headers to compare with the crate's own); python3-venv unless a Python with venv is
   # already there.
   test)
     pkgs+=(procps binutils g++ iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils)
+    pkgs+=(pkg-config libibverbs-dev librdmacm-dev libclang-dev)
     if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
       pkgs+=(python3 python3-venv python3-pip)
     fi

@@ -14,9 +14,9 @@
 //! `unit = floor(2 count / (n-1))`, so every rank sends and receives the same total,
 //! `unit x n(n-1)/2`, which is the size column.
 
-use oxccl::{Collective, Communicator, DataType, ReduceOp, Result};
 use ccl_core::dispatch_dtype;
 use ccl_core::test_values::{self, CheckValue};
+use oxccl::{Collective, Communicator, DataType, ReduceOp, Result};
 
 use crate::harness::Bench;
 

@@ -29,10 +29,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use oxccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
 use ccl_core::config::{TransportKind, parse_size};
 use ccl_diag::human_bytes;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use oxccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
 
 use harness::{Bench, Plan, Row};
 
@@ -104,8 +104,8 @@ struct PlotArgs {
 
 impl Cmd {
     fn parts(&self) -> Option<(colls::Op, &BenchArgs)> {
-        use oxccl::Collective as C;
         use colls::Op;
+        use oxccl::Collective as C;
         Some(match self {
             Cmd::Allreduce(a) => (Op::Coll(C::AllReduce), a),
             Cmd::Allgather(a) => (Op::Coll(C::AllGather), a),

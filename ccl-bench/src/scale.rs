@@ -13,8 +13,8 @@ use std::path::Path;
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use oxccl::Communicator;
 use nix::sys::resource::{UsageWho, getrusage};
+use oxccl::Communicator;
 
 /// The launcher's start, in microseconds since the epoch, passed to the ranks it starts so that
 /// their times include being started.

@@ -5,8 +5,10 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
-use rdma_sys::*;
 
+use crate::ffi::{
+    IBV_WC_WITH_IMM, ibv_comp_channel, ibv_cq, ibv_poll_cq, ibv_req_notify_cq, ibv_wc,
+};
 use crate::sys::{
     ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel,
     ibv_destroy_cq, ibv_get_cq_event,
@@ -169,11 +171,10 @@ impl Cq {
         }
         let n = n as usize;
         for (o, w) in out.iter_mut().zip(&wcs[..n]) {
-            let has_imm = w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+            let has_imm = w.wc_flags & IBV_WC_WITH_IMM != 0;
             // SAFETY: the union holds `imm_data` when IBV_WC_WITH_IMM is set (read only then);
             // both members are plain u32 anyway.
-            let imm = has_imm
-                .then(|| u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data }));
+            let imm = has_imm.then(|| u32::from_be(unsafe { w.imm.imm_data }));
             *o = Completion {
                 wr_id: w.wr_id,
                 status: w.status,

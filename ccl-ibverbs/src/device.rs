@@ -4,8 +4,7 @@ use std::ffi::CStr;
 use std::ptr::NonNull;
 use std::sync::{Arc, OnceLock};
 
-use rdma_sys::*;
-
+use crate::ffi::{IBV_PORT_ACTIVE, ibv_context, ibv_port_attr};
 use crate::sys::{
     ___ibv_query_port, ibv_close_device, ibv_fork_init, ibv_free_device_list, ibv_get_device_list,
     ibv_get_device_name, ibv_open_device,
@@ -177,7 +176,7 @@ impl Context {
             });
         }
         Ok(PortAttr {
-            active: a.state == ibv_port_state::IBV_PORT_ACTIVE,
+            active: a.state == IBV_PORT_ACTIVE,
             active_mtu: a.active_mtu as u8,
             lid: a.lid,
             link_layer: a.link_layer,
@@ -209,12 +208,13 @@ pub fn mtu_bytes(code: u8) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::{IBV_MTU_256, IBV_MTU_1024, IBV_MTU_4096};
 
     #[test]
     fn mtu_codes() {
-        assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_256 as u8), 256);
-        assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_1024 as u8), 1024);
-        assert_eq!(mtu_bytes(ibv_mtu::IBV_MTU_4096 as u8), 4096);
+        assert_eq!(mtu_bytes(IBV_MTU_256 as u8), 256);
+        assert_eq!(mtu_bytes(IBV_MTU_1024 as u8), 1024);
+        assert_eq!(mtu_bytes(IBV_MTU_4096 as u8), 4096);
         assert_eq!(mtu_bytes(0), 0);
         assert_eq!(mtu_bytes(9), 0);
     }

@@ -169,7 +169,8 @@ pub struct ibv_context_ops {
     pub _compat_create_cq: UnusedFn,
     pub poll_cq:
         Option<unsafe extern "C" fn(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int>,
-    pub req_notify_cq: Option<unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: c_int) -> c_int>,
+    pub req_notify_cq:
+        Option<unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: c_int) -> c_int>,
     pub _compat_cq_event: UnusedFn,
     pub _compat_resize_cq: UnusedFn,
     pub _compat_destroy_cq: UnusedFn,

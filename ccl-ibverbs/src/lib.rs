@@ -1,12 +1,18 @@
 //! # ccl-ibverbs: the RoCEv2 / InfiniBand verbs transport of ccl
 //!
-//! The only crate of ccl that touches libibverbs (the types of `rdma-sys`; the library itself is
-//! opened at run time, the first time a device is looked at, see [`sys`], so programs that do
-//! not use verbs neither load it nor need it installed). It implements
+//! The only crate of ccl that touches libibverbs. It implements
 //! [`ccl_core::transport::Transport`] over reliable-connected queue pairs, in the manner of NCCL's
 //! `net_ib`: receiver-driven flow control over pre-registered staging slots, payload by RDMA
 //! WRITE_WITH_IMM, credits back over a control QP with its own traffic class, several data QPs per
 //! peer, busy-poll then sleep on a completion channel.
+//!
+//! The library is opened at run time, the first time a device is looked at (see [`sys`]), so
+//! programs that do not use verbs neither load it nor need it installed. The types, constants
+//! and inline verbs of its C interface are the crate's own, written for rdma-core's ABI
+//! ([`ffi`]), so building needs no C headers either (nor libclang). The `layout-check` feature
+//! adds a test that compares every size, alignment, field offset and constant of [`ffi`] with
+//! bindings generated from the installed headers (by `rdma-sys`, which needs libibverbs-dev):
+//! `cargo test -p ccl-ibverbs --features layout-check`.
 //!
 //! ## Quick start
 //!
@@ -102,6 +108,7 @@ pub mod cq;
 pub mod device;
 mod endpoint;
 pub mod error;
+pub mod ffi;
 pub mod mr;
 pub mod pd;
 mod port;

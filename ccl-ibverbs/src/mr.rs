@@ -14,8 +14,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use nix::sys::mman::{MapFlags, ProtFlags, mmap_anonymous, munmap};
-use rdma_sys::*;
 
+use crate::ffi::{IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_REMOTE_WRITE, ibv_mr};
 use crate::sys::{ibv_dereg_mr, ibv_reg_mr};
 
 use crate::LOG_SUBSYS;
@@ -62,15 +62,15 @@ impl RegisteredBuf {
             source: e.into(),
         })?;
         let ptr = p.cast::<u8>();
-        let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        let mut access = IBV_ACCESS_LOCAL_WRITE;
         if remote_write {
-            access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+            access |= IBV_ACCESS_REMOTE_WRITE;
         }
         // SAFETY:
         // - `pd` is a live protection domain (kept alive by the Arc stored below).
         // - `ptr..ptr+len` is a mapping we own for the life of the registration: Drop
         //   deregisters before it unmaps.
-        let mr = unsafe { ibv_reg_mr(pd.as_ptr(), p.as_ptr(), len, access.0 as i32) };
+        let mr = unsafe { ibv_reg_mr(pd.as_ptr(), p.as_ptr(), len, access as i32) };
         let Some(mr) = NonNull::new(mr) else {
             let source = last_os_error();
             // SAFETY: the mapping above, not registered, not referenced by anything else.
@@ -160,8 +160,7 @@ impl UserMr {
     /// writes from peers (into ranges the receiver grants, see `IbEndpoint`).
     pub fn new(pd: &Arc<Pd>, mem: &[u8]) -> Result<UserMr, VerbsError> {
         let len = mem.len().max(1);
-        let access =
-            ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
         // SAFETY:
         // - `pd` is a live protection domain (kept alive by the Arc stored below).
         // - `mem` is live, readable memory for this call; the registration only pins its pages
@@ -174,7 +173,7 @@ impl UserMr {
                 pd.as_ptr(),
                 mem.as_ptr() as *mut libc::c_void,
                 len,
-                access.0 as i32,
+                access as i32,
             )
         };
         let Some(mr) = NonNull::new(mr) else {

@@ -3,8 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::*;
-
+use crate::ffi::ibv_pd;
 use crate::sys::{ibv_alloc_pd, ibv_dealloc_pd};
 
 use crate::LOG_SUBSYS;

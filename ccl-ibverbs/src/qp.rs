@@ -4,8 +4,12 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::*;
-
+use crate::ffi::{
+    IBV_QPS_ERR, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_RC, IBV_SEND_INLINE,
+    IBV_SEND_SIGNALED, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, ibv_mtu,
+    ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_qp_state, ibv_recv_wr,
+    ibv_send_wr, ibv_send_wr_rdma, ibv_sge,
+};
 use crate::sys::{ibv_create_qp, ibv_destroy_qp, ibv_modify_qp};
 
 use crate::LOG_SUBSYS;
@@ -13,7 +17,7 @@ use crate::cq::Cq;
 use crate::error::{VerbsError, errno_error, last_os_error};
 use crate::pd::Pd;
 
-/// `ibv_qp_attr_mask` bits (verbs ABI values; a test checks them against the headers).
+/// `ibv_qp_attr_mask` bits (verbs ABI values; a test checks them against `ffi`'s).
 pub mod mask {
     pub const STATE: u32 = 1 << 0;
     pub const ACCESS_FLAGS: u32 = 1 << 3;
@@ -51,12 +55,12 @@ impl QpState {
         }
     }
 
-    fn verbs(self) -> ibv_qp_state::Type {
+    fn verbs(self) -> ibv_qp_state {
         match self {
-            QpState::Init => ibv_qp_state::IBV_QPS_INIT,
-            QpState::Rtr => ibv_qp_state::IBV_QPS_RTR,
-            QpState::Rts => ibv_qp_state::IBV_QPS_RTS,
-            QpState::Err => ibv_qp_state::IBV_QPS_ERR,
+            QpState::Init => IBV_QPS_INIT,
+            QpState::Rtr => IBV_QPS_RTR,
+            QpState::Rts => IBV_QPS_RTS,
+            QpState::Err => IBV_QPS_ERR,
         }
     }
 }
@@ -185,7 +189,7 @@ fn to_attr(to: QpState, t: &Transition) -> ibv_qp_attr {
     a.qp_access_flags = t.access;
     a.pkey_index = t.pkey_index;
     a.port_num = t.port;
-    a.path_mtu = t.path_mtu as ibv_mtu::Type;
+    a.path_mtu = t.path_mtu as ibv_mtu;
     a.dest_qp_num = t.dest_qpn;
     a.rq_psn = t.rq_psn;
     a.sq_psn = t.sq_psn;
@@ -253,7 +257,7 @@ impl Qp {
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
-        init.qp_type = ibv_qp_type::IBV_QPT_RC;
+        init.qp_type = IBV_QPT_RC;
         init.sq_sig_all = 0;
         init.cap.max_send_wr = send_wr;
         init.cap.max_recv_wr = recv_wr;
@@ -304,7 +308,7 @@ impl Qp {
     pub fn to_error(&self) -> Result<(), VerbsError> {
         // SAFETY: all-zero is a valid `ibv_qp_attr`; only the state is set and masked.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        a.qp_state = IBV_QPS_ERR;
         // SAFETY: live QP; the mask names only `qp_state`.
         let rc = unsafe { ibv_modify_qp(self.qp.as_ptr(), &mut a, mask::STATE as i32) };
         if rc != 0 {
@@ -343,10 +347,10 @@ impl Qp {
                 wr.wr_id = r.wr_id;
                 wr.sg_list = &mut sges[i];
                 wr.num_sge = 1;
-                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-                wr.imm_data_invalidated_rkey_union.imm_data = r.imm.to_be();
-                wr.wr.rdma = rdma_t {
+                wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.send_flags = IBV_SEND_SIGNALED;
+                wr.imm.imm_data = r.imm.to_be();
+                wr.wr.rdma = ibv_send_wr_rdma {
                     remote_addr: r.remote_addr,
                     rkey: r.rkey,
                 };
@@ -369,9 +373,9 @@ impl Qp {
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         wr.num_sge = 0;
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
-        wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        wr.opcode = IBV_WR_SEND_WITH_IMM;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.imm.imm_data = imm.to_be();
         // SAFETY: no memory is referenced (zero scatter/gather elements).
         unsafe { self.post_send(&mut wr) }
     }
@@ -407,8 +411,8 @@ impl Qp {
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
-        wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0 | ibv_send_flags::IBV_SEND_INLINE.0;
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
         // SAFETY: with IBV_SEND_INLINE the provider copies `data` (alive for the call) into the
         // work queue while posting and never reads it afterwards; no lkey is used.
         unsafe { self.post_send(&mut wr) }
@@ -572,28 +576,25 @@ mod tests {
         assert_eq!(transition(QpState::Rtr, &p).traffic_class, 224);
     }
 
+    /// `ffi`'s values are the headers' (its layout check compares them).
     #[test]
     fn mask_bits_match_the_headers() {
-        use rdma_sys::ibv_qp_attr_mask as m;
-        assert_eq!(m::IBV_QP_STATE.0, mask::STATE);
-        assert_eq!(m::IBV_QP_ACCESS_FLAGS.0, mask::ACCESS_FLAGS);
-        assert_eq!(m::IBV_QP_PKEY_INDEX.0, mask::PKEY_INDEX);
-        assert_eq!(m::IBV_QP_PORT.0, mask::PORT);
-        assert_eq!(m::IBV_QP_AV.0, mask::AV);
-        assert_eq!(m::IBV_QP_PATH_MTU.0, mask::PATH_MTU);
-        assert_eq!(m::IBV_QP_TIMEOUT.0, mask::TIMEOUT);
-        assert_eq!(m::IBV_QP_RETRY_CNT.0, mask::RETRY_CNT);
-        assert_eq!(m::IBV_QP_RNR_RETRY.0, mask::RNR_RETRY);
-        assert_eq!(m::IBV_QP_RQ_PSN.0, mask::RQ_PSN);
-        assert_eq!(m::IBV_QP_MAX_QP_RD_ATOMIC.0, mask::MAX_QP_RD_ATOMIC);
-        assert_eq!(m::IBV_QP_MIN_RNR_TIMER.0, mask::MIN_RNR_TIMER);
-        assert_eq!(m::IBV_QP_SQ_PSN.0, mask::SQ_PSN);
-        assert_eq!(m::IBV_QP_MAX_DEST_RD_ATOMIC.0, mask::MAX_DEST_RD_ATOMIC);
-        assert_eq!(m::IBV_QP_DEST_QPN.0, mask::DEST_QPN);
-        use rdma_sys::ibv_access_flags as a;
-        assert_eq!(
-            (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE).0,
-            QP_ACCESS
-        );
+        use crate::ffi::*;
+        assert_eq!(IBV_QP_STATE, mask::STATE);
+        assert_eq!(IBV_QP_ACCESS_FLAGS, mask::ACCESS_FLAGS);
+        assert_eq!(IBV_QP_PKEY_INDEX, mask::PKEY_INDEX);
+        assert_eq!(IBV_QP_PORT, mask::PORT);
+        assert_eq!(IBV_QP_AV, mask::AV);
+        assert_eq!(IBV_QP_PATH_MTU, mask::PATH_MTU);
+        assert_eq!(IBV_QP_TIMEOUT, mask::TIMEOUT);
+        assert_eq!(IBV_QP_RETRY_CNT, mask::RETRY_CNT);
+        assert_eq!(IBV_QP_RNR_RETRY, mask::RNR_RETRY);
+        assert_eq!(IBV_QP_RQ_PSN, mask::RQ_PSN);
+        assert_eq!(IBV_QP_MAX_QP_RD_ATOMIC, mask::MAX_QP_RD_ATOMIC);
+        assert_eq!(IBV_QP_MIN_RNR_TIMER, mask::MIN_RNR_TIMER);
+        assert_eq!(IBV_QP_SQ_PSN, mask::SQ_PSN);
+        assert_eq!(IBV_QP_MAX_DEST_RD_ATOMIC, mask::MAX_DEST_RD_ATOMIC);
+        assert_eq!(IBV_QP_DEST_QPN, mask::DEST_QPN);
+        assert_eq!(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, QP_ACCESS);
     }
 }

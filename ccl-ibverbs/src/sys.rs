@@ -5,12 +5,14 @@
 //! TCP. That costs about 0.5 ms of CPU per process (a 1,024-rank job started on one 2-CPU host
 //! spends half a CPU-second on it), and a program would not even start on a host without
 //! rdma-core installed. NCCL opens libibverbs the same way. The functions below have the names
-//! and signatures of `rdma-sys`'s, and each file that calls verbs imports them by name, which
-//! shadows `rdma-sys`'s glob import: no verb can reach the linked symbol by mistake (the
-//! binary would then list libibverbs as needed, which `nm -D` shows).
+//! and C prototypes of the library's, over the crate's own definitions of its types
+//! ([`crate::ffi`]): building needs neither rdma-core's headers nor the library, and no verb
+//! can reach a linked symbol by mistake, since none is declared (a binary that linked one would
+//! list libibverbs as needed, which `nm -D` shows).
 //!
-//! Each symbol is looked up at the version the headers this crate was built with bind to, so
-//! the ABI is the one the types describe.
+//! Each symbol is looked up at the version rdma-core's headers bind it to, whose ABI is the one
+//! `ffi` describes; with the `layout-check` feature a test compares `ffi` with the installed
+//! headers.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::io;
@@ -18,9 +20,10 @@ use std::sync::OnceLock;
 
 use std::mem::{offset_of, size_of};
 
-use rdma_sys::{
-    _compat_ibv_port_attr, ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd,
-    ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, verbs_context,
+use crate::ffi::{
+    _compat_ibv_port_attr, VERBS_ABI_IS_EXTENDED, ibv_comp_channel, ibv_context, ibv_cq,
+    ibv_device, ibv_mr, ibv_pd, ibv_port_attr, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
+    verbs_context,
 };
 
 /// The library's file name: the soname of rdma-core's libibverbs, ABI 1 since 2006.
@@ -43,9 +46,9 @@ macro_rules! verbs {
                             concat!($version, "\0"),
                         )?;
                         // SAFETY: `f` is the address of libibverbs' `$name` at `$version`,
-                        // whose C prototype is the one `rdma-sys` binds (the same headers,
-                        // the same version the linker would have bound); function and data
-                        // pointers have the same size and representation on Linux.
+                        // the version the headers bind, whose C prototype is the one declared
+                        // here over `ffi`'s types; function and data pointers have the same
+                        // size and representation on Linux.
                         unsafe {
                             std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) $(-> $ret)?>(f)
                         }
@@ -55,7 +58,7 @@ macro_rules! verbs {
         }
 
         $(
-            /// The verb of the same name, through the loaded library; see `rdma-sys`.
+            /// The verb of the same name, through the loaded library; see its manual page.
             ///
             /// # Safety
             /// As for the C function. The library must have been loaded ([`load`]), which
@@ -124,13 +127,13 @@ pub unsafe fn ___ibv_query_port(
 ) -> c_int {
     // SAFETY:
     // - `context` is a live context (the caller's contract). A context whose `abi_compat` is
-    //   the header's `__VERBS_ABI_IS_EXTENDED` (`(void *)UINT_MAX`) is the `context` member of
-    //   a `verbs_context`, whose `sz` says how much of it the provider filled: the op is read
+    //   the header's `__VERBS_ABI_IS_EXTENDED` (`(void *)UINTPTR_MAX`) is the `context` member
+    //   of a `verbs_context`, whose `sz` says how much of it the library filled: the op is read
     //   only when it lies inside that part, as the header's `verbs_get_ctx_op` does.
     // - `port_attr` is valid and writable for one `ibv_port_attr` (the caller's contract),
     //   which is at least the compatible struct's size.
     unsafe {
-        if (*context).abi_compat as usize == u32::MAX as usize {
+        if (*context).abi_compat as usize == VERBS_ABI_IS_EXTENDED {
             let vc = context
                 .cast::<u8>()
                 .sub(offset_of!(verbs_context, context))

@@ -10,9 +10,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use oxccl::ReduceOp;
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::ReduceOp;
 
 fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())

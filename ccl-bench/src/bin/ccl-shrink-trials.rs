@@ -20,8 +20,8 @@ use std::io::Read;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use oxccl::{Communicator, Config, ReduceOp, UniqueId};
 use clap::Parser;
+use oxccl::{Communicator, Config, ReduceOp, UniqueId};
 
 /// Environment variable that makes this program a rank.
 const WORKER: &str = "SHRINK_TRIAL_SEED";

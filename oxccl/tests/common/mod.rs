@@ -5,9 +5,9 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use oxccl::{Communicator, Config, UniqueId};
 use ccl_core::config::TransportKind;
 use half::{bf16, f16};
+use oxccl::{Communicator, Config, UniqueId};
 
 pub(crate) const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 

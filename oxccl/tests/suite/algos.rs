@@ -11,9 +11,9 @@ use crate::common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use oxccl::{Communicator, ErrorKind, ReduceOp, UniqueId};
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::{Communicator, ErrorKind, ReduceOp, UniqueId};
 
 const COUNTS: [usize; 4] = [0, 1, 7, 1023];
 
@@ -157,8 +157,8 @@ fn large_counts_pipeline() {
 /// its ring order), every dtype; reduce with every op; non-root buffers of reduce untouched.
 #[test]
 fn rooted_trees_every_root_with_a_topology() {
-    use oxccl::Collective;
     use ccl_core::test_values::{self, CheckValue};
+    use oxccl::Collective;
     fn one<T: CheckValue>(comm: &Communicator, c: usize, op: ReduceOp, in_place: bool) -> usize {
         let (r, n) = (comm.rank(), comm.size());
         let mine: Vec<T> = (0..c)

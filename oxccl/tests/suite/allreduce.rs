@@ -6,9 +6,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use oxccl::ReduceOp;
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::ReduceOp;
 
 const COUNTS: [usize; 5] = [0, 1, 7, 1023, (1 << 20) + 3];
 

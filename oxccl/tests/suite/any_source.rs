@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use oxccl::{ErrorKind, ReduceOp};
 use ccl_core::config::{ConnectMode, TransportKind};
 use common::*;
+use oxccl::{ErrorKind, ReduceOp};
 
 /// Each rank in turn receives two sends from every other rank, from any source (the pattern
 /// of PyTorch's `test_send_recv_any_source`); every message carries its sender's rank, and

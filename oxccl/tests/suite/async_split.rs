@@ -5,9 +5,9 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxccl::{Collective, ErrorKind, ReduceOp};
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::{Collective, ErrorKind, ReduceOp};
 
 #[test]
 fn outstanding_operations_complete_in_issue_order_and_return_buffers() {

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use oxccl::{Collective, Communicator, DataType, ReduceOp};
 use ccl_core::config::TransportKind;
 use ccl_core::dispatch_dtype;
 use ccl_core::test_values::{self, CheckValue};
 use common::*;
+use oxccl::{Collective, Communicator, DataType, ReduceOp};
 
 const COUNTS: [usize; 4] = [0, 1, 7, 1023];
 

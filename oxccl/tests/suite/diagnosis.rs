@@ -4,9 +4,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use oxccl::{Algo, Collective, ReduceOp};
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::{Algo, Collective, ReduceOp};
 
 #[test]
 fn a_rank_slowed_on_purpose_is_named_by_the_slow_rank_report() {

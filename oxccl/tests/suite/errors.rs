@@ -5,9 +5,9 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxccl::{DataType, ErrorKind, ReduceOp};
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::{DataType, ErrorKind, ReduceOp};
 
 const BOTH: [TransportKind; 2] = [TransportKind::Tcp, TransportKind::Local];
 

@@ -16,10 +16,10 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use oxccl::{Config, ErrorKind, ReduceOp};
 use ccl_core::config::TransportKind;
 use common::*;
 use half::{bf16, f16};
+use oxccl::{Config, ErrorKind, ReduceOp};
 
 fn ib_config(qps: usize) -> Config {
     let mut c = config(TransportKind::Ib, Duration::from_secs(120));

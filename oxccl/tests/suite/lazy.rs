@@ -7,9 +7,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use oxccl::ReduceOp;
 use ccl_core::config::{ConnectMode, TransportKind};
 use common::*;
+use oxccl::ReduceOp;
 
 fn lazy(transport: TransportKind) -> oxccl::Config {
     let mut c = config(transport, Duration::from_secs(60));

@@ -7,9 +7,9 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use oxccl::{Algo, Collective, Communicator, ReduceOp};
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::{Algo, Collective, Communicator, ReduceOp};
 
 /// Runs `a` on rank 0 and `b` on rank 1 (each returns the error it got) and checks both errors.
 fn clash(

@@ -6,9 +6,9 @@ use crate::common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use oxccl::{Communicator, ErrorKind, ReduceOp, UniqueId};
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::{Communicator, ErrorKind, ReduceOp, UniqueId};
 
 const BOTH: [TransportKind; 2] = [TransportKind::Tcp, TransportKind::Local];
 

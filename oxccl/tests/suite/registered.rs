@@ -9,10 +9,10 @@ use crate::common;
 
 use std::time::Duration;
 
-use oxccl::{Algo, Collective, Communicator, ErrorKind, ReduceOp};
 use ccl_core::config::TransportKind;
 use ccl_core::test_values::{self, CheckValue};
 use common::*;
+use oxccl::{Algo, Collective, Communicator, ErrorKind, ReduceOp};
 
 /// Collectives with a single count (the v-collectives take counts per rank; tests/vcoll.rs).
 const COLLS: [Collective; 6] = [

@@ -7,9 +7,9 @@ use crate::common;
 
 use std::time::Duration;
 
-use oxccl::{Algo, Collective, Communicator, DataType, ErrorKind, ReduceOp};
 use ccl_core::config::TransportKind;
 use common::*;
+use oxccl::{Algo, Collective, Communicator, DataType, ErrorKind, ReduceOp};
 
 fn cfg() -> oxccl::Config {
     config(TransportKind::Shm, Duration::from_secs(60))

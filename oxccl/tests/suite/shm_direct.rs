@@ -7,10 +7,10 @@ use crate::common;
 
 use std::time::Duration;
 
-use oxccl::{Communicator, ErrorKind, ReduceOp};
 use ccl_core::config::TransportKind;
 use ccl_core::test_values::{CheckValue, count_wrong};
 use common::*;
+use oxccl::{Communicator, ErrorKind, ReduceOp};
 
 fn cfg() -> oxccl::Config {
     config(TransportKind::Shm, Duration::from_secs(60))

@@ -6,11 +6,11 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use oxccl::{Collective, Communicator, DataType, ReduceOp};
 use ccl_core::config::TransportKind;
 use ccl_core::dispatch_dtype;
 use ccl_core::test_values::{self, CheckValue};
 use common::*;
+use oxccl::{Collective, Communicator, DataType, ReduceOp};
 
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")

@@ -8,10 +8,10 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use oxccl::{Communicator, Counts, ReduceOp};
 use ccl_core::config::TransportKind;
 use ccl_core::test_values::CheckValue;
 use common::*;
+use oxccl::{Communicator, Counts, ReduceOp};
 
 /// Rank `r`'s input element `i`: exact in every type used here.
 fn val<T: CheckValue>(r: usize, i: usize) -> T {
