@@ -14,6 +14,7 @@
 #include "backend.hpp"
 
 #include <dlfcn.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/extension.h>
 
@@ -818,7 +819,10 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupOxccl::shrink(
   check(g.cclCommUserRank(child, &rank), "shrink", rank_);
   check(g.cclCommCount(child, &size), "shrink", rank_);
   auto timeout = optsOverride ? optsOverride->timeout : timeout_;
-  return c10::make_intrusive<ProcessGroupOxccl>(store_, rank, size, timeout, child);
+  // The survivors share this group's store; the keys of the new group's own store use (its
+  // monitored barriers) start again from 1, so they go under a prefix of their own.
+  auto store = c10::make_intrusive<c10d::PrefixStore>(c10::str("oxccl/shrunk", ++shrinks_), store_);
+  return c10::make_intrusive<ProcessGroupOxccl>(store, rank, size, timeout, child);
 }
 
 c10d::ReconfigureHandle ProcessGroupOxccl::get_reconfigure_handle() const {

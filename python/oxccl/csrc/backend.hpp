@@ -288,6 +288,7 @@ class ProcessGroupOxccl : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
   uint64_t monitored_ = 0;
+  uint64_t shrinks_ = 0;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   // This process's reconfigure handle until a reconfigure uses it ("" before the first ask).
