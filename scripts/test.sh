@@ -4,6 +4,7 @@
 # machine (shared memory within, TCP across), then the Python package, the torch.distributed
 # backend, DDP under torchrun and a named subset of PyTorch's own distributed tests
 # (python/tests/test_torch_conformance.py; the whole class is scripts/torch-conformance.sh),
+# two training frameworks against Gloo (scripts/frameworks.sh --quick lightning torchft),
 # then the verbs transport on real SoftRoCE in a VM (one boot, then two VMs linked); installing
 # what they need first. Release mode: the tests move hundreds of megabytes.
 #
@@ -61,6 +62,8 @@ else
   echo "(no network namespace available; the tests use loopback addresses only)"
   "$venv/bin/pytest" -q python/tests
 fi
+echo "== training frameworks on oxccl against Gloo: the cheapest two (scripts/frameworks.sh runs all six)"
+CCL_VENV="$venv" scripts/frameworks.sh --quick lightning torchft
 }
 
 if [ "${CCL_SKIP_PYTHON:-0}" = 1 ]; then

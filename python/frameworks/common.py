@@ -16,13 +16,15 @@ import torch.nn as nn
 FEATURES = 16
 
 
-def parse(doc, steps=20, batch=16):
+def parse(doc, steps=20, batch=16, extra=None):
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--backend", default="oxccl", help="torch.distributed backend: oxccl or gloo")
     p.add_argument("--steps", type=int, default=steps, help="optimizer steps")
     p.add_argument("--batch", type=int, default=batch, help="samples per rank per step")
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "2")))
     p.add_argument("--out", help="write rank 0's results here (JSON)")
+    if extra:
+        extra(p)
     return p.parse_args()
 
 
@@ -83,8 +85,16 @@ class Result:
     def set(self, **kw):
         self.data.update(kw)
 
-    def write(self, rank=0):
+    def start(self):
+        self.t0 = time.perf_counter()
+
+    def stop(self):
+        """Ends the time counted as training (else it ends at write())."""
         self.data["train_s"] = round(time.perf_counter() - self.t0, 3)
+
+    def write(self, rank=0):
+        if "train_s" not in self.data:
+            self.stop()
         if rank == 0 and self.args.out:
             with open(self.args.out, "w") as f:
                 json.dump(self.data, f, indent=1)
