@@ -1,7 +1,7 @@
-"""torch.distributed through the ccl backend beside Gloo: all_reduce latency and bus bandwidth,
+"""torch.distributed through the oxccl backend beside Gloo: all_reduce latency and bus bandwidth,
 and DDP training steps. Not a test: numbers, written as JSON lines, summarized as tables.
 
-    python python/bench/torch_bench.py allreduce --backend ccl --ranks 2 --out r.jsonl
+    python python/bench/torch_bench.py allreduce --backend oxccl --ranks 2 --out r.jsonl
     python python/bench/torch_bench.py ddp --backend gloo --ranks 4 --out r.jsonl
     python python/bench/torch_bench.py summary r.jsonl
     python python/bench/torch_bench.py overhead
@@ -15,12 +15,12 @@ buffer of zeros so repeated sums stay finite; per size a few warm-up calls, a ca
 barrier; time per call is the slowest rank's mean; algbw = bytes / time, busbw = algbw x 2(n-1)/n
 (GB = 1e9 B). Each size is checked once afterwards (rank r contributes r + 1). The ranks are
 processes of this script meeting through a file:// store (torch's TCP store does reverse-DNS
-lookups); Gloo is pinned to loopback with GLOO_SOCKET_IFNAME=lo, ccl with CCL_SOCKET_IFNAME=lo.
+lookups); Gloo is pinned to loopback with GLOO_SOCKET_IFNAME=lo, oxccl with CCL_SOCKET_IFNAME=lo.
 
 overhead measures what one small all_reduce costs on the calling thread, in CPU time (which
 load on the machine changes far less than wall time), with one rank so that no peer is waited
-for: torch's own path down to a Python backend that does nothing, the ccl backend blocking and
-with async_op=True plus wait(), the library call alone through ctypes, and Gloo.
+for: torch's own path down to a backend that does nothing (fake), the oxccl backend blocking
+and with async_op=True plus wait(), the library call alone through ctypes, and Gloo.
 
 ddp runs examples/python/ddp_train.py --time-steps (a model wide enough that its gradient
 allreduces matter) and records its time per step.
