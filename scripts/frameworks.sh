@@ -91,7 +91,7 @@ installed() {
     torchft) "$fpy" -c "import torchft, parameterized" ;;
     ray) "$fpy" -c "import ray.train.torch" ;;
   esac
-} 2>/dev/null
+} >/dev/null 2>&1
 
 for name in "${names[@]}"; do
   installed "$name" && continue

@@ -4,7 +4,7 @@
 
 A result file that is missing (the run failed) is a failure. So are losses that differ by more
 than rtol at any step, a different number of steps, a run whose group was not on the backend
-it was asked for, and, for torchft, an oxccl survivor that did not see the shut-down rank's
+it was asked for, and, for torchft, an oxccl survivor that did not see the failed rank's
 failure within a second or whose errored() stayed empty. Exits 1 on any failure.
 """
 
@@ -34,7 +34,7 @@ def torchft_line(name, size, ox, gl):
 
     def summary(d):
         recs = d.get("resiliency") or []
-        times = [r["error_s_after_shutdown"] for r in recs if r["error"]]
+        times = [r["error_s_after_fault"] for r in recs if r["error"]]
         told = sum(1 for r in recs if r["errored"])
         span = f"{min(times):.3f}-{max(times):.3f} s" if times else "never"
         return recs, times, told, f"errors after {span}, errored() set on {told}/{len(recs)}"
@@ -45,7 +45,7 @@ def torchft_line(name, size, ox, gl):
     ok = ok and all(r["survivors_allreduce"] == size - 1 for r in ox_recs)
     verdict = "ok" if ok else "FAILED"
     print(
-        f"{name} {size} ranks, last rank shut down ({ox.get('fault')}): {verdict}: "
+        f"{name} {size} ranks, last rank fails ({ox.get('fault')}): {verdict}: "
         f"oxccl survivors' {ox_text}; gloo survivors' {gl_text}; "
         f"survivors regrouped at {size - 1} ranks on oxccl",
         flush=True,

@@ -6,7 +6,10 @@
     manager = torchft.Manager(pg=pg, ...)          # or use pg's collectives directly
 
 torchft rebuilds its process group from scratch at every quorum change: `configure` gets a new
-store prefix, and `_create_pg` makes a fresh torch ProcessGroup on it. torchft's Gloo wrapper
+store prefix, aborts the previous group and `_create_pg` makes a fresh torch ProcessGroup on it.
+With ccl an abort fails the operations still in flight on every rank, so every rank must have
+finished its last operation on the old group before any rank configures the next one (torchft's
+quorum and commit round trips order that; the test script waits on its store). torchft's Gloo wrapper
 never reports an asynchronous error (`errored()` is None); this one does: the first failure of
 any of its works, else the communicator's own asynchronous error, else the ranks the job's
 monitor has reported dead, so a torchft Manager learns that a peer died even before its next
@@ -113,10 +116,14 @@ class ProcessGroupOxccl(ProcessGroupWrapper):
         super().abort(errored=errored)
 
     def shutdown(self) -> None:
-        # An abort, as torchft's own wrapper intends ("TODO: abort PG if possible"): peers
-        # blocked in a collective with this rank fail at once. A graceful shutdown of the
-        # communicator (cclCommDestroy) lets them wait about 4 s first.
-        self.abort(errored=False)
+        # Graceful (cclCommDestroy: issued operations finish first). An abort would do for a
+        # rank that leaves while the others wait for it, but ccl fails every operation still in
+        # flight on any rank when one aborts, so a rank that finished the last collective first
+        # and aborted would fail the same collective on a slower peer.
+        pg = self._pg
+        self._pg = None
+        if pg is not None:
+            pg.shutdown()
 
     def getBackendName(self) -> str:
         return "torchft-oxccl"

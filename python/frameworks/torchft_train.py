@@ -11,12 +11,15 @@ configuration) and N worker processes. Each worker:
 2. trains a small model for --steps steps, averaging gradients with `pg.allreduce`; rank 0's
    losses go to --out;
 3. plays torchft's resiliency scenario (MultiPgBaseTest._run_with_resiliency): the group is
-   configured again, the last rank shuts its group down (`pg.shutdown()`; --fault exit ends
-   its process instead, --fault destroy shuts the underlying torch group down gracefully, as
-   destroy_process_group would), the others call allreduce and must fail. Each survivor
-   records how long after the shutdown its error came, the error, and what `pg.errored()`
-   then says; the survivors then configure a group of N-1 under a new prefix and allreduce
-   on it.
+   configured again, and while the others wait in an allreduce the last rank fails: it aborts
+   its group (`pg.abort()`, what torchft does to a group on an error or a timeout; --fault
+   exit ends its process instead, --fault shutdown shuts its group down gracefully, as
+   torchft's own test and destroy_process_group do). Each survivor records how long after
+   that its error came, the error, and what `pg.errored()` then says; the survivors then
+   configure a group of N-1 under a new prefix and allreduce on it.
+
+Between phases the ranks meet on the store, not on the group: torchft's `configure` aborts the
+previous group, and a ccl abort fails the operations still in flight on every rank.
 """
 
 import importlib.metadata
@@ -88,10 +91,16 @@ def train(pg, args, rank, world, result):
         result.loss(flat[-1])
 
 
+def store_barrier(store, name, rank, ranks):
+    store.set(f"{name}/{rank}", "1")
+    store.wait([f"{name}/{r}" for r in ranks], timedelta(seconds=120))
+
+
 def resiliency(pg, args, rank, world, store, store_addr):
     from torch.distributed import ReduceOp
 
     fault = world - 1
+    store_barrier(store, "trained", rank, range(world))
     pg.configure(f"{store_addr}/fault", "replica_0", rank, world)
     t = torch.tensor([rank + 1.0])
     pg.allreduce([t], ReduceOp.SUM).wait()
@@ -103,12 +112,10 @@ def resiliency(pg, args, rank, world, store, store_addr):
         store.set("down_at", repr(time.time()))
         if args.fault == "exit":
             os._exit(0)
-        if args.fault == "destroy":
-            # The torch group's own graceful shutdown (what destroy_process_group does), not
-            # torchft's shutdown(): for comparing the two.
-            pg.parent.shutdown()
-        else:
+        if args.fault == "shutdown":
             pg.shutdown()
+        else:
+            pg.abort()
         store.wait([f"survivor{r}" for r in range(world - 1)], timedelta(seconds=120))
         return None
     work = pg.allreduce([torch.tensor([1.0])], ReduceOp.SUM)
@@ -121,6 +128,7 @@ def resiliency(pg, args, rank, world, store, store_addr):
     down_at = float(store.get("down_at").decode())
     err_after = pg.errored()
     # torchft would now reconfigure without the failed replica; so do the survivors.
+    store_barrier(store, "failed", rank, range(world - 1))
     pg.configure(f"{store_addr}/survivors", "replica_0", rank, world - 1)
     s = torch.tensor([1.0])
     pg.allreduce([s], ReduceOp.SUM).wait()
@@ -128,7 +136,7 @@ def resiliency(pg, args, rank, world, store, store_addr):
     store.set(f"survivor{rank}", "1")
     return {
         "rank": rank,
-        "error_s_after_shutdown": round(seen_at - down_at, 3),
+        "error_s_after_fault": round(seen_at - down_at, 3),
         "error": None if error is None else f"{type(error).__name__}: {error}"[:300],
         "errored": None if err_after is None else f"{type(err_after).__name__}: {err_after}"[:300],
         "survivors_allreduce": s.item(),
@@ -168,7 +176,7 @@ def worker(args):
 
 def options(p):
     p.add_argument("--timeout", type=float, default=10.0, help="the group's timeout, seconds")
-    p.add_argument("--fault", choices=["shutdown", "exit", "destroy"], default="shutdown")
+    p.add_argument("--fault", choices=["abort", "exit", "shutdown"], default="abort")
 
 
 def main():
