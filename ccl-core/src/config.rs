@@ -293,14 +293,14 @@ pub const SETTINGS: &[Setting] = &[
         help: "scripts: the torch requirement installed into the venv ('none' skips torch)",
     },
     Setting {
-        name: "CCL_TORCH_BACKEND",
-        default: "auto",
-        help: "Python package: the torch backend's implementation: auto (native when built), native or python",
+        name: "CCL_TORCH_BUILD",
+        default: "1",
+        help: "Python package: 0 never compiles the torch backend at import (a build for another torch is then an error)",
     },
     Setting {
-        name: "CCL_TORCH_NATIVE",
-        default: "1",
-        help: "Python package install: 0 skips building the native (C++) torch backend",
+        name: "CCL_TORCH_EXT_DIR",
+        default: "",
+        help: "Python package: where a torch backend compiled at import is kept (default ~/.cache/oxccl/ext/...)",
     },
     Setting {
         name: "CCL_SKIP_PYTHON",
