@@ -44,6 +44,41 @@ fn outstanding_operations_complete_in_issue_order_and_return_buffers() {
 }
 
 #[test]
+fn waiters_run_their_own_operations_and_unwaited_ones_still_progress() {
+    for t in [TransportKind::Local, TransportKind::Tcp] {
+        run_ranks(2, config(t, Duration::from_secs(60)), |comm| {
+            let r = comm.rank();
+            // Waited last first: the last waiter may run its operation itself, and it must still
+            // come after the five issued before it, which the progress thread runs.
+            let reqs: Vec<_> = (0..6)
+                .map(|k| comm.all_reduce_async(vec![(r + k) as i64; 64 << k], ReduceOp::Sum))
+                .collect();
+            for (k, req) in reqs.into_iter().enumerate().rev() {
+                let v = req.wait().unwrap();
+                assert_eq!(v.len(), 64 << k);
+                assert!(v.iter().all(|&x| x == (1 + 2 * k) as i64), "request {k}");
+            }
+            // Rank 0 waits for nothing on `comm` while it blocks on `other`, which rank 1 joins
+            // only once the operation on `comm` is done: it completes only if the progress
+            // thread runs it without a waiter.
+            let other = comm.split(Some(0), r as i64).unwrap().unwrap();
+            let mut x = [r as u32 + 1];
+            if r == 0 {
+                let q = comm.all_reduce_async(vec![7u32; 1000], ReduceOp::Sum);
+                other.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                assert!(q.wait().unwrap().iter().all(|&v| v == 14));
+            } else {
+                let mut v = vec![7u32; 1000];
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                assert!(v.iter().all(|&v| v == 14));
+                other.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+            }
+            assert_eq!(x, [3]);
+        });
+    }
+}
+
+#[test]
 fn computation_overlaps_an_operation_in_flight() {
     run_ranks(
         2,
