@@ -683,11 +683,46 @@ impl Half for bf16 {
     }
 
     fn arith_inplace<O: BinOp<f32>>(acc: &mut [Self], src: &[Self], order: Order) {
-        apply_inplace::<bf16, ViaF32<O>>(acc, src, order);
+        let n = acc.len().min(src.len());
+        let (acc, src) = (&mut acc[..n], &src[..n]);
+        let head = words_from(acc, src);
+        apply_inplace::<bf16, ViaF32<O>>(&mut acc[..head], &src[..head], order);
+        let pairs = head + (n - head) / 2 * 2;
+        let (aw, sw) = (
+            as_words_mut(&mut acc[head..pairs]),
+            as_words(&src[head..pairs]),
+        );
+        match order {
+            Order::AccFirst => aw
+                .iter_mut()
+                .zip(sw)
+                .for_each(|(a, &s)| *a = pair::<O>(*a, s)),
+            Order::SrcFirst => aw
+                .iter_mut()
+                .zip(sw)
+                .for_each(|(a, &s)| *a = pair::<O>(s, *a)),
+        }
+        apply_inplace::<bf16, ViaF32<O>>(&mut acc[pairs..], &src[pairs..], order);
     }
 
     fn arith_into<O: BinOp<f32>>(dst: &mut [Self], a: &[Self], b: &[Self]) {
-        apply_into::<bf16, ViaF32<O>>(dst, a, b);
+        let n = dst.len().min(a.len()).min(b.len());
+        let (dst, a, b) = (&mut dst[..n], &a[..n], &b[..n]);
+        let head = words_from(dst, a);
+        if head != words_from(dst, b) {
+            return apply_into::<bf16, ViaF32<O>>(dst, a, b);
+        }
+        apply_into::<bf16, ViaF32<O>>(&mut dst[..head], &a[..head], &b[..head]);
+        let pairs = head + (n - head) / 2 * 2;
+        let (dw, aw, bw) = (
+            as_words_mut(&mut dst[head..pairs]),
+            as_words(&a[head..pairs]),
+            as_words(&b[head..pairs]),
+        );
+        for ((d, &x), &y) in dw.iter_mut().zip(aw).zip(bw) {
+            *d = pair::<O>(x, y);
+        }
+        apply_into::<bf16, ViaF32<O>>(&mut dst[pairs..], &a[pairs..], &b[pairs..]);
     }
 
     fn div_f32(x: &mut [Self], n: usize) {
@@ -707,6 +742,56 @@ impl<O: BinOp<f32>> BinOp<bf16> for ViaF32<O> {
     }
 }
 
+// bf16 arithmetic two elements at a time: a 32-bit word holds two bf16 values, and each is an
+// f32 once its 16 bits sit in the word's upper half: the upper element is the word with its lower
+// half cleared, the lower one the word shifted up. The results' rounded upper halves go back the
+// same way. No widening or narrowing between 16- and 32-bit lanes, which the element loop needs
+// and which costs most of its time: on 64 KiB, 13 GB/s against 10.6 with AVX2 and 28.5 against
+// 20 with AVX-512 (AMD EPYC family 26). Both elements of a word get the same expression as the
+// element loop, so the bits are the same, whatever the byte order.
+
+/// Elements before `x` and `y` both reach a 4-byte boundary, or `x.len()` (all of them, by
+/// elements) when they never do together.
+#[inline(always)]
+fn words_from(x: &[bf16], y: &[bf16]) -> usize {
+    let (ax, ay) = (x.as_ptr() as usize % 4, y.as_ptr() as usize % 4);
+    match (ax == ay, ax) {
+        (true, 0) => 0,
+        (true, _) => 1.min(x.len()),
+        (false, _) => x.len(),
+    }
+}
+
+// (An empty slice may start anywhere; bytemuck checks its alignment all the same.)
+#[inline(always)]
+fn as_words(x: &[bf16]) -> &[u32] {
+    if x.is_empty() {
+        &[]
+    } else {
+        bytemuck::cast_slice(x)
+    }
+}
+
+#[inline(always)]
+fn as_words_mut(x: &mut [bf16]) -> &mut [u32] {
+    if x.is_empty() {
+        &mut []
+    } else {
+        bytemuck::cast_slice_mut(x)
+    }
+}
+
+/// `x (op) y` for the two bf16 values in each word.
+#[inline(always)]
+fn pair<O: BinOp<f32>>(x: u32, y: u32) -> u32 {
+    let lo = O::apply(f32::from_bits(x << 16), f32::from_bits(y << 16));
+    let hi = O::apply(
+        f32::from_bits(x & 0xFFFF_0000),
+        f32::from_bits(y & 0xFFFF_0000),
+    );
+    rounded_upper(hi) | rounded_upper(lo) >> 16
+}
+
 #[inline(always)]
 fn bf16_to_f32(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
@@ -716,16 +801,22 @@ fn bf16_to_f32(x: bf16) -> f32 {
 /// payload), without the branches that keep `half`'s scalar version from vectorizing.
 #[inline(always)]
 fn bf16_from_f32(x: f32) -> bf16 {
+    bf16::from_bits((rounded_upper(x) >> 16) as u16)
+}
+
+/// `bf16_from_f32(x)` in the upper half of a word whose lower half is zero.
+#[inline(always)]
+fn rounded_upper(x: f32) -> u32 {
     let b = x.to_bits();
     // Adding 0x7FFF plus the kept LSB carries into bit 16 exactly when the dropped half is above
     // half an ULP, or exactly half and the kept part is odd. Cannot overflow unless `x` is a NaN.
-    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
-    let quiet_nan = ((b >> 16) | 0x0040) as u16;
-    bf16::from_bits(if b & 0x7FFF_FFFF > 0x7F80_0000 {
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+    let quiet_nan = (b | 0x0040_0000) & 0xFFFF_0000;
+    if b & 0x7FFF_FFFF > 0x7F80_0000 {
         quiet_nan
     } else {
         rounded
-    })
+    }
 }
 
 #[cfg(test)]
@@ -746,6 +837,56 @@ mod tests {
                     "{:#010x}",
                     x.to_bits()
                 );
+            }
+        }
+    }
+
+    /// The two-at-a-time bf16 loops give each element what the element loop gives it, whichever
+    /// operand starts off a 4-byte boundary, at every length (head, words, tail).
+    #[test]
+    fn bf16_word_loops_match_the_element_loop() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly ordinary values, some NaNs, infinities, zeros and subnormals.
+            let b = x as u16;
+            match x >> 60 {
+                0 => 0x7FC1 | (b & 0x8000),
+                1 => 0x7F80 | (b & 0x8000),
+                2 => b & 0x807F,
+                _ => b,
+            }
+        };
+        let v: Vec<bf16> = (0..200).map(|_| bf16::from_bits(next())).collect();
+        let w: Vec<bf16> = (0..200).map(|_| bf16::from_bits(next())).collect();
+        let same = |got: &[bf16], want: &[bf16]| {
+            got.iter()
+                .zip(want)
+                .all(|(g, e)| g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()))
+        };
+        for (oa, ob, od) in [
+            (0, 0, 0),
+            (1, 1, 1),
+            (0, 1, 0),
+            (1, 0, 1),
+            (1, 1, 0),
+            (0, 0, 1),
+        ] {
+            for n in (0..12).chain([63, 100]) {
+                let (a, b) = (&v[oa..oa + n], &w[ob..ob + n]);
+                let mut want = a.to_vec();
+                apply_inplace::<bf16, ViaF32<Sum>>(&mut want, b, Order::AccFirst);
+                let mut acc = vec![bf16::ZERO; n + 1];
+                acc[oa..oa + n].copy_from_slice(a);
+                bf16::arith_inplace::<Sum>(&mut acc[oa..oa + n], b, Order::AccFirst);
+                assert!(same(&acc[oa..oa + n], &want), "inplace {oa} {ob} {n}");
+                let mut dst = vec![bf16::ZERO; n + 1];
+                bf16::arith_into::<Prod>(&mut dst[od..od + n], a, b);
+                let mut prod = a.to_vec();
+                apply_inplace::<bf16, ViaF32<Prod>>(&mut prod, b, Order::AccFirst);
+                assert!(same(&dst[od..od + n], &prod), "into {oa} {ob} {od} {n}");
             }
         }
     }

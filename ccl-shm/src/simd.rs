@@ -1,4 +1,4 @@
-//! Reduce kernels compiled for AVX2 and chosen at run time.
+//! Reduce kernels compiled for AVX-512 or AVX2 and chosen at run time.
 //!
 //! The library is built for the baseline x86-64 target (SSE2), so that one binary runs on every
 //! machine; [`ccl_core::reduce`]'s loops vectorize to 16-byte loads there. A one-shot allreduce
@@ -17,12 +17,56 @@ use ccl_core::reduce::{self, Kernels, Order};
 use ccl_core::{DataType, ReduceOp};
 
 /// The widest kernels this CPU runs.
+///
+/// AVX-512 (F, BW, VL) where present: the bf16 loops run 2.2x the AVX2 rate on 64 KiB in L2 and
+/// the f32 sum 1.2-1.6x (AMD EPYC family 26, `cargo bench -p ccl-core`'s loops compiled both
+/// ways), and a small reduction is fewer instructions.
 pub fn kernels() -> Kernels {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        return AVX2;
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+        {
+            return AVX512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return AVX2;
+        }
     }
     Kernels::BASELINE
+}
+
+#[cfg(target_arch = "x86_64")]
+const AVX512: Kernels = Kernels {
+    into: into_avx512,
+    inplace: inplace_avx512,
+    name: "avx512",
+};
+
+#[cfg(target_arch = "x86_64")]
+fn into_avx512(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    // SAFETY: `AVX512` is handed out only by `kernels`, after the CPU said it has AVX-512 F, BW
+    // and VL.
+    unsafe { into_avx512_body(dtype, op, dst, a, b) }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn inplace_avx512(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
+    // SAFETY: as in `into_avx512`.
+    unsafe { inplace_avx512_body(dtype, op, acc, src, order) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn into_avx512_body(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    reduce::reduce_into_inline(dtype, op, dst, a, b);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+fn inplace_avx512_body(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
+    reduce::reduce_inplace_inline(dtype, op, acc, src, order);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -110,13 +154,41 @@ mod tests {
     }
 
     #[test]
-    fn the_chosen_kernels_give_the_baseline_bits() {
-        let k = kernels();
-        // On a CPU with AVX2 the test compares two different compilations of the loops.
+    fn every_set_this_cpu_runs_gives_the_baseline_bits() {
+        // Every set the CPU can run, not only the chosen one, so that a CPU with AVX-512 tests
+        // the AVX2 set too.
+        #[allow(unused_mut)]
+        let mut sets = vec![kernels()];
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            assert_eq!(k.name, "avx2");
+        {
+            let x = |f: &str| match f {
+                "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+                _ => {
+                    std::arch::is_x86_feature_detected!("avx512f")
+                        && std::arch::is_x86_feature_detected!("avx512bw")
+                        && std::arch::is_x86_feature_detected!("avx512vl")
+                }
+            };
+            assert_eq!(
+                sets[0].name,
+                if x("avx512") {
+                    "avx512"
+                } else if x("avx2") {
+                    "avx2"
+                } else {
+                    "baseline"
+                }
+            );
+            if x("avx512") && x("avx2") {
+                sets.push(AVX2);
+            }
         }
+        for k in sets {
+            check_against_baseline(k);
+        }
+    }
+
+    fn check_against_baseline(k: Kernels) {
         for dt in DataType::ALL {
             for op in ReduceOp::ALL.into_iter().filter(|o| o.supports(dt)) {
                 // Odd counts, and a start off the element's alignment (the blocked path).
