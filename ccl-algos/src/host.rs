@@ -225,11 +225,17 @@ fn part(len: usize, parts: usize, j: usize) -> (usize, usize) {
     (j * q + j.min(r), q + usize::from(j < r))
 }
 
-/// Allreduce: small buffers one-shot (every rank reduces all of it, in rank order, so every rank
-/// computes the same bits), large ones two-shot (rank `j` reduces part `j` of the buffer into its
-/// output and publishes it in its slot, then everyone copies the other parts out).
+/// Allreduce: one-shot (every rank reduces all of it, in rank order, so every rank computes the
+/// same bits) or two-shot (rank `j` reduces part `j` of the buffer into its output and publishes
+/// it in its slot, then everyone copies the other parts out), as [`Shape::one_shot`] says; by
+/// default small buffers one-shot and large ones two-shot.
 pub fn allreduce(shape: &Shape) -> Schedule {
-    allreduce_with(shape, ONE_SHOT_MAX)
+    let max = match shape.one_shot {
+        None => ONE_SHOT_MAX,
+        Some(true) => usize::MAX,
+        Some(false) => 0,
+    };
+    allreduce_with(shape, max)
 }
 
 /// [`allreduce`] with counts up to `one_shot_max` one-shot.

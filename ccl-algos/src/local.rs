@@ -358,6 +358,7 @@ mod tests {
             op: ReduceOp::Sum,
             root: 0,
             host_slot: 4096,
+            one_shot: None,
         }
     }
 

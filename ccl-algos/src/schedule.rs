@@ -492,6 +492,10 @@ pub struct Shape {
     /// Elements of each rank's slot in the memory the communicator's ranks share on one host
     /// (0: there is none); the `shm` algorithms need it.
     pub host_slot: usize,
+    /// Whether the `shm` allreduce runs one-shot or two-shot (`crate::host::allreduce`);
+    /// `None`: one-shot up to [`crate::host::ONE_SHOT_MAX`] elements. A communicator measures
+    /// which is faster on its host and says so here.
+    pub one_shot: Option<bool>,
 }
 
 impl Shape {
@@ -505,6 +509,7 @@ impl Shape {
             op,
             root: 0,
             host_slot: 0,
+            one_shot: None,
         }
     }
 }

@@ -156,6 +156,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "bytes of address space of each rank's shared arena, which Communicator::alloc takes registered buffers from on a host whose ranks share memory (sparse: only allocated buffers use memory; 0: private memory, no direct reads)",
     },
     Setting {
+        name: "CCL_SHM_ONE_SHOT",
+        default: "auto",
+        help: "bytes up to which the host-memory allreduce runs one-shot (one barrier, every rank reduces all of it) rather than two-shot; auto: each communicator measures both at each power-of-two size from 1K to 8M on its first calls there and its ranks agree on the faster",
+    },
+    Setting {
         name: "CCL_SHM_SPIN_US",
         default: "1000",
         help: "microseconds more than CCL_SPIN_US that a rank waiting on shared memory polls before it sleeps: busy-polling when the host's ranks have a CPU each, yielding the CPU between polls when they outnumber the CPUs (0-10000000)",
@@ -434,6 +439,8 @@ pub struct Config {
     pub shm_arena_bytes: usize,
     /// `CCL_SHM_SPIN_US`
     pub shm_spin: Duration,
+    /// `CCL_SHM_ONE_SHOT`: `None` for `auto` (measured), else one-shot up to these many bytes.
+    pub shm_one_shot: Option<usize>,
     /// `CCL_ALGO`
     pub algo: Option<String>,
     /// `CCL_TOPO_FILE`
@@ -633,6 +640,10 @@ impl Config {
                 0,
                 10_000_000,
             )?),
+            shm_one_shot: match req("CCL_SHM_ONE_SHOT").trim() {
+                v if v.eq_ignore_ascii_case("auto") => None,
+                v => Some(parse_size("CCL_SHM_ONE_SHOT", v, 0)?),
+            },
             algo: get("CCL_ALGO"),
             topo_file: get("CCL_TOPO_FILE"),
             topology: None,

@@ -682,6 +682,9 @@ impl Half for bf16 {
         bf16::from_bits(bits)
     }
 
+    // Inlined (as every loop here) so that a caller compiled for wider vector units
+    // (`ccl_shm::simd`) gets these loops compiled for them too.
+    #[inline(always)]
     fn arith_inplace<O: BinOp<f32>>(acc: &mut [Self], src: &[Self], order: Order) {
         let n = acc.len().min(src.len());
         let (acc, src) = (&mut acc[..n], &src[..n]);
@@ -692,19 +695,24 @@ impl Half for bf16 {
             as_words_mut(&mut acc[head..pairs]),
             as_words(&src[head..pairs]),
         );
+        // `for` loops, not `for_each`: its fold is not inlined into a caller compiled for wider
+        // vector units, and ran at the baseline's rate (6 against 24 GB/s with AVX-512).
         match order {
-            Order::AccFirst => aw
-                .iter_mut()
-                .zip(sw)
-                .for_each(|(a, &s)| *a = pair::<O>(*a, s)),
-            Order::SrcFirst => aw
-                .iter_mut()
-                .zip(sw)
-                .for_each(|(a, &s)| *a = pair::<O>(s, *a)),
+            Order::AccFirst => {
+                for (a, &s) in aw.iter_mut().zip(sw) {
+                    *a = pair::<O>(*a, s);
+                }
+            }
+            Order::SrcFirst => {
+                for (a, &s) in aw.iter_mut().zip(sw) {
+                    *a = pair::<O>(s, *a);
+                }
+            }
         }
         apply_inplace::<bf16, ViaF32<O>>(&mut acc[pairs..], &src[pairs..], order);
     }
 
+    #[inline(always)]
     fn arith_into<O: BinOp<f32>>(dst: &mut [Self], a: &[Self], b: &[Self]) {
         let n = dst.len().min(a.len()).min(b.len());
         let (dst, a, b) = (&mut dst[..n], &a[..n], &b[..n]);

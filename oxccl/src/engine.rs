@@ -20,6 +20,7 @@ use ccl_core::transport::TransportProperties;
 use ccl_core::{ccl_info, ccl_trace};
 use ccl_diag::recorder::Begin;
 
+use crate::crossover::{self, Crossover, Trial};
 use crate::registry::Registry;
 use crate::{DataType, Error, ErrorKind, ReduceOp, Result};
 
@@ -88,6 +89,8 @@ struct Inner {
     scratch: Vec<u64>,
     /// The last call that ran by a plan, ready to run again.
     prepared: Option<Box<Prepared>>,
+    /// One-shot or two-shot for the host-memory allreduce, by size.
+    crossover: Crossover,
 }
 
 /// A call whose schedule runs by a [`LocalPlan`] (a small operation in host memory), with all
@@ -141,7 +144,14 @@ impl Engine {
     /// The algorithm `coll` runs at `size_bytes` (the nccl-tests size): the one set by
     /// `CCL_ALGO` or `set_algorithm`, else the cost model's choice.
     pub(crate) fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
-        self.choose(coll, self.forced(coll), size_bytes)
+        let forced = self.forced(coll);
+        let measured = (coll == Collective::AllReduce && forced.is_none())
+            .then(|| self.lock().crossover.decided(size_bytes))
+            .flatten();
+        match measured {
+            Some(v) => v.algo,
+            None => self.choose(coll, forced, size_bytes),
+        }
     }
 
     /// Forces `algo` for `coll` (`None`: back to the cost model).
@@ -196,10 +206,13 @@ impl Engine {
             None => 0,
         };
         let has_shared = links.host.as_deref().is_some_and(|h| h.has_shared());
+        let peers_config_one_shot = peers.config().shm_one_shot;
+        let model = peers.cost_properties();
+        let candidates = allreduce_candidates(&peers, &model, host_slot);
         Engine {
             has_shared,
             registry,
-            model: peers.cost_properties(),
+            model,
             peers,
             overrides: Mutex::new(overrides),
             overrides_gen: AtomicU64::new(0),
@@ -212,6 +225,13 @@ impl Engine {
                 recent_next: 0,
                 scratch: Vec::new(),
                 prepared: None,
+                crossover: Crossover::new(
+                    match peers_config_one_shot {
+                        None => crossover::Setting::Measure,
+                        Some(b) => crossover::Setting::UpTo(b),
+                    },
+                    candidates,
+                ),
             }),
         }
     }
@@ -259,7 +279,7 @@ impl Engine {
         } = call;
         let (rank, n) = (self.rank(), self.size());
         let size_bytes = self.check(&call, send, recv)?;
-        let shape = Shape {
+        let mut shape = Shape {
             rank,
             size: n,
             count,
@@ -267,6 +287,7 @@ impl Engine {
             op,
             root,
             host_slot: self.host_slot / dtype.size(),
+            one_shot: None,
         };
         let forced = self.forced(coll);
         let mut g = self.lock();
@@ -275,6 +296,17 @@ impl Engine {
         let direct = self
             .direct_plan(&g, coll, forced, &shape, size_bytes, send, recv)
             .map(|sched| (Algo::Shm, Arc::new(sched), None));
+        // On one host, the allreduce measured fastest at this size (once measured).
+        let mut trial = None;
+        let mut forced = forced;
+        if direct.is_none() && coll == Collective::AllReduce && forced.is_none() && count >= n {
+            let c = g.crossover.choose(size_bytes);
+            match c.variant {
+                Some(v) => (forced, shape.one_shot) = (Some(v.algo), v.one_shot),
+                None => shape.one_shot = g.crossover.fixed_one_shot(size_bytes),
+            }
+            trial = c.trial;
+        }
         let (algo, sched, local) =
             match direct.or_else(|| g.recent(coll, forced, dtype.size(), &shape)) {
                 Some(hit) => hit,
@@ -286,8 +318,9 @@ impl Engine {
             root,
             count,
         };
-        // A direct schedule has no plan: it is built per call.
-        if let Some(plan) = &local {
+        // A direct schedule has no plan: it is built per call. A trial is not prepared, so that
+        // the next call of its size class comes back for its side.
+        if let Some(plan) = local.as_ref().filter(|_| trial.is_none()) {
             g.prepared = Some(Box::new(Prepared {
                 call,
                 in_place: send.is_none(),
@@ -300,6 +333,7 @@ impl Engine {
                 record: exec::op_record(&info, 0, dtype, op, sched.algo),
             }));
         }
+        let start = std::time::Instant::now();
         self.execute_locked(
             &mut g,
             Execution {
@@ -312,7 +346,60 @@ impl Engine {
                 info,
                 local: local.as_deref(),
             },
-        )
+        )?;
+        let Some(t) = trial else { return Ok(()) };
+        match g.crossover.record(t, start.elapsed()) {
+            Some(mine) => {
+                drop(g);
+                self.settle_crossover(t, mine)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// After the last trial of a size class, the ranks add up their times of each candidate
+    /// and all take the least. The small allreduce is below the measured sizes, so it runs as
+    /// usual; it belongs to the call whose trial ended the class.
+    fn settle_crossover(&self, t: Trial, mine: Vec<i64>) -> Result<()> {
+        let mut sums: Vec<u8> = mine.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let votes = Call {
+            coll: Collective::AllReduce,
+            count: mine.len(),
+            dtype: DataType::I64,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        let r = self.run(votes, None, &mut sums);
+        let totals: Vec<i64> = match r {
+            Ok(()) => sums
+                .chunks_exact(8)
+                .map(|b| i64::from_ne_bytes(b.try_into().expect("8 bytes")))
+                .collect(),
+            // The communicator failed; the class settles on the first candidate so that it is
+            // not tried again, and the caller gets the error.
+            Err(_) => Vec::new(),
+        };
+        let mut g = self.lock();
+        let won = g.crossover.decide(t, &totals);
+        if r.is_ok() && self.rank() == 0 {
+            let n = self.size() as i64;
+            let each: Vec<String> = g
+                .crossover
+                .candidates()
+                .iter()
+                .zip(&totals)
+                .map(|(v, ns)| format!("{v} {:.2} us", *ns as f64 / n as f64 / 1e3))
+                .collect();
+            ccl_info!(
+                Some(0),
+                "allreduce from {} bytes on this host: {won} (fastest of {} calls, mean over the \
+                 ranks: {})",
+                crossover::class_start(t),
+                crossover::TRIALS,
+                each.join(", ")
+            );
+        }
+        r
     }
 
     /// Checks `call`'s arguments against the collective's rules (the root against the world
@@ -658,4 +745,36 @@ impl Inner {
         self.plans.insert(key, s.clone());
         Ok(s)
     }
+}
+
+/// What an allreduce of a communicator of `peers` may run on one host, for [`Crossover`] to
+/// measure: the host-memory algorithm one-shot and two-shot, recursive doubling and the ring;
+/// none when the ranks span hosts (or there is one rank), where the cost model chooses.
+fn allreduce_candidates(
+    peers: &Peers,
+    model: &TransportProperties,
+    host_slot: usize,
+) -> Vec<crossover::Variant> {
+    let topo = peers.topology();
+    if peers.size() < 2 || topo.num_hosts() > 1 {
+        return Vec::new();
+    }
+    let mut v = Vec::new();
+    if host_slot > 0 && algo::available(Algo::Shm, model, topo) {
+        for one_shot in [true, false] {
+            v.push(crossover::Variant {
+                algo: Algo::Shm,
+                one_shot: Some(one_shot),
+            });
+        }
+    }
+    for a in [Algo::RecursiveDoubling, Algo::Ring] {
+        if algo::available(a, model, topo) {
+            v.push(crossover::Variant {
+                algo: a,
+                one_shot: None,
+            });
+        }
+    }
+    v
 }

@@ -83,6 +83,7 @@ pub use ccl_bootstrap::{UNIQUE_ID_BYTES, UniqueId};
 pub use ccl_core::config::Config;
 pub use ccl_core::{DataType, Element, Error, ErrorKind, ReduceOp, Result};
 
+mod crossover;
 mod engine;
 mod exec;
 mod group;
@@ -329,7 +330,8 @@ impl Communicator {
     /// The algorithm `coll` runs for a buffer of `size_bytes` (the whole buffer for allreduce,
     /// broadcast, reduce; the gathered result for allgather; the whole input for reduce-scatter
     /// and alltoall): the one forced by `CCL_ALGO` or [`set_algorithm`](Self::set_algorithm),
-    /// else the cost model's choice.
+    /// else, for an allreduce on one host at a size this communicator has measured
+    /// (`CCL_SHM_ONE_SHOT`), the fastest it found, else the cost model's choice.
     pub fn algorithm(&self, coll: Collective, size_bytes: usize) -> Algo {
         self.engine.algorithm(coll, size_bytes)
     }

@@ -263,6 +263,7 @@ impl Run<'_, '_> {
             c => c,
         };
         let (dtype, op, elem, world) = (self.dtype, self.op, self.elem, self.comm.size());
+        let kernels = self.kernels;
         let done = self.st.done[id];
         let registered = self.registered;
         let reg = registered.region(dst.buf, self.comm.peer_transport(peer));
@@ -299,13 +300,11 @@ impl Run<'_, '_> {
                     let out = &mut d[off..off + k];
                     let incoming = &incoming[..k];
                     match w {
-                        None => {
-                            reduce::reduce_inplace(dtype, op, out, incoming, order(incoming_first))
-                        }
+                        None => (kernels.inplace)(dtype, op, out, incoming, order(incoming_first)),
                         Some(w) if incoming_first => {
-                            reduce::reduce_into(dtype, op, out, incoming, &w[off..off + k])
+                            (kernels.into)(dtype, op, out, incoming, &w[off..off + k])
                         }
-                        Some(w) => reduce::reduce_into(dtype, op, out, &w[off..off + k], incoming),
+                        Some(w) => (kernels.into)(dtype, op, out, &w[off..off + k], incoming),
                     }
                     if finish_avg {
                         reduce::finish_avg(dtype, out, world);

@@ -291,8 +291,9 @@ struct Run<'r, 'b> {
     elem: usize,
     /// The smallest piece a streamed send hands over while more is coming.
     chunk: usize,
-    /// The kernels of local reductions: the host memory's when there is one (they may use
-    /// vector units found at run time), the baseline's otherwise.
+    /// The kernels of reductions: the host memory's when there is one and the CPU's widest when
+    /// every rank is on this host (both may use vector units found at run time), the
+    /// baseline's otherwise.
     kernels: Kernels,
 }
 

@@ -312,7 +312,16 @@ impl<'r, 'b> Run<'r, 'b> {
         entry_us: u64,
     ) -> Run<'r, 'b> {
         let elem = job.dtype.size();
-        let kernels = host.as_deref().map_or(Kernels::BASELINE, |h| h.kernels());
+        // The widest kernels the CPU runs wherever every rank runs on this CPU: on one host,
+        // or reading host memory (whose elements one rank each computes). Ranks on other
+        // machines might run other sets, which agree on every bit but for which NaN payload a
+        // sum of two NaNs keeps, and an algorithm in which two ranks compute the same element
+        // (recursive doubling) must give both the same bits.
+        let kernels = match host.as_deref() {
+            Some(h) => h.kernels(),
+            None if comm.topology().num_hosts() == 1 => ccl_shm::simd::kernels(),
+            None => Kernels::BASELINE,
+        };
         Run {
             comm,
             links,

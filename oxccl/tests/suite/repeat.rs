@@ -171,3 +171,44 @@ fn a_mismatch_after_repeated_calls_fails_on_every_rank() {
         );
     }
 }
+
+#[test]
+fn a_measured_allreduce_choice_is_right_throughout_and_the_same_on_every_rank() {
+    // Counts in three measured size classes (1.2 KiB, 20 KiB, 280 KiB of f32): each class's
+    // first calls go round the candidates, then every rank takes the one the ranks' summed
+    // times pick. A rank that chose differently from another would get a wrong sum or stall.
+    let trials = 4 * 9;
+    for n in [2, 3] {
+        let out = run_ranks(n, cfg(), move |comm| {
+            let r = comm.rank();
+            let mut seen = Vec::new();
+            for count in [300usize, 5000, 70000] {
+                let send = input(r, count);
+                let mut algos = std::collections::BTreeSet::new();
+                for k in 0..trials + 4 {
+                    let mut recv = vec![0f32; count];
+                    comm.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+                    assert_eq!(
+                        recv,
+                        expected(n, count, ReduceOp::Sum),
+                        "count {count} call {k}"
+                    );
+                    let a = last_algo(&comm);
+                    seen.push(a.clone());
+                    if k < trials {
+                        algos.insert(a);
+                    }
+                }
+                assert!(algos.len() >= 2, "the trials ran {algos:?}");
+                seen.push(format!(
+                    "{}",
+                    comm.algorithm(Collective::AllReduce, count * 4)
+                ));
+            }
+            seen
+        });
+        for (r, o) in out.iter().enumerate() {
+            assert_eq!(o, &out[0], "rank {r} of {n} chose differently from rank 0");
+        }
+    }
+}
