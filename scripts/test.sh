@@ -4,7 +4,8 @@
 # machine (shared memory within, TCP across), then the Python package, the torch.distributed
 # backend, DDP under torchrun and a named subset of PyTorch's own distributed tests
 # (python/tests/test_torch_conformance.py; the whole class is scripts/torch-conformance.sh),
-# two training frameworks against Gloo (scripts/frameworks.sh --quick lightning torchft),
+# two training frameworks against Gloo (scripts/frameworks.sh --quick lightning torchft), small
+# cases of the CPU-inference benchmarks (scripts/tp-decode.sh --quick, a bf16 compare.sh run),
 # then the verbs transport on real SoftRoCE in a VM (one boot, then two VMs linked); installing
 # what they need first. Release mode: the tests move hundreds of megabytes.
 #
@@ -64,6 +65,11 @@ else
 fi
 echo "== training frameworks on oxccl against Gloo: the cheapest two (scripts/frameworks.sh runs all six)"
 CCL_VENV="$venv" scripts/frameworks.sh --quick lightning torchft
+echo "== CPU inference: tensor-parallel decoding through torch (tokens equal to Gloo's), a small model"
+CCL_VENV="$venv" scripts/tp-decode.sh --quick
+echo "== bf16 allreduce beside Open MPI (a user-defined bf16 sum there), small sizes, results checked"
+ROUNDS=1 MAX=65536 ITERS=5 ITERS_SMALL=200 WARM_SMALL=20 QUIET_WAIT=0 DTYPE=bf16 \
+  scripts/compare.sh shm 2
 }
 
 if [ "${CCL_SKIP_PYTHON:-0}" = 1 ]; then

@@ -201,6 +201,13 @@ impl Bench for Coll {
         }
     }
 
+    fn measuring(&self, comm: &Communicator, count: usize, dtype: DataType) -> bool {
+        match self.op {
+            Op::Coll(c) => comm.measuring(c, count, dtype),
+            Op::SendRecv => false,
+        }
+    }
+
     fn bus_factor(&self, n: usize) -> f64 {
         let n = n as f64;
         match self.op {

@@ -28,7 +28,9 @@ const CLASSES: usize = (HI - LO + 1) as usize;
 
 /// Timed calls of each candidate per class, after one untimed call of each (which builds and
 /// compiles its schedule). The fastest of eight stands against a loaded machine's preemptions;
-/// a class's trials cost 36 calls once per communicator (under 40 ms at 8 MiB on 2 ranks).
+/// a class's trials cost 36 calls once per communicator (under 40 ms at 8 MiB on 2 ranks). A
+/// benchmark counts them as warm-up (`Communicator::measuring`): they run slower algorithms on
+/// purpose.
 pub(crate) const TRIALS: u32 = 8;
 
 /// At most this many candidates.
@@ -138,6 +140,11 @@ impl Crossover {
                 }
             }
         }
+    }
+
+    /// Whether calls of `bytes` are still trials.
+    pub(crate) fn measuring(&self, bytes: usize) -> bool {
+        self.choose(bytes).trial.is_some()
     }
 
     /// What allreduces of `bytes` run, once measured.

@@ -154,6 +154,15 @@ impl Engine {
         }
     }
 
+    /// Whether an allreduce of `count` elements of `elem` bytes would be one of its size class's
+    /// trials ([`Crossover`]). The same on every rank after the same calls.
+    pub(crate) fn measuring(&self, coll: Collective, count: usize, elem: usize) -> bool {
+        coll == Collective::AllReduce
+            && self.forced(coll).is_none()
+            && count >= self.size()
+            && self.lock().crossover.measuring(count * elem)
+    }
+
     /// Forces `algo` for `coll` (`None`: back to the cost model).
     pub(crate) fn set_override(
         &self,

@@ -336,6 +336,15 @@ impl Communicator {
         self.engine.algorithm(coll, size_bytes)
     }
 
+    /// Whether the next `coll` of `count` elements of `dtype` would still be one of the calls
+    /// in which this communicator measures which algorithm is fastest at that size
+    /// (`CCL_SHM_ONE_SHOT=auto`: an allreduce on one host tries each candidate a few times per
+    /// power-of-two size class before it settles). Every rank gives the same answer after the
+    /// same calls, so a benchmark can warm up until it is `false` without deadlocking.
+    pub fn measuring(&self, coll: Collective, count: usize, dtype: DataType) -> bool {
+        self.engine.measuring(coll, count, dtype.size())
+    }
+
     /// The error the communicator failed with, if it has (NCCL's `ncclCommGetAsyncError`).
     pub fn error(&self) -> Option<Error> {
         self.engine.peers.error()
