@@ -9,8 +9,8 @@
 //! model's constants cannot know, and a table measured on one machine fits no other. So a
 //! communicator of one host finds out, per power-of-two size class of the band where the
 //! candidates trade places: the first calls of a class go round the candidates (every rank the
-//! same way, since every rank makes the same calls), each rank keeps its fastest time of each,
-//! and after [`TRIALS`] timed calls of each the ranks add up their times in one small
+//! same way, since every rank makes the same calls), each rank takes its median time of each
+//! after [`TRIALS`] timed calls of each, and the ranks add up those medians in one small
 //! allreduce, so all of them take the same one: the least total. Outside the band, the cost
 //! model chooses as before.
 //!
@@ -27,7 +27,10 @@ const HI: u32 = 23;
 const CLASSES: usize = (HI - LO + 1) as usize;
 
 /// Timed calls of each candidate per class, after one untimed call of each (which builds and
-/// compiles its schedule). The fastest of eight stands against a loaded machine's preemptions;
+/// compiles its schedule). The median of eight: a preempted call or a lucky one does not decide
+/// (with more ranks than cores the fastest call of a candidate said little of its typical one:
+/// 4 ranks on 2 cores, 512 KiB, the fastest one-shot call took 109 us where its calls averaged
+/// 171);
 /// a class's trials cost 36 calls once per communicator (under 40 ms at 8 MiB on 2 ranks). A
 /// benchmark counts them as warm-up (`Communicator::measuring`): they run slower algorithms on
 /// purpose.
@@ -65,10 +68,10 @@ impl std::fmt::Display for Variant {
 
 #[derive(Clone, Copy, Debug)]
 enum Class {
-    /// `calls` made so far; `best[i]` candidate i's fastest timed call, in ns.
+    /// `calls` made so far; `took[i]` candidate i's timed calls, in ns.
     Trying {
         calls: u32,
-        best: [u64; MAX_CANDIDATES],
+        took: [[u64; TRIALS as usize]; MAX_CANDIDATES],
     },
     Decided(usize),
 }
@@ -108,7 +111,7 @@ impl Crossover {
             candidates,
             classes: [Class::Trying {
                 calls: 0,
-                best: [u64::MAX; MAX_CANDIDATES],
+                took: [[u64::MAX; TRIALS as usize]; MAX_CANDIDATES],
             }; CLASSES],
         }
     }
@@ -168,22 +171,27 @@ impl Crossover {
     }
 
     /// Counts trial `t`, which took `took`. After the last trial of its class, returns this
-    /// rank's fastest time of each candidate (ns, bounded so that any number of ranks can add
+    /// rank's median time of each candidate (ns, bounded so that any number of ranks can add
     /// them up), which the ranks sum and hand to [`decide`](Self::decide).
     pub(crate) fn record(&mut self, t: Trial, took: Duration) -> Option<Vec<i64>> {
         let k = self.candidates.len() as u32;
-        let Class::Trying { calls, best } = &mut self.classes[t.class] else {
+        let Class::Trying { calls, took: times } = &mut self.classes[t.class] else {
             return None;
         };
         if t.timed {
-            let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-            best[t.candidate] = best[t.candidate].min(ns);
+            // Timed calls of a candidate: the class's calls after the first round, one in k.
+            let i = ((*calls - k) / k) as usize;
+            times[t.candidate][i] = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         }
         *calls += 1;
         (*calls == k * (1 + TRIALS)).then(|| {
-            best[..k as usize]
+            times[..k as usize]
                 .iter()
-                .map(|&b| b.min(1 << 40) as i64)
+                .map(|c| {
+                    let mut c = *c;
+                    c.sort_unstable();
+                    c[c.len() / 2].min(1 << 40) as i64
+                })
                 .collect()
         })
     }
@@ -249,8 +257,13 @@ mod tests {
             assert_eq!(ch.variant, Some(three()[t.candidate]));
             assert_eq!(t.timed, k >= 3);
             seen[t.candidate] += 1;
-            // Two-shot fastest here, but once preempted (the minimum ignores it).
-            let ns = [900, 800, 1000][t.candidate] + if k == 4 { 5000 } else { 0 };
+            // Two-shot fastest here, but once preempted, and the ring once lucky: the medians
+            // ignore both.
+            let ns = match k {
+                4 => 5800,
+                5 => 100,
+                _ => [900, 800, 1000][t.candidate],
+            };
             mine = c.record(t, Duration::from_nanos(ns));
             assert_eq!(mine.is_some(), k == calls - 1);
         }

@@ -401,7 +401,7 @@ impl Engine {
                 .collect();
             ccl_info!(
                 Some(0),
-                "allreduce from {} bytes on this host: {won} (fastest of {} calls, mean over the \
+                "allreduce from {} bytes on this host: {won} (median of {} calls, mean over the \
                  ranks: {})",
                 crossover::class_start(t),
                 crossover::TRIALS,
