@@ -30,7 +30,9 @@ Modes of tensor parallelism (TP > 1):
   deepspeed.comm.inference_all_reduce (its shared-memory op; the process group under it is
   Gloo, used only for set-up and the final exchange of timings).
 
-Embedding, final norm and lm head are replicated on every rank. TP=1 is the plain model in one
+Embedding and final norm are replicated on every rank; the lm head is split by vocabulary
+(each rank's block of logits, then gathered: ColwiseParallel with replicated output in the
+DTensor mode, an all-reduce of the blocks over zeros in the manual one). TP=1 is the plain model in one
 process with --threads threads, no process group. TP ranks are bound to disjoint cores
 (--threads cores each) when the machine has enough of them.
 
@@ -210,6 +212,7 @@ PLAN_ROW = ("attn.o_proj", "mlp.down_proj")
 def shard_dtensor(model, tp):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -223,6 +226,10 @@ def shard_dtensor(model, tp):
     for i in range(len(model.layers)):
         plan.update({f"layers.{i}.{n}": ColwiseParallel() for n in PLAN_COL})
         plan.update({f"layers.{i}.{n}": RowwiseParallel() for n in PLAN_ROW})
+    # The vocabulary split too, as tensor-parallel inference does (a replicated head is about a
+    # tenth of the default model's work done twice): each rank computes its block of the
+    # logits, gathered for the argmax.
+    plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
     parallelize_module(model, mesh, plan)
 
 
@@ -241,6 +248,29 @@ def shard_manual(model, rank, tp, reduce):
             lin.weight = nn.Parameter(w, requires_grad=False)
         layer.attn.reduce = reduce
         layer.mlp.reduce = reduce
+    # The vocabulary split as in the DTensor mode; the blocks of logits come together through
+    # the same all-reduce (each rank's block in place, zeros elsewhere: x + 0 is x), so that
+    # every backend, DeepSpeed's too, gathers with its own call.
+    head = model.lm_head
+    vocab = head.weight.shape[0]
+    blocks = head.weight.detach().chunk(tp, dim=0)
+    lo = sum(b.shape[0] for b in blocks[:rank])
+    local = nn.Linear(head.weight.shape[1], blocks[rank].shape[0], bias=False)
+    local.weight = nn.Parameter(blocks[rank].contiguous(), requires_grad=False)
+
+    class VocabParallel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.local = local
+
+        def forward(self, x):
+            part = self.local(x)
+            out = part.new_zeros(*part.shape[:-1], vocab)
+            out[..., lo : lo + part.shape[-1]] = part
+            reduce(out)
+            return out
+
+    model.lm_head = VocabParallel()
 
 
 # ---- one rank ---------------------------------------------------------------------------
