@@ -37,68 +37,47 @@ pub fn kernels() -> Kernels {
     Kernels::BASELINE
 }
 
-#[cfg(target_arch = "x86_64")]
-const AVX512: Kernels = Kernels {
-    into: into_avx512,
-    inplace: inplace_avx512,
-    name: "avx512",
-};
-
-#[cfg(target_arch = "x86_64")]
-fn into_avx512(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    // SAFETY: `AVX512` is handed out only by `kernels`, after the CPU said it has AVX-512 F, BW
-    // and VL.
-    unsafe { into_avx512_body(dtype, op, dst, a, b) }
+/// A kernel set: `reduce`'s loops inlined into functions compiled with `$features`, named `$name`.
+/// `kernels` hands a set out only after the CPU said it has every one of its features, which is
+/// what makes calling them sound.
+macro_rules! kernel_set {
+    ($set:ident, $name:literal, $features:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        const $set: Kernels = {
+            fn into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+                // SAFETY: the set is handed out only by `kernels`, after the CPU said it has
+                // every feature the body is compiled for.
+                unsafe { into_body(dtype, op, dst, a, b) }
+            }
+            fn inplace(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
+                // SAFETY: as in `into`.
+                unsafe { inplace_body(dtype, op, acc, src, order) }
+            }
+            #[target_feature(enable = $features)]
+            fn into_body(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
+                reduce::reduce_into_inline(dtype, op, dst, a, b);
+            }
+            #[target_feature(enable = $features)]
+            fn inplace_body(
+                dtype: DataType,
+                op: ReduceOp,
+                acc: &mut [u8],
+                src: &[u8],
+                order: Order,
+            ) {
+                reduce::reduce_inplace_inline(dtype, op, acc, src, order);
+            }
+            Kernels {
+                into,
+                inplace,
+                name: $name,
+            }
+        };
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-fn inplace_avx512(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
-    // SAFETY: as in `into_avx512`.
-    unsafe { inplace_avx512_body(dtype, op, acc, src, order) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn into_avx512_body(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    reduce::reduce_into_inline(dtype, op, dst, a, b);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-fn inplace_avx512_body(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
-    reduce::reduce_inplace_inline(dtype, op, acc, src, order);
-}
-
-#[cfg(target_arch = "x86_64")]
-const AVX2: Kernels = Kernels {
-    into: into_avx2,
-    inplace: inplace_avx2,
-    name: "avx2",
-};
-
-#[cfg(target_arch = "x86_64")]
-fn into_avx2(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    // SAFETY: `AVX2` is handed out only by `kernels`, after the CPU said it has AVX2.
-    unsafe { into_avx2_body(dtype, op, dst, a, b) }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn inplace_avx2(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
-    // SAFETY: as in `into_avx2`.
-    unsafe { inplace_avx2_body(dtype, op, acc, src, order) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn into_avx2_body(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    reduce::reduce_into_inline(dtype, op, dst, a, b);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn inplace_avx2_body(dtype: DataType, op: ReduceOp, acc: &mut [u8], src: &[u8], order: Order) {
-    reduce::reduce_inplace_inline(dtype, op, acc, src, order);
-}
+kernel_set!(AVX512, "avx512", "avx512f,avx512bw,avx512vl");
+kernel_set!(AVX2, "avx2", "avx2");
 
 #[cfg(test)]
 mod tests {

@@ -366,21 +366,21 @@ impl Engine {
         }
     }
 
-    /// After the last trial of a size class, the ranks add up their times of each candidate
-    /// and all take the least. The small allreduce is below the measured sizes, so it runs as
-    /// usual; it belongs to the call whose trial ended the class.
+    /// After the last trial of a size class, every call's least time over the ranks (one small
+    /// allreduce, minimum) decides, the same on every rank. The small allreduce is below the
+    /// measured sizes, so it runs as usual; it belongs to the call whose trial ended the class.
     fn settle_crossover(&self, t: Trial, mine: Vec<i64>) -> Result<()> {
-        let mut sums: Vec<u8> = mine.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let mut least: Vec<u8> = mine.iter().flat_map(|v| v.to_ne_bytes()).collect();
         let votes = Call {
             coll: Collective::AllReduce,
             count: mine.len(),
             dtype: DataType::I64,
-            op: ReduceOp::Sum,
+            op: ReduceOp::Min,
             root: 0,
         };
-        let r = self.run(votes, None, &mut sums);
-        let totals: Vec<i64> = match r {
-            Ok(()) => sums
+        let r = self.run(votes, None, &mut least);
+        let least: Vec<i64> = match r {
+            Ok(()) => least
                 .chunks_exact(8)
                 .map(|b| i64::from_ne_bytes(b.try_into().expect("8 bytes")))
                 .collect(),
@@ -389,20 +389,19 @@ impl Engine {
             Err(_) => Vec::new(),
         };
         let mut g = self.lock();
-        let won = g.crossover.decide(t, &totals);
+        let (won, medians) = g.crossover.decide(t, &least);
         if r.is_ok() && self.rank() == 0 {
-            let n = self.size() as i64;
             let each: Vec<String> = g
                 .crossover
                 .candidates()
                 .iter()
-                .zip(&totals)
-                .map(|(v, ns)| format!("{v} {:.2} us", *ns as f64 / n as f64 / 1e3))
+                .zip(&medians)
+                .map(|(v, ns)| format!("{v} {:.2} us", *ns as f64 / 1e3))
                 .collect();
             ccl_info!(
                 Some(0),
-                "allreduce from {} bytes on this host: {won} (median of {} calls, mean over the \
-                 ranks: {})",
+                "allreduce from {} bytes on this host: {won} (median over {} calls of the least \
+                 time over the ranks: {})",
                 crossover::class_start(t),
                 crossover::TRIALS,
                 each.join(", ")

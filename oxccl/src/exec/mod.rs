@@ -239,7 +239,10 @@ pub(crate) fn run(
     let record = op_record(&job.info, job.seq, job.dtype, job.op, sched.algo);
     let entry_us = begin_op(comm, record, sched, elem);
     // Connections on demand: the first operation over a pair makes it.
+    // A connection that fails (its peer died, say) fails the operation like any other error
+    // of it: named, and with the job monitor's verdict on the cause.
     if let Err(e) = comm.ensure_connected(links, sched.peers.iter().map(|p| p.peer)) {
+        let e = fail_op(comm, &job.info, job.seq, sched, e);
         abandon_op(comm, &e);
         return Err(e);
     }
