@@ -29,15 +29,8 @@ out=${OUT:-target/torch-bench/$(date +%Y%m%d-%H%M%S).jsonl}
 mkdir -p "$(dirname "$out")"
 echo "results in $out"
 
-quiet() {
-  local limit=${QUIET:-0.5} waited=0
-  while [ "$waited" -lt 120 ]; do
-    awk -v l="$limit" -v n="$(nproc)" '{ exit !($1 / n < l) }' /proc/loadavg && return 0
-    sleep 5
-    waited=$((waited + 5))
-  done
-  echo "   (machine still busy after 120 s: $(cut -d' ' -f1 /proc/loadavg) load; measuring anyway)"
-}
+. scripts/load-wait.sh
+quiet() { wait_for_load "${QUIET:-0.5}"; }
 
 for round in $(seq 1 "${ROUNDS:-3}"); do
   # The order of the backends turns by one from round to round.

@@ -123,16 +123,8 @@ else
 fi
 export GLOO_SOCKET_IFNAME=lo CCL_SOCKET_IFNAME="=lo" PYTHONUNBUFFERED=1
 
-quiet() {
-  [ "$quiet_limit" = off ] && return 0
-  local waited=0
-  while [ "$waited" -lt 120 ]; do
-    awk -v l="$quiet_limit" -v n="$(nproc)" '{ exit !($1 / n < l) }' /proc/loadavg && return 0
-    sleep 5
-    waited=$((waited + 5))
-  done
-  echo "   (machine still busy after 120 s: load $(cut -d' ' -f1 /proc/loadavg); measuring anyway)"
-}
+. scripts/load-wait.sh
+quiet() { wait_for_load "$quiet_limit"; }
 
 failed=()
 for round in $(seq 1 "$rounds"); do
