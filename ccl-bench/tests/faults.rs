@@ -16,20 +16,8 @@ fn free_port() -> u16 {
 }
 
 /// One rank process of an `n`-rank job meeting at `port` (rank 0 hosts the rendezvous),
-/// running `iters` allreduces of `size` over TCP with `CCL_TIMEOUT=timeout_s` and `env` on top.
-fn rank_with(
-    r: usize,
-    n: usize,
-    port: u16,
-    timeout_s: u32,
-    size: &str,
-    iters: &str,
-    env: &[(&str, &std::path::Path)],
-) -> Child {
-    rank_over("tcp", r, n, port, timeout_s, size, iters, env)
-}
-
-/// [`rank_with`] over `transport`.
+/// running `iters` allreduces of `size` over `transport` with `CCL_TIMEOUT=timeout_s` and `env`
+/// on top.
 #[allow(clippy::too_many_arguments)]
 fn rank_over(
     transport: &str,
@@ -41,6 +29,24 @@ fn rank_over(
     iters: &str,
     env: &[(&str, &std::path::Path)],
 ) -> Child {
+    command(transport, r, n, port, timeout_s, size, iters, env)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The command of [`rank_over`], its stderr piped, not yet started.
+#[allow(clippy::too_many_arguments)]
+fn command(
+    transport: &str,
+    r: usize,
+    n: usize,
+    port: u16,
+    timeout_s: u32,
+    size: &str,
+    iters: &str,
+    env: &[(&str, &std::path::Path)],
+) -> Command {
     let mut c = Command::new(BIN);
     for (k, _) in std::env::vars() {
         if k.starts_with("CCL_") {
@@ -61,10 +67,8 @@ fn rank_over(
     for (k, v) in env {
         c.env(k, v);
     }
-    c.stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    c.stderr(Stdio::piped());
+    c
 }
 
 /// One rank of the kill test: large allreduces (`ccl-bench --registered` when `registered`:
@@ -197,10 +201,33 @@ fn a_stopped_rank_is_named_by_the_trace_analysis() {
     let dir = std::env::temp_dir().join(format!("ccl-trace-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let port = free_port();
+    let env = [("CCL_TRACE_DIR", dir.as_path())];
     let mut kids: Vec<Child> = (0..n)
-        .map(|r| rank_with(r, n, port, 3, "4M", "100000", &[("CCL_TRACE_DIR", &dir)]))
+        .map(|r| {
+            let mut c = command("tcp", r, n, port, 3, "4M", "100000", &env);
+            c.stdout(if r == 0 {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
+            c.spawn().unwrap()
+        })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Rank 0 prints its header once the communicator exists, every rank's included: from then
+    // on each rank records operations, whatever the machine's load made set-up take (a fixed
+    // sleep stopped the victim before set-up on a loaded machine, and no rank wrote a dump).
+    let out0 = kids[0].stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out0).lines().map_while(Result::ok) {
+            if line.starts_with("# ccl-bench") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("rank 0 did not start its benchmark within 60 s");
     let pid = nix::unistd::Pid::from_raw(kids[victim].id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let t0 = Instant::now();
