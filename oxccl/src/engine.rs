@@ -305,17 +305,11 @@ impl Engine {
         let direct = self
             .direct_plan(&g, coll, forced, &shape, size_bytes, send, recv)
             .map(|sched| (Algo::Shm, Arc::new(sched), None));
-        // On one host, the allreduce measured fastest at this size (once measured).
-        let mut trial = None;
-        let mut forced = forced;
-        if direct.is_none() && coll == Collective::AllReduce && forced.is_none() && count >= n {
-            let c = g.crossover.choose(size_bytes);
-            match c.variant {
-                Some(v) => (forced, shape.one_shot) = (Some(v.algo), v.one_shot),
-                None => shape.one_shot = g.crossover.fixed_one_shot(size_bytes),
-            }
-            trial = c.trial;
-        }
+        let (forced, trial) = if direct.is_none() {
+            measured_choice(&g.crossover, coll, forced, size_bytes, &mut shape)
+        } else {
+            (forced, None)
+        };
         let (algo, sched, local) =
             match direct.or_else(|| g.recent(coll, forced, dtype.size(), &shape)) {
                 Some(hit) => hit,
@@ -752,6 +746,32 @@ impl Inner {
         );
         self.plans.insert(key, s.clone());
         Ok(s)
+    }
+}
+
+/// On one host, the allreduce measured fastest at this size (once measured; a trial before):
+/// the algorithm to force and `shape`'s one-shot flag set, and the trial the call is, if any.
+/// Anything else keeps `forced`.
+fn measured_choice(
+    crossover: &Crossover,
+    coll: Collective,
+    forced: Option<Algo>,
+    size_bytes: usize,
+    shape: &mut Shape,
+) -> (Option<Algo>, Option<Trial>) {
+    if coll != Collective::AllReduce || forced.is_some() || shape.count < shape.size {
+        return (forced, None);
+    }
+    let c = crossover.choose(size_bytes);
+    match c.variant {
+        Some(v) => {
+            shape.one_shot = v.one_shot;
+            (Some(v.algo), c.trial)
+        }
+        None => {
+            shape.one_shot = crossover.fixed_one_shot(size_bytes);
+            (None, c.trial)
+        }
     }
 }
 
