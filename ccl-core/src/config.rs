@@ -131,6 +131,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "most bytes a communicator may hold registered (alloc and register) at once; 0 = no limit",
     },
     Setting {
+        name: "CCL_PLANE_TIMEOUT_MS",
+        default: "500",
+        help: "with several TCP planes (CCL_SOCKET_IFNAME matching several interfaces): milliseconds a plane's bytes may go unread while another plane to the same peer answers, before the plane is taken as down and its bytes go again on the others (50-600000)",
+    },
+    Setting {
         name: "CCL_SOCKET_BUFFER",
         default: "4194304",
         help: "SO_SNDBUF/SO_RCVBUF of TCP data connections in bytes (0 = kernel default)",
@@ -427,6 +432,8 @@ pub struct Config {
     pub chunk_size: usize,
     /// `CCL_SOCKET_BUFFER`
     pub socket_buffer: usize,
+    /// `CCL_PLANE_TIMEOUT_MS`
+    pub plane_timeout: Duration,
     /// `CCL_REG_MAX_BYTES` (0 = no limit)
     pub reg_max_bytes: usize,
     /// `CCL_SHM_DISABLE`
@@ -629,6 +636,12 @@ impl Config {
             spin: Duration::from_micros(parse_num("CCL_SPIN_US", &req("CCL_SPIN_US"))?),
             chunk_size: parse_size("CCL_CHUNK_SIZE", &req("CCL_CHUNK_SIZE"), 1)?,
             socket_buffer: parse_size("CCL_SOCKET_BUFFER", &req("CCL_SOCKET_BUFFER"), 0)?,
+            plane_timeout: Duration::from_millis(parse_in(
+                "CCL_PLANE_TIMEOUT_MS",
+                &req("CCL_PLANE_TIMEOUT_MS"),
+                50,
+                600_000,
+            )?),
             reg_max_bytes: parse_size("CCL_REG_MAX_BYTES", &req("CCL_REG_MAX_BYTES"), 0)?,
             shm_disable: parse_bool("CCL_SHM_DISABLE", &req("CCL_SHM_DISABLE"))?,
             shm_ring_size: parse_ring_size(&req("CCL_SHM_RING_SIZE"))?,

@@ -198,6 +198,30 @@ pub fn ifname_matches(spec: &str, name: &str) -> bool {
 /// With `spec` (`CCL_SOCKET_IFNAME`) the first matching interface that is up; without it the first
 /// up, non-loopback IPv4 interface (skipping container bridges, as NCCL does), else loopback.
 pub fn pick_local_ip(spec: Option<&str>) -> Result<IpAddr> {
+    pick_from(spec, &up_addresses()?)
+}
+
+/// The planes `spec` (`CCL_SOCKET_IFNAME`) names: every up interface that matches, with one
+/// address each (its first IPv4 one, else IPv6), ordered by interface name so that the hosts of
+/// a job pair their planes alike (`eth0` with `eth0`). Empty when nothing matches.
+pub fn plane_ips(spec: &str) -> Result<Vec<(String, IpAddr)>> {
+    let mut planes: Vec<(String, IpAddr)> = Vec::new();
+    for (name, ip, _) in up_addresses()? {
+        if !ifname_matches(spec, &name) {
+            continue;
+        }
+        match planes.iter_mut().find(|(n, _)| *n == name) {
+            Some(p) if p.1.is_ipv6() && ip.is_ipv4() => p.1 = ip,
+            Some(_) => {}
+            None => planes.push((name, ip)),
+        }
+    }
+    planes.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(planes)
+}
+
+/// Every address of every up interface: (interface, address, is loopback).
+fn up_addresses() -> Result<Vec<(String, IpAddr, bool)>> {
     let addrs = nix::ifaddrs::getifaddrs()
         .map_err(|e| Error::io(ErrorKind::System, "listing network interfaces", e.into()))?;
     let mut candidates: Vec<(String, IpAddr, bool)> = Vec::new();
@@ -220,7 +244,7 @@ pub fn pick_local_ip(spec: Option<&str>) -> Result<IpAddr> {
             candidates.push((ifa.interface_name, ip, ip.is_loopback()));
         }
     }
-    pick_from(spec, &candidates)
+    Ok(candidates)
 }
 
 fn pick_from(spec: Option<&str>, candidates: &[(String, IpAddr, bool)]) -> Result<IpAddr> {

@@ -637,7 +637,7 @@ fn transports(
     rank: usize,
     shm: &ccl_shm::ShmTransport,
 ) -> Result<Vec<Arc<dyn Transport>>> {
-    let tcp: Arc<dyn Transport> = Arc::new(TcpTransport::new());
+    let tcp: Arc<dyn Transport> = Arc::new(TcpTransport::with_planes());
     let shm: Arc<dyn Transport> = Arc::new(shm.clone());
     Ok(match config.transport {
         TransportKind::Tcp => vec![tcp],

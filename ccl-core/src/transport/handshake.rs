@@ -135,22 +135,36 @@ impl<S: Read + AsFd> Acceptor<S> {
         mut accept_one: impl FnMut() -> io::Result<Option<(S, String)>>,
         deadline: Instant,
     ) -> Result<(usize, S, String)> {
+        self.accept_any(ctx, &[listener], |_| accept_one(), deadline)
+    }
+
+    /// [`accept`](Acceptor::accept) on several listeners: `accept_one(i)` takes a connection
+    /// from `listeners[i]`'s backlog.
+    pub fn accept_any(
+        &mut self,
+        ctx: &ConnectContext,
+        listeners: &[BorrowedFd<'_>],
+        mut accept_one: impl FnMut(usize) -> io::Result<Option<(S, String)>>,
+        deadline: Instant,
+    ) -> Result<(usize, S, String)> {
         let rank = ctx.rank;
         loop {
-            loop {
-                match accept_one() {
-                    Ok(Some((stream, from))) => self.pending.push(Pending {
-                        stream,
-                        from,
-                        buf: [0; HELLO_LEN],
-                        got: 0,
-                        since: Instant::now(),
-                    }),
-                    Ok(None) => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        let m = format!("{}: accept", self.what);
-                        return Err(Error::io(ErrorKind::System, m, e).rank(rank));
+            for l in 0..listeners.len() {
+                loop {
+                    match accept_one(l) {
+                        Ok(Some((stream, from))) => self.pending.push(Pending {
+                            stream,
+                            from,
+                            buf: [0; HELLO_LEN],
+                            got: 0,
+                            since: Instant::now(),
+                        }),
+                        Ok(None) => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            let m = format!("{}: accept", self.what);
+                            return Err(Error::io(ErrorKind::System, m, e).rank(rank));
+                        }
                     }
                 }
             }
@@ -161,7 +175,10 @@ impl<S: Read + AsFd> Acceptor<S> {
                 format!("{}: waiting for peers to connect", self.what)
             })
             .map_err(|e| e.rank(rank))?;
-            let mut fds = vec![PollFd::new(listener, PollFlags::POLLIN)];
+            let mut fds: Vec<PollFd<'_>> = listeners
+                .iter()
+                .map(|l| PollFd::new(*l, PollFlags::POLLIN))
+                .collect();
             fds.extend(
                 self.pending
                     .iter()

@@ -28,6 +28,7 @@ const LOG_SUBSYS: crate::log::Subsys = crate::log::Subsys::Net;
 pub mod conformance;
 pub mod handshake;
 pub mod local;
+pub mod planes;
 pub mod program;
 pub mod tcp;
 

@@ -1,4 +1,6 @@
-//! TCP transport: one socket per peer, non-blocking, zero-copy to and from user buffers.
+//! TCP transport: one socket per peer, non-blocking, zero-copy to and from user buffers; or,
+//! on hosts with several network planes, one socket per plane and peer, striped with failover
+//! ([`super::planes`]).
 //!
 //! Sends write straight from the caller's slice; plain receives read straight into the caller's
 //! slice. Receives that reduce go through a small staging buffer per connection that stays in
@@ -7,32 +9,43 @@
 //! dropped, and the job goes on.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::poll::PollFlags;
 
 use super::LOG_SUBSYS;
 use super::handshake::{self, Acceptor, Magic};
+use super::planes::{MAX_PLANES, PlaneConn, Striped};
 use super::{
     ConnectContext, Endpoint, Handle, HandleFormat, Interest, Listener, Transport,
     TransportProperties, decode_addr, encode_addr,
 };
-use crate::ccl_trace;
 use crate::error::{Error, ErrorKind, Result, classify_io};
 use crate::net;
+use crate::{ccl_trace, ccl_warn};
 
-/// Handles: an address to connect to.
+/// Handles: how many planes, then an address per plane.
 const FORMAT: HandleFormat = HandleFormat {
     transport: "TCP",
     magic: b"CT",
-    version: 2,
+    version: 3,
 };
 const MAGIC: Magic = Magic {
     hello: *b"CCLTCP\x01H",
     ack: *b"CCLTCP\x01A",
 };
+/// Connections to a listener with several planes: after the handshake the connector says which
+/// endpoint and plane the connection is ([`PathHeader`]).
+const PLANES_MAGIC: Magic = Magic {
+    hello: *b"CCLTCP\x01P",
+    ack: *b"CCLTCP\x01Q",
+};
+/// Once one plane to a peer connected, how long each other plane may take.
+const PLANE_GRACE: Duration = Duration::from_secs(2);
 /// Staging for reducing receives: large enough for few syscalls, small enough to stay in L2.
 const STAGE_LEN: usize = 256 << 10;
 /// Most bytes one send call writes. On loopback the sender's write also does the receiver's TCP
@@ -42,23 +55,111 @@ const STAGE_LEN: usize = 256 << 10;
 const MAX_WRITE: usize = 256 << 10;
 
 /// The TCP transport.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TcpTransport;
+#[derive(Debug, Default, Clone)]
+pub struct TcpTransport {
+    planes: Planes,
+}
+
+/// Where a rank's TCP connections go out.
+#[derive(Debug, Default, Clone)]
+enum Planes {
+    /// The one address chosen at set-up (`ConnectContext::local_ip`).
+    #[default]
+    One,
+    /// Every interface `CCL_SOCKET_IFNAME` matches, when it matches several.
+    FromConfig,
+    /// These addresses (tests: several loopback addresses stand for planes).
+    Fixed(Arc<[IpAddr]>),
+}
 
 impl TcpTransport {
+    /// One connection per peer, from the address chosen at set-up.
     pub fn new() -> TcpTransport {
-        TcpTransport
+        TcpTransport::default()
+    }
+
+    /// A connection per plane and peer where `CCL_SOCKET_IFNAME` matches several up interfaces
+    /// (in order of their names, at most [`MAX_PLANES`]), else one as [`TcpTransport::new`].
+    pub fn with_planes() -> TcpTransport {
+        TcpTransport {
+            planes: Planes::FromConfig,
+        }
+    }
+
+    /// A connection per address of `ips` and peer (each listens and connects on its own).
+    pub fn on_planes(ips: &[IpAddr]) -> TcpTransport {
+        TcpTransport {
+            planes: Planes::Fixed(ips.iter().copied().take(MAX_PLANES).collect()),
+        }
+    }
+
+    /// This rank's plane addresses.
+    fn plane_ips(&self, ctx: &ConnectContext) -> Result<Vec<IpAddr>> {
+        Ok(match (&self.planes, &ctx.config.socket_ifname) {
+            (Planes::Fixed(ips), _) => ips.to_vec(),
+            (Planes::FromConfig, Some(spec)) => {
+                let found = net::plane_ips(spec).map_err(|e| e.rank(ctx.rank))?;
+                if found.len() < 2 {
+                    vec![ctx.local_ip]
+                } else {
+                    found.into_iter().take(MAX_PLANES).map(|p| p.1).collect()
+                }
+            }
+            _ => vec![ctx.local_ip],
+        })
     }
 }
 
 /// Encodes a listen address as a handle.
 pub fn encode_handle(addr: SocketAddr) -> Handle {
-    FORMAT.encode(&encode_addr(addr))
+    encode_handles(&[addr])
 }
 
-/// Decodes a handle from [`encode_handle`]; anything else is a clear error.
+/// Encodes one listen address per plane as a handle.
+pub fn encode_handles(addrs: &[SocketAddr]) -> Handle {
+    let mut body = vec![addrs.len() as u8];
+    for a in addrs {
+        body.extend_from_slice(&encode_addr(*a));
+    }
+    FORMAT.encode(&body)
+}
+
+/// Decodes a one-plane handle from [`encode_handle`]; anything else is a clear error.
 pub fn decode_handle(h: &Handle) -> Result<SocketAddr> {
-    decode_addr(FORMAT.decode(h)?).ok_or_else(|| FORMAT.malformed("not an address"))
+    let addrs = decode_handles(h)?;
+    match addrs[..] {
+        [a] => Ok(a),
+        _ => Err(FORMAT.malformed(&format!("{} planes where one was expected", addrs.len()))),
+    }
+}
+
+/// Decodes a handle from [`encode_handles`]: an address per plane, at least one.
+pub fn decode_handles(h: &Handle) -> Result<Vec<SocketAddr>> {
+    let body = FORMAT.decode(h)?;
+    let (&n, mut rest) = body
+        .split_first()
+        .ok_or_else(|| FORMAT.malformed("empty"))?;
+    if n == 0 || n as usize > MAX_PLANES {
+        return Err(FORMAT.malformed(&format!("{n} planes")));
+    }
+    let mut addrs = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let len = match rest.first() {
+            Some(4) => 7,
+            Some(6) => 19,
+            _ => return Err(FORMAT.malformed("not an address")),
+        };
+        if rest.len() < len {
+            return Err(FORMAT.malformed("not an address"));
+        }
+        let a = decode_addr(&rest[..len]).ok_or_else(|| FORMAT.malformed("not an address"))?;
+        addrs.push(a);
+        rest = &rest[len..];
+    }
+    if !rest.is_empty() {
+        return Err(FORMAT.malformed("bytes after the last address"));
+    }
+    Ok(addrs)
 }
 
 fn tune(s: &TcpStream, ctx: &ConnectContext) -> io::Result<()> {
@@ -88,25 +189,30 @@ impl Transport for TcpTransport {
     }
 
     fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>> {
-        let bind = SocketAddr::new(ctx.local_ip, 0);
-        let l = TcpListener::bind(bind).map_err(|e| {
-            Error::io(
-                ErrorKind::System,
-                format!("TCP transport: cannot listen on {bind}"),
-                e,
-            )
-            .rank(ctx.rank)
-        })?;
-        l.set_nonblocking(true)
-            .map_err(|e| Error::io(ErrorKind::System, "TCP listener", e))?;
-        let addr = l
-            .local_addr()
-            .map_err(|e| Error::io(ErrorKind::System, "TCP listener", e))?;
+        let ips = self.plane_ips(ctx)?;
+        let sys = |what: String, e| Error::io(ErrorKind::System, what, e).rank(ctx.rank);
+        let mut listeners = Vec::with_capacity(ips.len());
+        let mut addrs = Vec::with_capacity(ips.len());
+        for ip in ips {
+            let bind = SocketAddr::new(ip, 0);
+            let l = TcpListener::bind(bind)
+                .map_err(|e| sys(format!("TCP transport: cannot listen on {bind}"), e))?;
+            l.set_nonblocking(true)
+                .map_err(|e| sys("TCP listener".into(), e))?;
+            addrs.push(l.local_addr().map_err(|e| sys("TCP listener".into(), e))?);
+            listeners.push(l);
+        }
+        let magic = if listeners.len() > 1 {
+            PLANES_MAGIC
+        } else {
+            MAGIC
+        };
         Ok(Box::new(TcpListenerImpl {
             ctx: ctx.clone(),
-            listener: l,
-            addr,
-            acceptor: Acceptor::new(MAGIC, "TCP transport"),
+            listeners,
+            addrs,
+            acceptor: Acceptor::new(magic, "TCP transport"),
+            groups: Vec::new(),
         }))
     }
 
@@ -117,89 +223,407 @@ impl Transport for TcpTransport {
         handle: &Handle,
         deadline: Instant,
     ) -> Result<Box<dyn Endpoint>> {
-        let addr = decode_handle(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
-        let what = || format!("TCP connect to peer {peer} at {addr}");
-        let mut s = net::connect_to_listening(addr, deadline, &what)
+        let addrs = decode_handles(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        if let [addr] = addrs[..] {
+            let s = connect_stream(ctx, peer, addr, &MAGIC, deadline)?;
+            return TcpEndpoint::boxed(peer, s, addr).map_err(|e| e.rank(ctx.rank));
+        }
+        self.connect_planes(ctx, peer, &addrs, deadline)
+    }
+}
+
+/// Connects to `addr` and passes the handshake (`magic`'s hello, the listener's ack).
+fn connect_stream(
+    ctx: &ConnectContext,
+    peer: usize,
+    addr: SocketAddr,
+    magic: &Magic,
+    deadline: Instant,
+) -> Result<TcpStream> {
+    let what = || format!("TCP connect to peer {peer} at {addr}");
+    let mut s = net::connect_to_listening(addr, deadline, &what)
+        .map_err(|e| e.rank(ctx.rank).peer(peer))?;
+    tune(&s, ctx).map_err(|e| {
+        Error::io(ErrorKind::System, what(), e)
+            .rank(ctx.rank)
+            .peer(peer)
+    })?;
+    net::write_all_by(&mut s, &handshake::hello(magic, ctx), deadline, &what)
+        .map_err(|e| e.rank(ctx.rank).peer(peer))?;
+    let mut ack = [0u8; handshake::ACK_LEN];
+    net::read_exact_by(&mut s, &mut ack, deadline, &what).map_err(|e| {
+        e.context("no handshake reply (the peer refused our secret or rank?)")
+            .rank(ctx.rank)
+            .peer(peer)
+    })?;
+    handshake::check_ack(magic, &ack, peer).map_err(|m| {
+        Error::remote(format!("{}: {m}", what()))
+            .rank(ctx.rank)
+            .peer(peer)
+    })?;
+    Ok(s)
+}
+
+/// What a connection to a listener with several planes says after the handshake: which of the
+/// connector's endpoints it belongs to (a token), which plane it is, and whether it is the
+/// first that connected (the one that will carry the [`Commit`]).
+struct PathHeader {
+    token: u64,
+    plane: u32,
+    primary: bool,
+}
+
+impl PathHeader {
+    const LEN: usize = 20;
+    const MAGIC: [u8; 4] = *b"CCLP";
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..4].copy_from_slice(&Self::MAGIC);
+        b[4..8].copy_from_slice(&(self.plane | (u32::from(self.primary) << 31)).to_le_bytes());
+        b[8..16].copy_from_slice(&self.token.to_le_bytes());
+        b[16..20].copy_from_slice(&(MAX_PLANES as u32).to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; Self::LEN]) -> Option<PathHeader> {
+        let word = u32::from_le_bytes(b[4..8].try_into().ok()?);
+        let plane = word & !(1 << 31);
+        (b[..4] == Self::MAGIC && (plane as usize) < MAX_PLANES).then(|| PathHeader {
+            token: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            plane,
+            primary: word >> 31 == 1,
+        })
+    }
+}
+
+/// Sent on the first plane once the connector tried every plane: which of them connected.
+const COMMIT_LEN: usize = 12;
+const COMMIT_MAGIC: [u8; 4] = *b"CCLC";
+
+/// A token that no other endpoint of this process shares (the listener groups a peer's planes
+/// by it).
+fn next_token(rank: usize) -> u64 {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    (u64::from(std::process::id()) << 32) ^ ((rank as u64) << 20) ^ n
+}
+
+impl TcpTransport {
+    /// A connection on each plane both ranks have, striped ([`Striped`]). A plane that does
+    /// not connect within [`PLANE_GRACE`] of the first one is left out (logged); the endpoint
+    /// fails only when none connects by `deadline`.
+    fn connect_planes(
+        &self,
+        ctx: &ConnectContext,
+        peer: usize,
+        addrs: &[SocketAddr],
+        deadline: Instant,
+    ) -> Result<Box<dyn Endpoint>> {
+        let n = self.plane_ips(ctx)?.len().min(addrs.len());
+        let token = next_token(ctx.rank);
+        let plane = |i: usize, primary: bool, until: Instant| -> Result<PlaneConn> {
+            let mut s = connect_stream(ctx, peer, addrs[i], &PLANES_MAGIC, until)?;
+            let h = PathHeader {
+                token,
+                plane: i as u32,
+                primary,
+            };
+            let what = || format!("TCP plane {i} to peer {peer} at {}", addrs[i]);
+            net::write_all_by(&mut s, &h.encode(), until, &what)
+                .map_err(|e| e.rank(ctx.rank).peer(peer))?;
+            let local = s
+                .local_addr()
+                .map_err(|e| Error::io(ErrorKind::System, what(), e).rank(ctx.rank))?;
+            Ok(PlaneConn {
+                plane: i,
+                stream: s,
+                local,
+                remote: addrs[i],
+            })
+        };
+        // The first plane: each in turn, a grace each, until one connects or the deadline.
+        let mut conns: Vec<PlaneConn> = Vec::with_capacity(n);
+        let mut errors: Vec<Option<Error>> = (0..n).map(|_| None).collect();
+        while conns.is_empty() {
+            for (i, slot) in errors.iter_mut().enumerate() {
+                match plane(i, true, deadline.min(Instant::now() + PLANE_GRACE)) {
+                    Ok(c) => {
+                        conns.push(c);
+                        break;
+                    }
+                    Err(e) => *slot = Some(e),
+                }
+            }
+            let timed_out = errors
+                .iter()
+                .flatten()
+                .any(|e| e.kind() == ErrorKind::Timeout);
+            if conns.is_empty() && (Instant::now() >= deadline || !timed_out) {
+                let all: Vec<String> = errors
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, e)| e.as_ref().map(|e| format!("plane {i}: {e}")))
+                    .collect();
+                return Err(Error::remote(format!(
+                    "TCP connect to peer {peer}: no plane connected ({})",
+                    all.join("; ")
+                ))
+                .rank(ctx.rank)
+                .peer(peer));
+            }
+        }
+        let first = conns[0].plane;
+        for i in (0..n).filter(|&i| i != first) {
+            match plane(i, false, deadline.min(Instant::now() + PLANE_GRACE)) {
+                Ok(c) => conns.push(c),
+                Err(e) => ccl_warn!(
+                    Some(ctx.rank),
+                    "TCP plane {i} to peer {peer} at {} did not connect ({e}); the connection \
+                     goes on the other planes",
+                    addrs[i]
+                ),
+            }
+        }
+        let mask: u64 = conns.iter().map(|c| 1u64 << c.plane).sum();
+        let mut commit = [0u8; COMMIT_LEN];
+        commit[..4].copy_from_slice(&COMMIT_MAGIC);
+        commit[4..].copy_from_slice(&mask.to_le_bytes());
+        let what = || format!("TCP connect to peer {peer}");
+        net::write_all_by(&mut conns[0].stream, &commit, deadline, &what)
             .map_err(|e| e.rank(ctx.rank).peer(peer))?;
-        tune(&s, ctx).map_err(|e| {
-            Error::io(ErrorKind::System, what(), e)
-                .rank(ctx.rank)
-                .peer(peer)
-        })?;
-        net::write_all_by(&mut s, &handshake::hello(&MAGIC, ctx), deadline, &what)
-            .map_err(|e| e.rank(ctx.rank).peer(peer))?;
-        let mut ack = [0u8; handshake::ACK_LEN];
-        net::read_exact_by(&mut s, &mut ack, deadline, &what).map_err(|e| {
-            e.context("no handshake reply (the peer refused our secret or rank?)")
-                .rank(ctx.rank)
-                .peer(peer)
-        })?;
-        handshake::check_ack(&MAGIC, &ack, peer).map_err(|m| {
-            Error::remote(format!("{}: {m}", what()))
-                .rank(ctx.rank)
-                .peer(peer)
-        })?;
-        TcpEndpoint::boxed(peer, s, addr).map_err(|e| e.rank(ctx.rank))
+        Ok(Box::new(Striped::new(
+            peer,
+            conns,
+            ctx.config.plane_timeout,
+        )?))
     }
 }
 
 struct TcpListenerImpl {
     ctx: ConnectContext,
-    listener: TcpListener,
-    addr: SocketAddr,
+    /// One per plane.
+    listeners: Vec<TcpListener>,
+    addrs: Vec<SocketAddr>,
     acceptor: Acceptor<TcpStream>,
+    /// Peers' planes that connected, until each peer's set is complete.
+    groups: Vec<Group>,
+}
+
+/// The planes of one connecting endpoint, as they arrive.
+struct Group {
+    peer: usize,
+    token: u64,
+    conns: Vec<PlaneConn>,
+    /// Index in `conns` of the plane that carries the commit.
+    primary: Option<usize>,
+    commit: [u8; COMMIT_LEN],
+    got: usize,
+    since: Instant,
+    /// The commit's plane closed or sent something else.
+    broken: bool,
+}
+
+impl Group {
+    /// The planes the connector says connected, once it said so.
+    fn mask(&self) -> Option<u64> {
+        (self.got == COMMIT_LEN)
+            .then(|| u64::from_le_bytes(self.commit[4..].try_into().expect("8 bytes")))
+    }
+
+    fn complete(&self) -> bool {
+        let have: u64 = self.conns.iter().map(|c| 1u64 << c.plane).sum();
+        self.mask().is_some_and(|m| m & !have == 0)
+    }
 }
 
 impl Listener for TcpListenerImpl {
     fn handle(&self) -> Handle {
-        encode_handle(self.addr)
+        encode_handles(&self.addrs)
     }
 
     fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)> {
-        let listener = &self.listener;
-        let (peer, stream, from) = self.acceptor.accept(
-            &self.ctx,
-            listener.as_fd(),
-            || match listener.accept() {
-                Ok((s, from)) => {
-                    s.set_nonblocking(true)?;
-                    Ok(Some((s, from.to_string())))
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-                Err(e) => Err(e),
-            },
-            deadline,
-        )?;
-        // The caller's deadline bounds the wait for a peer; one that has arrived is set up
-        // within the communicator's timeout (see `Listener::accept`).
-        self.finish(stream, from, peer, Instant::now() + self.ctx.config.timeout)
+        if self.listeners.len() == 1 {
+            let listener = &self.listeners[0];
+            let (peer, stream, from) = self.acceptor.accept(
+                &self.ctx,
+                listener.as_fd(),
+                || accept_from(listener),
+                deadline,
+            )?;
+            // The caller's deadline bounds the wait for a peer; one that has arrived is set up
+            // within the communicator's timeout (see `Listener::accept`).
+            let until = Instant::now() + self.ctx.config.timeout;
+            let s = self.finish(stream, &from, peer, &MAGIC, until)?;
+            let addr = s
+                .peer_addr()
+                .map_err(|e| Error::io(ErrorKind::System, "TCP accept", e).rank(self.ctx.rank))?;
+            return Ok((
+                peer,
+                TcpEndpoint::boxed(peer, s, addr).map_err(|e| e.rank(self.ctx.rank))?,
+            ));
+        }
+        self.accept_planes(deadline)
+    }
+}
+
+fn accept_from(listener: &TcpListener) -> io::Result<Option<(TcpStream, String)>> {
+    match listener.accept() {
+        Ok((s, from)) => {
+            s.set_nonblocking(true)?;
+            Ok(Some((s, from.to_string())))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
 impl TcpListenerImpl {
+    /// Answers a connection whose hello passed: blocking, tuned, acknowledged.
     fn finish(
         &self,
         mut s: TcpStream,
-        from: String,
+        from: &str,
         peer: usize,
+        magic: &Magic,
         deadline: Instant,
-    ) -> Result<(usize, Box<dyn Endpoint>)> {
+    ) -> Result<TcpStream> {
         let rank = self.ctx.rank;
         let what = || format!("TCP accept from peer {peer} at {from}");
         s.set_nonblocking(false)
             .map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
         tune(&s, &self.ctx).map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
-        let ack = handshake::ack(&MAGIC, rank);
+        let ack = handshake::ack(magic, rank);
         net::write_all_by(&mut s, &ack, deadline, &what).map_err(|e| e.rank(rank).peer(peer))?;
         ccl_trace!(
             Some(rank),
             "TCP transport: accepted peer {peer} from {from}"
         );
-        let addr = s
-            .peer_addr()
-            .map_err(|e| Error::io(ErrorKind::System, what(), e).rank(rank))?;
-        let ep = TcpEndpoint::boxed(peer, s, addr).map_err(|e| e.rank(rank))?;
-        Ok((peer, ep))
+        Ok(s)
+    }
+
+    /// Accepts planes until one peer's set is complete. The caller's deadline bounds the wait
+    /// for a first plane; a set begun is completed (or dropped, logged) within the
+    /// communicator's timeout.
+    fn accept_planes(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)> {
+        let rank = self.ctx.rank;
+        loop {
+            if let Some(k) = self.groups.iter().position(Group::complete) {
+                let mut g = self.groups.swap_remove(k);
+                g.conns.sort_by_key(|c| c.plane);
+                let ep = Striped::new(g.peer, g.conns, self.ctx.config.plane_timeout)
+                    .map_err(|e| e.rank(rank))?;
+                return Ok((g.peer, Box::new(ep)));
+            }
+            let until = if self.groups.is_empty() {
+                deadline
+            } else {
+                Instant::now() + Duration::from_millis(20)
+            };
+            let TcpListenerImpl {
+                ctx,
+                listeners,
+                acceptor,
+                ..
+            } = self;
+            let fds: Vec<BorrowedFd<'_>> = listeners.iter().map(|l| l.as_fd()).collect();
+            let got = acceptor.accept_any(ctx, &fds, |l| accept_from(&listeners[l]), until);
+            match got {
+                Ok((peer, stream, from)) => {
+                    if let Err(e) = self.add_plane(peer, stream, &from) {
+                        ccl_warn!(
+                            Some(rank),
+                            "TCP transport: dropped a plane from peer {peer} at {from}: {e}"
+                        );
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Timeout && !self.groups.is_empty() => {}
+                Err(e) => return Err(e),
+            }
+            self.read_commits();
+        }
+    }
+
+    fn add_plane(&mut self, peer: usize, stream: TcpStream, from: &str) -> Result<()> {
+        let until = Instant::now() + self.ctx.config.timeout;
+        let mut s = self.finish(stream, from, peer, &PLANES_MAGIC, until)?;
+        let mut b = [0u8; PathHeader::LEN];
+        let what = || format!("TCP plane from peer {peer} at {from}");
+        net::read_exact_by(&mut s, &mut b, until, &what)?;
+        let h = PathHeader::decode(&b)
+            .ok_or_else(|| Error::remote(format!("{}: bad plane header", what())).peer(peer))?;
+        let sys = |e| Error::io(ErrorKind::System, what(), e);
+        let conn = PlaneConn {
+            plane: h.plane as usize,
+            local: s.local_addr().map_err(sys)?,
+            remote: s.peer_addr().map_err(sys)?,
+            stream: s,
+        };
+        let k = match self
+            .groups
+            .iter()
+            .position(|g| g.peer == peer && g.token == h.token)
+        {
+            Some(k) => k,
+            None => {
+                self.groups.push(Group {
+                    peer,
+                    token: h.token,
+                    conns: Vec::new(),
+                    primary: None,
+                    commit: [0; COMMIT_LEN],
+                    got: 0,
+                    since: Instant::now(),
+                    broken: false,
+                });
+                self.groups.len() - 1
+            }
+        };
+        let g = &mut self.groups[k];
+        if h.primary {
+            conn.stream.set_nonblocking(true).map_err(sys)?;
+            g.primary = Some(g.conns.len());
+        }
+        g.conns.push(conn);
+        Ok(())
+    }
+
+    /// Reads what arrived of each set's commit; drops sets that took longer than the timeout.
+    fn read_commits(&mut self) {
+        let rank = self.ctx.rank;
+        let timeout = self.ctx.config.timeout;
+        self.groups.retain_mut(|g| {
+            if let Some(p) = g.primary
+                && g.got < COMMIT_LEN
+            {
+                match (&g.conns[p].stream).read(&mut g.commit[g.got..]) {
+                    Ok(0) => g.broken = true,
+                    Ok(n) => g.got += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => g.broken = true,
+                }
+                if g.got == COMMIT_LEN && g.commit[..4] != COMMIT_MAGIC {
+                    g.broken = true;
+                }
+            }
+            let keep = !g.broken && g.since.elapsed() < timeout;
+            if !keep {
+                ccl_warn!(
+                    Some(rank),
+                    "TCP transport: dropped {} plane(s) from peer {} whose set did not complete \
+                     ({})",
+                    g.conns.len(),
+                    g.peer,
+                    if g.broken {
+                        "its first plane closed or sent garbage"
+                    } else {
+                        "timeout"
+                    }
+                );
+            }
+            keep
+        });
     }
 }
 
@@ -410,7 +834,7 @@ mod tests {
     #[test]
     fn strangers_are_dropped_and_the_peer_gets_through() {
         let secret = [0x5a; 32];
-        let mut l = TcpTransport.listen(&ctx(1, secret)).unwrap();
+        let mut l = TcpTransport::new().listen(&ctx(1, secret)).unwrap();
         let addr = decode_handle(&l.handle()).unwrap();
         let mut garbage = TcpStream::connect(addr).unwrap();
         garbage
@@ -418,7 +842,7 @@ mod tests {
             .unwrap();
         let _silent = TcpStream::connect(addr).unwrap();
         let stranger = std::thread::spawn(move || {
-            TcpTransport.connect(
+            TcpTransport::new().connect(
                 &ctx(0, [0x11; 32]),
                 1,
                 &encode_handle(addr),
@@ -427,7 +851,7 @@ mod tests {
         });
         let handle = l.handle();
         let peer = std::thread::spawn(move || {
-            let mut ep = TcpTransport
+            let mut ep = TcpTransport::new()
                 .connect(
                     &ctx(0, secret),
                     1,

@@ -1,0 +1,104 @@
+//! The thread that finishes what a sender's caller left.
+
+use super::*;
+
+/// The thread that finishes senders' work while their callers are elsewhere.
+pub(super) struct Keeper {
+    endpoints: Mutex<KeeperList>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+pub(super) struct KeeperList {
+    live: Vec<Weak<Mutex<Inner>>>,
+    /// Endpoints dropped with bytes still undelivered, and until when to keep trying.
+    orphans: Vec<(Arc<Mutex<Inner>>, Instant)>,
+    poked: bool,
+}
+
+pub(super) fn keeper() -> &'static Keeper {
+    static K: OnceLock<&'static Keeper> = OnceLock::new();
+    K.get_or_init(|| {
+        let k: &'static Keeper = Box::leak(Box::new(Keeper {
+            endpoints: Mutex::new(KeeperList::default()),
+            wake: Condvar::new(),
+        }));
+        std::thread::Builder::new()
+            .name("ccl-planes".into())
+            .spawn(move || k.run())
+            .expect("spawning the TCP planes keeper thread");
+        k
+    })
+}
+
+impl Keeper {
+    pub(super) fn list(&self) -> std::sync::MutexGuard<'_, KeeperList> {
+        self.endpoints.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn add(&self, ep: &Arc<Mutex<Inner>>) {
+        self.list().live.push(Arc::downgrade(ep));
+    }
+
+    pub(super) fn keep(&self, ep: Arc<Mutex<Inner>>) {
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut l = self.list();
+        l.orphans.push((ep, until));
+        l.poked = true;
+        self.wake.notify_one();
+    }
+
+    pub(super) fn poke(&self) {
+        let mut l = self.list();
+        if !l.poked {
+            l.poked = true;
+            self.wake.notify_one();
+        }
+    }
+
+    pub(super) fn run(&self) {
+        loop {
+            let eps: Vec<Arc<Mutex<Inner>>> = {
+                let mut l = self.list();
+                l.live.retain(|w| w.strong_count() > 0);
+                let now = Instant::now();
+                l.orphans.retain(|(ep, until)| {
+                    let g = ep.lock().unwrap_or_else(|p| p.into_inner());
+                    now < *until && g.has_work() && g.planes.iter().any(|p| p.state != State::Dead)
+                });
+                let mut eps: Vec<_> = l.live.iter().filter_map(Weak::upgrade).collect();
+                eps.extend(l.orphans.iter().map(|(ep, _)| ep.clone()));
+                eps
+            };
+            let mut busy = false;
+            for ep in &eps {
+                let Ok(mut g) = ep.try_lock() else {
+                    busy = true;
+                    continue;
+                };
+                if !g.has_work() {
+                    continue;
+                }
+                busy = true;
+                if g.touched.elapsed() < KEEPER_TICK {
+                    continue;
+                }
+                // An error here (every plane failed) is the caller's to see on its next call,
+                // where the same planes fail again; the keeper only stops working for it.
+                let _ = g.service(true);
+            }
+            drop(eps);
+            let mut l = self.list();
+            if busy || l.poked {
+                l.poked = false;
+                drop(l);
+                std::thread::sleep(KEEPER_TICK);
+            } else {
+                let _unused = self
+                    .wake
+                    .wait_timeout(l, Duration::from_secs(1))
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! One peer over several network planes: a TCP connection per plane, the stream striped across
+//! them, and a plane that stops delivering routed around without an error.
+//!
+//! Hosts built for failure (dual-plane, dual-ToR fabrics) give every host two or more ports on
+//! independent networks, so that a cable, a port or a switch can fail while the job goes on. An
+//! endpoint here holds one connection per plane and keeps the [`Endpoint`] contract (one
+//! ordered, reliable byte stream) over all of them:
+//!
+//! - **Frames with stream offsets.** Every data frame carries the offset of its first byte in the
+//!   stream to this peer (a sequence number per peer, not per plane). The receiver delivers bytes
+//!   in offset order whichever plane brought them, and drops any byte below what it delivered, so
+//!   a byte sent twice (once on a plane that died, once again on another) is delivered once.
+//! - **Copies until acknowledged.** A sender keeps every byte it took in a ring of
+//!   [`WINDOW`] bytes until the peer acknowledges having delivered it; the peer acknowledges the
+//!   stream offset it delivered up to and, per plane, how many bytes it read from that plane.
+//! - **A stalled plane is found by its sibling.** TCP keeps retrying a cut link for minutes and
+//!   reports nothing. A plane is declared down when bytes written to it go unread for
+//!   `CCL_PLANE_TIMEOUT` while another plane to the same peer shows that the peer is reading
+//!   (its acknowledgements come back there). Bytes not acknowledged on the down plane go again
+//!   on the others. A peer that reads nothing on any plane (busy, stopped) makes no plane down:
+//!   that is for the job's failure monitor to judge, not the link's.
+//! - **Back when it delivers.** A down plane's connection is kept: TCP retransmits what it holds,
+//!   and when the link returns those bytes arrive (the receiver drops them as duplicates) and
+//!   the peer's count for the plane catches up; the plane then takes new frames again.
+//! - **Striped by what each plane takes.** A frame of at most [`CHUNK`] bytes goes to the next
+//!   plane whose socket takes it; a plane that drains slower fills its socket buffer and takes
+//!   fewer frames, so each plane's share follows its measured rate, not a setting.
+//! - **A keeper thread** finishes what a sender's caller left: a frame half written, bytes to
+//!   send again after a failover, an acknowledgement due, a health check. The caller returns as
+//!   soon as the transport holds its bytes (as a TCP socket does), and may not call again for a
+//!   long while; the keeper makes sure the bytes still reach the peer. It sleeps when no
+//!   endpoint has such work.
+//!
+//! Only when every plane to a peer failed with an error (closed, reset) does the endpoint fail,
+//! and the job's rank-failure path (verdict, revocation, shrink) takes over as for one plane.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use nix::poll::PollFlags;
+
+use super::LOG_SUBSYS;
+use super::{Endpoint, Interest};
+use crate::error::{Error, ErrorKind, Result, classify_io};
+use crate::{ccl_info, ccl_warn};
+
+/// Most payload bytes in one data frame: the unit the planes share a transfer in.
+pub const CHUNK: usize = 128 << 10;
+/// Bytes a sender may hold unacknowledged (and a receiver read ahead of what it delivered).
+pub const WINDOW: usize = 8 << 20;
+/// The receiver acknowledges at least every this many delivered bytes.
+const ACK_EVERY: u64 = 512 << 10;
+/// ...and at least this often while bytes arrive, so that the sender sees which planes deliver.
+const ACK_INTERVAL: Duration = Duration::from_millis(10);
+/// How often the keeper looks at endpoints with work, and how long a caller must have been away
+/// before it does.
+const KEEPER_TICK: Duration = Duration::from_millis(2);
+/// The most planes one endpoint uses.
+pub const MAX_PLANES: usize = 8;
+
+/// Frame header: magic, kind, plane count (acks), payload length, stream offset.
+const HDR: usize = 16;
+const MAGIC: [u8; 2] = *b"CF";
+const DATA: u8 = 1;
+const ACK: u8 = 2;
+const PING: u8 = 3;
+/// An ack's payload: delivered offset, then bytes read per plane.
+const ACK_MAX: usize = 8 + 8 * MAX_PLANES;
+
+fn header(kind: u8, planes: u8, len: u32, off: u64) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[..2].copy_from_slice(&MAGIC);
+    h[2] = kind;
+    h[3] = planes;
+    h[4..8].copy_from_slice(&len.to_le_bytes());
+    h[8..].copy_from_slice(&off.to_le_bytes());
+    h
+}
+
+/// One plane's connection as the endpoint opens it.
+#[derive(Debug)]
+pub struct PlaneConn {
+    /// Index of the plane (its place in `CCL_SOCKET_IFNAME`'s matches).
+    pub plane: usize,
+    pub stream: TcpStream,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Up,
+    /// Stopped delivering while another plane answered; probed by TCP's own retries.
+    Down,
+    /// Failed with an error; never used again.
+    Dead,
+}
+
+/// A frame being written: its header (and an ack's payload) then payload bytes from the ring.
+struct Tx {
+    head: [u8; HDR + ACK_MAX],
+    head_len: usize,
+    off: u64,
+    len: usize,
+    done: usize,
+}
+
+/// The frame being read.
+enum Rx {
+    /// Reading a header (bytes so far).
+    Header(usize),
+    /// Reading an ack's payload (its length, bytes so far).
+    Ack(usize, usize),
+    /// Reading a data frame's payload: the offset of the next byte and the frame's end.
+    Data(u64, u64),
+}
+
+struct Plane {
+    plane: usize,
+    stream: Arc<TcpStream>,
+    local: SocketAddr,
+    remote: SocketAddr,
+    state: State,
+    tx: Option<Tx>,
+    /// Stream ranges of data frames written here and not yet acknowledged.
+    sent: Vec<(u64, u64)>,
+    /// Bytes of data frames (headers and payload) written to this plane, and how many of them
+    /// the peer says it read. Acks and pings are not counted, so that no ack calls for another.
+    wrote: u64,
+    peer_read: u64,
+    /// When `peer_read` last moved (or the plane went from idle to busy).
+    moved: Instant,
+    /// When anything was last read from this plane.
+    heard: Instant,
+    /// Since when it has stalled while another plane delivered.
+    suspect: Option<Instant>,
+    ack_due: bool,
+    ping_due: bool,
+    rx: Rx,
+    rx_head: [u8; HDR + ACK_MAX],
+    /// Bytes of data frames read from this plane.
+    read: u64,
+}
+
+impl Plane {
+    fn name(&self) -> String {
+        format!("plane {} ({} -> {})", self.plane, self.local, self.remote)
+    }
+}
+
+mod keeper;
+mod recv;
+mod ring;
+mod send;
+#[cfg(test)]
+mod tests;
+
+use keeper::keeper;
+use ring::{Ranges, Ring};
+
+struct Inner {
+    peer: usize,
+    planes: Vec<Plane>,
+    down_after: Duration,
+    /// Next plane to offer a frame.
+    turn: usize,
+    touched: Instant,
+    // Sending.
+    out: Ring,
+    /// Stream offsets: taken from the caller, and acknowledged by the peer.
+    taken: u64,
+    acked: u64,
+    /// Ranges to frame again, from planes that went down.
+    resend: Vec<(u64, u64)>,
+    // Receiving.
+    inq: Ring,
+    have: Ranges,
+    /// Delivered to the caller.
+    next: u64,
+    ack_sent: u64,
+    ack_sent_at: Instant,
+    /// Bytes read (all planes) when the last ack went out.
+    read_at_ack: u64,
+    scratch: Box<[u8]>,
+    seam: [u8; 64],
+    // What happened, for the log and tests.
+    failovers: u64,
+    resent: u64,
+}
+
+/// An [`Endpoint`] over several planes.
+pub struct Striped {
+    inner: Arc<Mutex<Inner>>,
+    peer: usize,
+    /// Each plane's socket, for `wait_fds`, with what to wait for on it.
+    fds: Vec<(Arc<TcpStream>, PollFlags)>,
+}
+
+impl std::fmt::Debug for Striped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Striped")
+            .field("peer", &self.peer)
+            .field("planes", &self.fds.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Striped {
+    /// An endpoint over `conns` (at least one) to `peer`; `down_after` is `CCL_PLANE_TIMEOUT`.
+    pub fn new(peer: usize, conns: Vec<PlaneConn>, down_after: Duration) -> Result<Striped> {
+        let now = Instant::now();
+        let mut planes = Vec::with_capacity(conns.len());
+        for c in conns {
+            c.stream.set_nonblocking(true).map_err(|e| {
+                Error::io(
+                    ErrorKind::System,
+                    format!("TCP plane {} to peer {peer}", c.plane),
+                    e,
+                )
+                .peer(peer)
+            })?;
+            planes.push(Plane {
+                plane: c.plane,
+                stream: Arc::new(c.stream),
+                local: c.local,
+                remote: c.remote,
+                state: State::Up,
+                tx: None,
+                sent: Vec::new(),
+                wrote: 0,
+                peer_read: 0,
+                moved: now,
+                heard: now,
+                suspect: None,
+                ack_due: false,
+                ping_due: false,
+                rx: Rx::Header(0),
+                rx_head: [0; HDR + ACK_MAX],
+                read: 0,
+            });
+        }
+        assert!(!planes.is_empty() && planes.len() <= MAX_PLANES);
+        let fds = planes
+            .iter()
+            .map(|p| (p.stream.clone(), PollFlags::POLLIN))
+            .collect();
+        let inner = Arc::new(Mutex::new(Inner {
+            peer,
+            planes,
+            down_after,
+            turn: 0,
+            touched: now,
+            out: Ring::new(),
+            taken: 0,
+            acked: 0,
+            resend: Vec::new(),
+            inq: Ring::new(),
+            have: Ranges::default(),
+            next: 0,
+            ack_sent: 0,
+            ack_sent_at: now,
+            read_at_ack: 0,
+            scratch: vec![0u8; 64 << 10].into_boxed_slice(),
+            seam: [0; 64],
+            failovers: 0,
+            resent: 0,
+        }));
+        keeper().add(&inner);
+        Ok(Striped { inner, peer, fds })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves nothing half-updated that a later call could
+        // misread as data: every field is advanced only after the bytes it counts moved.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many planes went down, and bytes sent again because of it (for tests and logs).
+    pub fn failovers(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.failovers, g.resent)
+    }
+
+    /// Each plane's state, as `up`, `down` or `dead`.
+    pub fn plane_states(&self) -> Vec<&'static str> {
+        self.lock()
+            .planes
+            .iter()
+            .map(|p| match p.state {
+                State::Up => "up",
+                State::Down => "down",
+                State::Dead => "dead",
+            })
+            .collect()
+    }
+}
+
+impl Inner {
+    /// Everything but handing bytes to the caller: reads acks (and, with `ahead`, data ahead of
+    /// what was delivered, so acks behind it are reached), declares stalled planes down, owes
+    /// acks, writes what is owed.
+    fn service(&mut self, ahead: bool) -> Result<()> {
+        for i in 0..self.planes.len() {
+            self.drain(i, None, ahead)?;
+        }
+        self.check_planes();
+        self.owe_acks();
+        self.pump()
+    }
+
+    fn owe_acks(&mut self) {
+        let read: u64 = self.planes.iter().map(|p| p.read).sum();
+        let due = self.next - self.ack_sent >= ACK_EVERY
+            || ((read > self.read_at_ack || self.next > self.ack_sent)
+                && self.ack_sent_at.elapsed() >= ACK_INTERVAL);
+        if due {
+            self.ack_sent = self.next;
+            self.ack_sent_at = Instant::now();
+            self.read_at_ack = read;
+            for p in &mut self.planes {
+                p.ack_due = true;
+            }
+        }
+    }
+
+    /// Whether the keeper has something to do here.
+    fn has_work(&self) -> bool {
+        let owed = self.taken > self.acked
+            || !self.resend.is_empty()
+            || self.next > self.ack_sent
+            || self.planes.iter().any(|p| p.tx.is_some() || p.ack_due)
+            || self.planes.iter().map(|p| p.read).sum::<u64>() > self.read_at_ack;
+        owed && self.planes.iter().any(|p| p.state != State::Dead)
+    }
+}
+
+impl Endpoint for Striped {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn send(&mut self, src: &[u8]) -> Result<usize> {
+        if src.is_empty() {
+            return Ok(0);
+        }
+        let mut g = self.lock();
+        g.touched = Instant::now();
+        let n = g.send(src)?;
+        let work = g.has_work();
+        drop(g);
+        if work {
+            keeper().poke();
+        }
+        Ok(n)
+    }
+
+    fn recv(&mut self, dst: &mut [u8]) -> Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        let mut g = self.lock();
+        g.touched = Instant::now();
+        let mut n = g.take_ring(dst);
+        if n == 0 {
+            for i in 0..g.planes.len() {
+                n += g.drain(i, Some(&mut dst[n..]), false)?;
+                if n == dst.len() {
+                    break;
+                }
+            }
+        }
+        // Nothing in order anywhere: read ahead (the next bytes may sit behind frames that a
+        // failover sent early), then serve what that brought.
+        g.service(n == 0)?;
+        if n == 0 {
+            n = g.take_ring(dst);
+        }
+        g.owe_acks();
+        g.pump()?;
+        Ok(n)
+    }
+
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let mut g = self.lock();
+        g.touched = Instant::now();
+        if g.have.run_at(g.next) == 0 {
+            g.service(true)?;
+        }
+        let run = (g.have.run_at(g.next) as usize).min(max);
+        if run == 0 {
+            return Ok(0);
+        }
+        let next = g.next;
+        let contiguous = g.inq.at(next, run).len();
+        let used = if contiguous < run && contiguous < g.seam.len() {
+            // The bytes wrap around the ring: lend a few across the seam, so a consumer that
+            // wants whole elements is never offered only a fragment of one.
+            let k = run.min(g.seam.len());
+            let inner = &mut *g;
+            let mut got = 0;
+            while got < k {
+                let s = inner.inq.at(next + got as u64, k - got);
+                inner.seam[got..got + s.len()].copy_from_slice(s);
+                got += s.len();
+            }
+            consume(&inner.seam[..k])
+        } else {
+            consume(g.inq.at(next, run))
+        };
+        g.next += used as u64;
+        let next = g.next;
+        g.have.trim(next);
+        g.owe_acks();
+        g.pump()?;
+        Ok(used)
+    }
+
+    fn prepare_wait(&mut self, interest: Interest) -> Result<bool> {
+        let Striped { inner, fds, .. } = self;
+        let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.touched = Instant::now();
+        let before = (g.next, g.acked, g.have.run_at(g.next));
+        g.service(true)?;
+        if (g.next, g.acked, g.have.run_at(g.next)) != before
+            || (interest.recv && g.have.run_at(g.next) > 0)
+        {
+            return Ok(false);
+        }
+        for (k, p) in g.planes.iter().enumerate() {
+            let mut f = PollFlags::empty();
+            if p.state != State::Dead {
+                f |= PollFlags::POLLIN;
+                // Writable matters only to a frame the socket did not take whole; a sender
+                // waiting for room in the window waits for an ack (readable).
+                if p.tx.is_some() {
+                    f |= PollFlags::POLLOUT;
+                }
+            }
+            fds[k].1 = f;
+        }
+        Ok(true)
+    }
+
+    fn wait_fds<'a>(&'a self, _interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
+        for (s, f) in &self.fds {
+            if !f.is_empty() {
+                out.push((s.as_fd(), *f));
+            }
+        }
+    }
+}
+
+impl Drop for Striped {
+    fn drop(&mut self) {
+        // Bytes the caller handed over are delivered like a closed socket's: the keeper keeps
+        // the endpoint until they are acknowledged or every plane failed (bounded: see
+        // `Keeper::run`).
+        let g = self.lock();
+        let owed = g.taken > g.acked || g.planes.iter().any(|p| p.tx.is_some());
+        drop(g);
+        if owed {
+            keeper().keep(self.inner.clone());
+        }
+    }
+}

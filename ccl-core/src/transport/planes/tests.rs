@@ -1,0 +1,412 @@
+//! Striped endpoints over relayed planes that the tests cut (both sides closed after a given
+//! byte) or pause (bytes held, connections open, as a cut link looks to TCP), checking that
+//! every byte is delivered exactly once whatever the stage of the transfer.
+
+use std::net::{IpAddr, Ipv4Addr, Shutdown, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::*;
+use crate::config::Config;
+use crate::transport::conformance::{connect_pair, run_all};
+use crate::transport::tcp::TcpTransport;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn loopback_planes() -> TcpTransport {
+    TcpTransport::on_planes(&[
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)),
+    ])
+}
+
+#[test]
+fn two_planes_meet_the_endpoint_contract() {
+    run_all(&|| connect_pair(&loopback_planes(), &Config::default()));
+}
+
+/// One direction of a relayed plane.
+#[derive(Default)]
+struct Gate {
+    /// Close both connections once this many bytes went through (`u64::MAX`: never).
+    cut_after: AtomicU64,
+    /// Hold bytes once this many went through, until cleared (`u64::MAX`: never).
+    pause_after: AtomicU64,
+    forwarded: AtomicU64,
+    cut: AtomicBool,
+}
+
+/// A plane through a relay: `gates[0]` for bytes from A to B, `gates[1]` for B to A.
+struct Relay {
+    gates: [Arc<Gate>; 2],
+}
+
+fn gate() -> Arc<Gate> {
+    let g = Gate::default();
+    g.cut_after.store(u64::MAX, Ordering::Relaxed);
+    g.pause_after.store(u64::MAX, Ordering::Relaxed);
+    Arc::new(g)
+}
+
+fn forward(mut from: TcpStream, mut to: TcpStream, g: Arc<Gate>) {
+    from.set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let done = g.forwarded.load(Ordering::Relaxed);
+        if done >= g.pause_after.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        let limit = g
+            .cut_after
+            .load(Ordering::Relaxed)
+            .min(g.pause_after.load(Ordering::Relaxed));
+        if done >= g.cut_after.load(Ordering::Relaxed) {
+            g.cut.store(true, Ordering::Relaxed);
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+            return;
+        }
+        let want = buf.len().min((limit - done).min(buf.len() as u64) as usize);
+        let n = match from.read(&mut buf[..want]) {
+            Ok(0) => {
+                let _ = to.shutdown(Shutdown::Write);
+                return;
+            }
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue;
+            }
+            Err(_) => {
+                let _ = to.shutdown(Shutdown::Both);
+                return;
+            }
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            let _ = from.shutdown(Shutdown::Both);
+            return;
+        }
+        g.forwarded.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// A pair of striped endpoints (A is rank 0, B rank 1) over `n` relayed planes.
+fn relayed_pair(n: usize, down_after: Duration) -> (Striped, Striped, Vec<Relay>) {
+    let (mut ca, mut cb, mut relays) = (Vec::new(), Vec::new(), Vec::new());
+    for plane in 0..n {
+        let lb = TcpListener::bind("127.0.0.1:0").unwrap();
+        let lp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(lp.local_addr().unwrap()).unwrap();
+        let (pa, _) = lp.accept().unwrap();
+        let pb = TcpStream::connect(lb.local_addr().unwrap()).unwrap();
+        let (b, _) = lb.accept().unwrap();
+        let gates = [gate(), gate()];
+        for (from, to, g) in [
+            (
+                pa.try_clone().unwrap(),
+                pb.try_clone().unwrap(),
+                gates[0].clone(),
+            ),
+            (pb, pa, gates[1].clone()),
+        ] {
+            std::thread::spawn(move || forward(from, to, g));
+        }
+        relays.push(Relay { gates });
+        for (c, s) in [(&mut ca, a), (&mut cb, b)] {
+            c.push(PlaneConn {
+                plane,
+                local: s.local_addr().unwrap(),
+                remote: s.peer_addr().unwrap(),
+                stream: s,
+            });
+        }
+    }
+    let a = Striped::new(1, ca, down_after).unwrap();
+    let b = Striped::new(0, cb, down_after).unwrap();
+    (a, b, relays)
+}
+
+fn pattern(seed: usize, i: usize) -> u8 {
+    (i.wrapping_mul(131) ^ (i >> 11) ^ seed) as u8
+}
+
+fn describe(ep: &Striped) -> String {
+    let g = ep.lock();
+    let planes: Vec<String> = g
+        .planes
+        .iter()
+        .map(|p| {
+            format!(
+                "{:?} wrote {} peer_read {} read {} tx {:?} sent {:?}",
+                p.state,
+                p.wrote,
+                p.peer_read,
+                p.read,
+                p.tx.as_ref().map(|t| (t.off, t.len, t.done)),
+                p.sent
+            )
+        })
+        .collect();
+    format!(
+        "taken {} acked {} resend {:?} next {} have {:?} ack_sent {} planes [{}]",
+        g.taken,
+        g.acked,
+        g.resend,
+        g.next,
+        g.have.0,
+        g.ack_sent,
+        planes.join("; ")
+    )
+}
+
+/// One way of an exchange: what to send, and what arrived so far.
+struct Flow {
+    seed: usize,
+    len: usize,
+    sent: usize,
+    got: Vec<u8>,
+}
+
+impl Flow {
+    fn new(seed: usize, len: usize) -> Flow {
+        Flow {
+            seed,
+            len,
+            sent: 0,
+            got: Vec::with_capacity(len),
+        }
+    }
+
+    fn step(&mut self, tx: &mut Striped, rx: &mut Striped, turn: usize) -> Result<bool> {
+        let mut moved = false;
+        if self.sent < self.len {
+            let end = (self.sent + 300_007).min(self.len);
+            let chunk: Vec<u8> = (self.sent..end).map(|i| pattern(self.seed, i)).collect();
+            let n = tx.send(&chunk)?;
+            self.sent += n;
+            moved |= n > 0;
+        }
+        if self.got.len() < self.len {
+            let want = self.len - self.got.len();
+            let n = if turn % 2 == 0 {
+                let mut b = vec![0u8; want.min(200_003)];
+                let n = rx.recv(&mut b)?;
+                self.got.extend_from_slice(&b[..n]);
+                n
+            } else {
+                // Whole 4-byte elements only, as a reducing receive takes them.
+                let got = &mut self.got;
+                rx.recv_with(want.min(77_777), &mut |s| {
+                    let k = if s.len() + got.len() == self.len {
+                        s.len()
+                    } else {
+                        s.len() / 4 * 4
+                    };
+                    got.extend_from_slice(&s[..k]);
+                    k
+                })?
+            };
+            moved |= n > 0;
+        }
+        Ok(moved)
+    }
+
+    fn done(&self) -> bool {
+        self.sent == self.len && self.got.len() == self.len
+    }
+
+    fn check(&self, what: &str) {
+        assert_eq!(self.got.len(), self.len, "{what}: length");
+        if let Some(i) = (0..self.len).find(|&i| self.got[i] != pattern(self.seed, i)) {
+            panic!(
+                "{what}: byte {i} of {} wrong (duplicated, lost or reordered)",
+                self.len
+            );
+        }
+    }
+}
+
+/// Sends `ab` bytes from A to B and `ba` from B to A at once, driving both endpoints from one
+/// thread; checks every byte. `during` runs between rounds (to cut or pause planes).
+fn exchange(a: &mut Striped, b: &mut Striped, ab: usize, ba: usize, mut during: impl FnMut(usize)) {
+    let (mut f, mut r) = (Flow::new(1, ab), Flow::new(7, ba));
+    let deadline = Instant::now() + PATIENCE;
+    let mut turn = 0;
+    while !(f.done() && r.done()) {
+        during(turn);
+        let m1 = f.step(a, b, turn).expect("A to B");
+        let m2 = r.step(b, a, turn + 1).expect("B to A");
+        if !(m1 || m2) {
+            assert!(
+                Instant::now() < deadline,
+                "no progress: A->B {}/{} sent, {} received; B->A {}/{}, {}; A {}; B {}",
+                f.sent,
+                ab,
+                f.got.len(),
+                r.sent,
+                ba,
+                r.got.len(),
+                describe(a),
+                describe(b)
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        turn += 1;
+    }
+    f.check("A to B");
+    r.check("B to A");
+}
+
+/// A plane closed at any byte of its stream, either way (in a header, in a payload, between
+/// frames, in an ack): the transfer completes on the other plane, each byte exactly once, and
+/// the closed plane is dead on the side that saw it.
+#[test]
+fn a_plane_closed_at_any_byte_loses_and_repeats_nothing() {
+    let frame = (HDR + CHUNK) as u64;
+    let points = [
+        0,
+        1,
+        HDR as u64 - 1,
+        HDR as u64,
+        HDR as u64 + 1,
+        frame - 1,
+        frame,
+        frame + 7,
+        3 * frame + CHUNK as u64 / 2,
+        5 << 20,
+    ];
+    for plane in 0..2 {
+        for dir in 0..2 {
+            for &k in &points {
+                let (mut a, mut b, relays) = relayed_pair(2, Duration::from_millis(200));
+                relays[plane].gates[dir]
+                    .cut_after
+                    .store(k, Ordering::Relaxed);
+                exchange(&mut a, &mut b, 6 << 20, 3 << 20, |_| {});
+                let cut = relays[plane].gates[dir].cut.load(Ordering::Relaxed);
+                if cut {
+                    // Both sides see the close once they use the plane again.
+                    exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+                    assert!(
+                        a.plane_states()[plane] == "dead" || b.plane_states()[plane] == "dead",
+                        "plane {plane} cut at byte {k} of direction {dir}: states A {:?} B {:?}",
+                        a.plane_states(),
+                        b.plane_states()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A plane that holds its bytes (a cut link: TCP reports nothing) is declared down while the
+/// other answers; its bytes go again on the other; when it delivers again (the held bytes
+/// arrive, as duplicates) it is up again. Nothing lost or repeated.
+#[test]
+fn a_stalled_plane_is_routed_around_and_taken_back() {
+    for at in [0u64, 100, (HDR + CHUNK) as u64 + 3, 2 << 20] {
+        let (mut a, mut b, relays) = relayed_pair(2, Duration::from_millis(150));
+        relays[0].gates[0].pause_after.store(at, Ordering::Relaxed);
+        exchange(&mut a, &mut b, 8 << 20, 2 << 20, |_| {});
+        let (failovers, _) = a.failovers();
+        assert!(
+            failovers >= 1 || relays[0].gates[0].forwarded.load(Ordering::Relaxed) < at,
+            "plane 0 held its bytes from {at} on, yet A never routed around it (states {:?})",
+            a.plane_states()
+        );
+        assert_eq!(a.plane_states()[0], "down", "held at {at}");
+        relays[0].gates[0]
+            .pause_after
+            .store(u64::MAX, Ordering::Relaxed);
+        let deadline = Instant::now() + PATIENCE;
+        while a.plane_states()[0] != "up" {
+            assert!(Instant::now() < deadline, "plane 0 never came back");
+            exchange(&mut a, &mut b, 64 << 10, 64 << 10, |_| {});
+        }
+        // Back in the stripe: both planes carry a large transfer.
+        let before = relays[0].gates[0].forwarded.load(Ordering::Relaxed);
+        exchange(&mut a, &mut b, 8 << 20, 1 << 20, |_| {});
+        assert!(relays[0].gates[0].forwarded.load(Ordering::Relaxed) > before + (1 << 20));
+    }
+}
+
+/// When every plane holds its bytes at once (from the first byte, or in mid-transfer), no plane
+/// is declared down: the peer may simply not be reading. The transfer completes once they
+/// deliver again.
+#[test]
+fn when_every_plane_stalls_none_is_declared_down() {
+    for pause_at in [Duration::ZERO, Duration::from_millis(30)] {
+        let (mut a, mut b, relays) = relayed_pair(2, Duration::from_millis(300));
+        let t0 = Instant::now();
+        let (mut paused, mut resumed) = (false, false);
+        exchange(&mut a, &mut b, 48 << 20, 1 << 20, |_| {
+            let t = t0.elapsed();
+            if !paused && t >= pause_at {
+                for r in &relays {
+                    r.gates[0].pause_after.store(0, Ordering::Relaxed);
+                }
+                paused = true;
+            }
+            if !resumed && t >= pause_at + Duration::from_millis(1200) {
+                for r in &relays {
+                    r.gates[0].pause_after.store(u64::MAX, Ordering::Relaxed);
+                }
+                resumed = true;
+            }
+        });
+        assert!(resumed, "the transfer ended before the planes were let go");
+        assert_eq!(
+            a.failovers().0,
+            0,
+            "paused at {pause_at:?}: {}",
+            describe(&a)
+        );
+        assert_eq!(a.plane_states(), ["up", "up"]);
+    }
+}
+
+/// With every plane closed the endpoint fails, naming the peer.
+#[test]
+fn with_every_plane_closed_the_endpoint_fails_naming_the_peer() {
+    let (mut a, mut b, relays) = relayed_pair(2, Duration::from_millis(100));
+    exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+    for r in &relays {
+        r.gates[0].cut_after.store(0, Ordering::Relaxed);
+    }
+    let deadline = Instant::now() + PATIENCE;
+    let e = loop {
+        match a.send(&[7u8; 4096]).and_then(|_| a.recv(&mut [0u8; 16])) {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no error with every plane closed"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    assert_eq!(e.peer_id(), Some(1), "{e}");
+    assert!(e.to_string().contains("every plane"), "{e}");
+}
+
+#[test]
+fn ranges_merge_and_trim() {
+    let mut r = Ranges::default();
+    r.add(10, 20);
+    r.add(30, 40);
+    r.add(20, 30);
+    assert_eq!(r.0, [(10, 40)]);
+    r.add(50, 60);
+    r.add(5, 8);
+    assert_eq!(r.0, [(5, 8), (10, 40), (50, 60)]);
+    r.trim(12);
+    assert_eq!(r.0, [(12, 40), (50, 60)]);
+    assert_eq!(r.run_at(12), 28);
+    assert_eq!(r.run_at(45), 0);
+}
