@@ -392,10 +392,12 @@ impl TcpTransport {
         let what = || format!("TCP connect to peer {peer}");
         net::write_all_by(&mut conns[0].stream, &commit, deadline, &what)
             .map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        let cfg = &ctx.config;
         Ok(Box::new(Striped::new(
             peer,
             conns,
-            ctx.config.plane_timeout,
+            cfg.plane_timeout,
+            cfg.timeout,
         )?))
     }
 }
@@ -511,7 +513,8 @@ impl TcpListenerImpl {
             if let Some(k) = self.groups.iter().position(Group::complete) {
                 let mut g = self.groups.swap_remove(k);
                 g.conns.sort_by_key(|c| c.plane);
-                let ep = Striped::new(g.peer, g.conns, self.ctx.config.plane_timeout)
+                let cfg = &self.ctx.config;
+                let ep = Striped::new(g.peer, g.conns, cfg.plane_timeout, cfg.timeout)
                     .map_err(|e| e.rank(rank))?;
                 return Ok((g.peer, Box::new(ep)));
             }

@@ -11,8 +11,6 @@ pub(super) struct Keeper {
 #[derive(Default)]
 pub(super) struct KeeperList {
     live: Vec<Weak<Mutex<Inner>>>,
-    /// Endpoints dropped with bytes still undelivered, and until when to keep trying.
-    orphans: Vec<(Arc<Mutex<Inner>>, Instant)>,
     poked: bool,
 }
 
@@ -40,14 +38,6 @@ impl Keeper {
         self.list().live.push(Arc::downgrade(ep));
     }
 
-    pub(super) fn keep(&self, ep: Arc<Mutex<Inner>>) {
-        let until = Instant::now() + Duration::from_secs(30);
-        let mut l = self.list();
-        l.orphans.push((ep, until));
-        l.poked = true;
-        self.wake.notify_one();
-    }
-
     pub(super) fn poke(&self) {
         let mut l = self.list();
         if !l.poked {
@@ -61,14 +51,7 @@ impl Keeper {
             let eps: Vec<Arc<Mutex<Inner>>> = {
                 let mut l = self.list();
                 l.live.retain(|w| w.strong_count() > 0);
-                let now = Instant::now();
-                l.orphans.retain(|(ep, until)| {
-                    let g = ep.lock().unwrap_or_else(|p| p.into_inner());
-                    now < *until && g.has_work() && g.planes.iter().any(|p| p.state != State::Dead)
-                });
-                let mut eps: Vec<_> = l.live.iter().filter_map(Weak::upgrade).collect();
-                eps.extend(l.orphans.iter().map(|(ep, _)| ep.clone()));
-                eps
+                l.live.iter().filter_map(Weak::upgrade).collect()
             };
             let mut busy = false;
             for ep in &eps {

@@ -44,8 +44,8 @@ use nix::poll::PollFlags;
 
 use super::LOG_SUBSYS;
 use super::{Endpoint, Interest};
+use crate::ccl_warn;
 use crate::error::{Error, ErrorKind, Result, classify_io};
-use crate::{ccl_info, ccl_warn};
 
 /// Most payload bytes in one data frame: the unit the planes share a transfer in.
 pub const CHUNK: usize = 128 << 10;
@@ -53,11 +53,21 @@ pub const CHUNK: usize = 128 << 10;
 pub const WINDOW: usize = 8 << 20;
 /// The receiver acknowledges at least every this many delivered bytes.
 const ACK_EVERY: u64 = 512 << 10;
+/// ...and at least every this many bytes read from its planes (delivered or not), so that a
+/// sender's in-flight bytes per plane are known within a fraction of [`IN_FLIGHT_MIN`]...
+const READ_ACK_EVERY: u64 = 128 << 10;
 /// ...and at least this often while bytes arrive, so that the sender sees which planes deliver.
 const ACK_INTERVAL: Duration = Duration::from_millis(10);
 /// How often the keeper looks at endpoints with work, and how long a caller must have been away
 /// before it does.
 const KEEPER_TICK: Duration = Duration::from_millis(2);
+/// Bytes a plane may have in flight (written, not yet read by the peer): its measured rate times
+/// [`IN_FLIGHT_TIME`], within [`IN_FLIGHT_MIN`] and a share of the window. A plane full to its
+/// cap takes no frame; the planes share a transfer in proportion to how fast each drains, and
+/// a frame put on a slow plane waits behind at most that long a queue (a kernel socket buffer
+/// left to itself holds megabytes, and a slow plane's would hold the window).
+const IN_FLIGHT_TIME: f64 = 0.008;
+const IN_FLIGHT_MIN: u64 = 1 << 20;
 /// The most planes one endpoint uses.
 pub const MAX_PLANES: usize = 8;
 
@@ -137,6 +147,8 @@ struct Plane {
     heard: Instant,
     /// Since when it has stalled while another plane delivered.
     suspect: Option<Instant>,
+    /// Bytes per second the peer read from it while it had bytes in flight (0: not yet known).
+    rate: f64,
     ack_due: bool,
     ping_due: bool,
     rx: Rx,
@@ -186,6 +198,11 @@ struct Inner {
     read_at_ack: u64,
     scratch: Box<[u8]>,
     seam: [u8; 64],
+    /// Set when the last plane failed: every later call fails with it, once the bytes that
+    /// arrived before are delivered.
+    failed: Option<Error>,
+    /// Dropped, lingering: a plane the peer closes now is the peer closing too, not news.
+    closing: bool,
     // What happened, for the log and tests.
     failovers: u64,
     resent: u64,
@@ -197,6 +214,8 @@ pub struct Striped {
     peer: usize,
     /// Each plane's socket, for `wait_fds`, with what to wait for on it.
     fds: Vec<(Arc<TcpStream>, PollFlags)>,
+    /// How long a drop waits for the peer to acknowledge what it was handed.
+    linger: Duration,
 }
 
 impl std::fmt::Debug for Striped {
@@ -209,8 +228,15 @@ impl std::fmt::Debug for Striped {
 }
 
 impl Striped {
-    /// An endpoint over `conns` (at least one) to `peer`; `down_after` is `CCL_PLANE_TIMEOUT`.
-    pub fn new(peer: usize, conns: Vec<PlaneConn>, down_after: Duration) -> Result<Striped> {
+    /// An endpoint over `conns` (at least one) to `peer`; `down_after` is
+    /// `CCL_PLANE_TIMEOUT_MS`, `linger` bounds how long a drop waits for the peer to
+    /// acknowledge what it was handed (the communicator's timeout).
+    pub fn new(
+        peer: usize,
+        conns: Vec<PlaneConn>,
+        down_after: Duration,
+        linger: Duration,
+    ) -> Result<Striped> {
         let now = Instant::now();
         let mut planes = Vec::with_capacity(conns.len());
         for c in conns {
@@ -235,6 +261,7 @@ impl Striped {
                 moved: now,
                 heard: now,
                 suspect: None,
+                rate: 0.0,
                 ack_due: false,
                 ping_due: false,
                 rx: Rx::Header(0),
@@ -265,11 +292,18 @@ impl Striped {
             read_at_ack: 0,
             scratch: vec![0u8; 64 << 10].into_boxed_slice(),
             seam: [0; 64],
+            failed: None,
+            closing: false,
             failovers: 0,
             resent: 0,
         }));
         keeper().add(&inner);
-        Ok(Striped { inner, peer, fds })
+        Ok(Striped {
+            inner,
+            peer,
+            fds,
+            linger,
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -314,6 +348,7 @@ impl Inner {
     fn owe_acks(&mut self) {
         let read: u64 = self.planes.iter().map(|p| p.read).sum();
         let due = self.next - self.ack_sent >= ACK_EVERY
+            || read - self.read_at_ack >= READ_ACK_EVERY
             || ((read > self.read_at_ack || self.next > self.ack_sent)
                 && self.ack_sent_at.elapsed() >= ACK_INTERVAL);
         if due {
@@ -348,6 +383,9 @@ impl Endpoint for Striped {
         }
         let mut g = self.lock();
         g.touched = Instant::now();
+        if let Some(e) = &g.failed {
+            return Err(e.clone());
+        }
         let n = g.send(src)?;
         let work = g.has_work();
         drop(g);
@@ -365,8 +403,15 @@ impl Endpoint for Striped {
         g.touched = Instant::now();
         let mut n = g.take_ring(dst);
         if n == 0 {
+            if let Some(e) = &g.failed {
+                return Err(e.clone());
+            }
             for i in 0..g.planes.len() {
-                n += g.drain(i, Some(&mut dst[n..]), false)?;
+                match g.drain(i, Some(&mut dst[n..]), false) {
+                    Ok(k) => n += k,
+                    // Bytes that arrived before the last plane failed are delivered first.
+                    Err(e) => return if n > 0 { Ok(n) } else { Err(e) },
+                }
                 if n == dst.len() {
                     break;
                 }
@@ -374,9 +419,14 @@ impl Endpoint for Striped {
         }
         // Nothing in order anywhere: read ahead (the next bytes may sit behind frames that a
         // failover sent early), then serve what that brought.
-        g.service(n == 0)?;
+        let serviced = g.service(n == 0);
         if n == 0 {
             n = g.take_ring(dst);
+        }
+        match serviced {
+            Err(e) if n == 0 => return Err(e),
+            Err(_) => return Ok(n),
+            Ok(()) => {}
         }
         g.owe_acks();
         g.pump()?;
@@ -390,7 +440,13 @@ impl Endpoint for Striped {
         let mut g = self.lock();
         g.touched = Instant::now();
         if g.have.run_at(g.next) == 0 {
-            g.service(true)?;
+            if let Some(e) = &g.failed {
+                return Err(e.clone());
+            }
+            let serviced = g.service(true);
+            if g.have.run_at(g.next) == 0 {
+                serviced?;
+            }
         }
         let run = (g.have.run_at(g.next) as usize).min(max);
         if run == 0 {
@@ -416,8 +472,10 @@ impl Endpoint for Striped {
         g.next += used as u64;
         let next = g.next;
         g.have.trim(next);
-        g.owe_acks();
-        g.pump()?;
+        if g.failed.is_none() {
+            g.owe_acks();
+            g.pump()?;
+        }
         Ok(used)
     }
 
@@ -426,7 +484,21 @@ impl Endpoint for Striped {
         let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
         g.touched = Instant::now();
         let before = (g.next, g.acked, g.have.run_at(g.next));
-        g.service(true)?;
+        if let Some(e) = &g.failed {
+            // Bytes that arrived before the failure are still to be taken.
+            return if g.have.run_at(g.next) > 0 {
+                Ok(false)
+            } else {
+                Err(e.clone())
+            };
+        }
+        if let Err(e) = g.service(true) {
+            return if g.have.run_at(g.next) > 0 {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
         if (g.next, g.acked, g.have.run_at(g.next)) != before
             || (interest.recv && g.have.run_at(g.next) > 0)
         {
@@ -457,15 +529,35 @@ impl Endpoint for Striped {
 }
 
 impl Drop for Striped {
+    /// Lingers until every byte the caller handed over is in a socket of a plane that is up
+    /// (as a closed TCP socket's bytes go on after its process ends), every plane failed, or
+    /// the communicator's timeout passed: until then the last operation's bytes live only in
+    /// this process's memory.
     fn drop(&mut self) {
-        // Bytes the caller handed over are delivered like a closed socket's: the keeper keeps
-        // the endpoint until they are acknowledged or every plane failed (bounded: see
-        // `Keeper::run`).
-        let g = self.lock();
-        let owed = g.taken > g.acked || g.planes.iter().any(|p| p.tx.is_some());
-        drop(g);
-        if owed {
-            keeper().keep(self.inner.clone());
+        let until = Instant::now() + self.linger;
+        loop {
+            let mut g = self.lock();
+            g.touched = Instant::now();
+            g.closing = true;
+            let _ = g.service(true);
+            let unwritten = !g.resend.is_empty()
+                || g.planes
+                    .iter()
+                    .any(|p| p.state == State::Up && p.tx.is_some());
+            if !unwritten || g.planes.iter().all(|p| p.state == State::Dead) {
+                return;
+            }
+            if Instant::now() >= until {
+                ccl_warn!(
+                    None,
+                    "TCP planes to peer {}: closed with bytes not yet written after {:.0} s",
+                    self.peer,
+                    self.linger.as_secs_f64()
+                );
+                return;
+            }
+            drop(g);
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 }

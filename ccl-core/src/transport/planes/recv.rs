@@ -109,11 +109,23 @@ impl Inner {
         }
         for (p, &r) in self.planes.iter_mut().zip(reads) {
             if r > p.peer_read {
-                p.peer_read = r.min(p.wrote);
+                let moved = r.min(p.wrote) - p.peer_read;
+                // Delivery rate while the plane had bytes in flight (`moved` is when the last
+                // ack advanced or the plane went from idle to busy): what sizes its share.
+                let dt = (now - p.moved).as_secs_f64();
+                if moved >= 64 << 10 && dt > 0.0 {
+                    let sample = moved as f64 / dt;
+                    p.rate = if p.rate == 0.0 {
+                        sample
+                    } else {
+                        0.75 * p.rate + 0.25 * sample
+                    };
+                }
+                p.peer_read += moved;
                 p.moved = now;
                 if p.state == State::Down && p.peer_read == p.wrote {
                     p.state = State::Up;
-                    ccl_info!(
+                    ccl_warn!(
                         None,
                         "TCP {} to peer {} delivers again; it takes its share of new frames",
                         p.name(),

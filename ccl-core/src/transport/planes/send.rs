@@ -30,15 +30,19 @@ impl Inner {
             .filter(|p| p.state != State::Dead)
             .count();
         if alive == 0 {
-            return Err(e.context("every plane to this peer failed"));
+            let e = e.context("every plane to this peer failed");
+            self.failed = Some(e.clone());
+            return Err(e);
         }
-        ccl_warn!(
-            None,
-            "TCP {} to peer {} failed ({e}); {alive} plane(s) left, its unacknowledged bytes go \
-             again on them",
-            self.planes[i].name(),
-            self.peer
-        );
+        if !self.closing {
+            ccl_warn!(
+                None,
+                "TCP {} to peer {} failed ({e}); {alive} plane(s) left, its unacknowledged bytes go \
+                 again on them",
+                self.planes[i].name(),
+                self.peer
+            );
+        }
         self.requeue(i);
         Ok(())
     }
@@ -119,6 +123,14 @@ impl Inner {
         }
     }
 
+    /// Whether plane `i` has room for another frame under its in-flight cap.
+    pub(super) fn has_room(&self, i: usize) -> bool {
+        let p = &self.planes[i];
+        let share = (WINDOW / (2 * self.planes.len())) as u64;
+        let cap = ((p.rate * IN_FLIGHT_TIME) as u64).clamp(IN_FLIGHT_MIN, share.max(IN_FLIGHT_MIN));
+        p.wrote - p.peer_read < cap
+    }
+
     /// Starts a data frame of `[off, off + len)` on plane `i`.
     pub(super) fn frame(&mut self, i: usize, off: u64, len: usize) {
         let mut head = [0u8; HDR + ACK_MAX];
@@ -184,6 +196,9 @@ impl Inner {
                     self.control(i, PING);
                     continue;
                 }
+                if !self.has_room(i) {
+                    break;
+                }
                 let Some(&(s, e)) = self.resend.first() else {
                     break;
                 };
@@ -218,7 +233,7 @@ impl Inner {
                 }
                 continue;
             }
-            let usable = self.planes[i].state == State::Up;
+            let usable = self.planes[i].state == State::Up && self.has_room(i);
             if !usable || !self.flush(i)? || self.planes[i].state != State::Up {
                 full |= 1 << i;
                 if full.count_ones() as usize == n {

@@ -126,8 +126,8 @@ fn relayed_pair(n: usize, down_after: Duration) -> (Striped, Striped, Vec<Relay>
             });
         }
     }
-    let a = Striped::new(1, ca, down_after).unwrap();
-    let b = Striped::new(0, cb, down_after).unwrap();
+    let a = Striped::new(1, ca, down_after, PATIENCE).unwrap();
+    let b = Striped::new(0, cb, down_after, PATIENCE).unwrap();
     (a, b, relays)
 }
 
