@@ -26,10 +26,10 @@ case "$what" in
   # util-linux: the Python tests run in a loopback-only network namespace; rdma-core and the
   # providers: the verbs tests (in the SoftRoCE VM); the rdma-core headers, pkg-config and
   # libclang: ccl-ibverbs' layout check (`--features layout-check`: rdma-sys generates bindings
-  # from the headers to compare with the crate's own); python3-venv unless a Python with venv is
-  # already there.
+  # from the headers to compare with the crate's own); nftables: scripts/two-planes.sh drops a
+  # plane's packets; python3-venv unless a Python with venv is already there.
   test)
-    pkgs+=(procps binutils g++ iproute2 util-linux rdma-core ibverbs-providers ibverbs-utils)
+    pkgs+=(procps binutils g++ iproute2 util-linux nftables rdma-core ibverbs-providers ibverbs-utils)
     pkgs+=(pkg-config libibverbs-dev librdmacm-dev libclang-dev)
     if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
       pkgs+=(python3 python3-venv python3-pip)

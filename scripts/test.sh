@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, in-process multi-rank, and multi-process tests (the C ABI through
 # the header from C, the Rust training example), a small simulator run, two "hosts" on this
-# machine (shared memory within, TCP across), then the Python package, the torch.distributed
-# backend, DDP under torchrun and a named subset of PyTorch's own distributed tests
+# machine (shared memory within, TCP across), two network planes between two namespaces
+# (scripts/two-planes.sh --quick: a plane cut, dropped, throttled, flapped), then the Python
+# package, the torch.distributed backend, DDP under torchrun and a named subset of PyTorch's own
+# distributed tests
 # (python/tests/test_torch_conformance.py; the whole class is scripts/torch-conformance.sh),
 # two training frameworks against Gloo (scripts/frameworks.sh --quick lightning torchft), small
 # cases of the CPU-inference benchmarks (scripts/tp-decode.sh --quick, a bf16 compare.sh run),
@@ -36,6 +38,9 @@ echo "== simulator: one small experiment"
 scripts/sim-smoke.sh
 echo "== two hosts on one machine (UTS namespaces): shm within hosts, tcp across"
 rc=0; scripts/two-hosts.sh || rc=$?
+if [ "$rc" = 77 ]; then echo "(skipped: needs root)"; elif [ "$rc" != 0 ]; then exit "$rc"; fi
+echo "== two network planes between two namespaces: a plane cut, dropped, throttled and flapped under an allreduce loop (small case)"
+rc=0; scripts/two-planes.sh --quick || rc=$?
 if [ "$rc" = 77 ]; then echo "(skipped: needs root)"; elif [ "$rc" != 0 ]; then exit "$rc"; fi
 
 echo "== set-up at scale: a small case of scripts/scale-init.sh"

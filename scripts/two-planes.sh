@@ -38,7 +38,7 @@ fi
 if ! command -v nft >/dev/null; then
   (apt-get install -y -q nftables || { apt-get update -q && apt-get install -y -q nftables; }) >/dev/null
 fi
-cargo build --release -q -p ccl-examples --bin allreduce_loop
+cargo build --release -q --workspace --bin allreduce_loop
 out=target/two-planes
 mkdir -p "$out"
 rm -f "$out"/*.out "$out"/*.err "$out"/*.events

@@ -157,6 +157,14 @@ pub struct Fabric {
     pub seed: u64,
     /// Hosts whose NIC runs at a fraction of its speed: (host, fraction).
     pub slow_hosts: Vec<(usize, f64)>,
+    /// A connection between hosts stripes over every NIC of the host (each a network plane,
+    /// NIC `i` of one host to NIC `i` of the other), each NIC's share in proportion to its
+    /// rate, as the TCP transport's planes share a transfer by the rate each delivers; without
+    /// it rank `i` of a host uses NIC `i % nics` alone.
+    pub stripe_nics: bool,
+    /// NICs running at a fraction of their speed, 0 for a plane that is down (with
+    /// `stripe_nics`): (host, NIC, fraction).
+    pub slow_nics: Vec<(usize, usize, f64)>,
 }
 
 impl Default for Fabric {
@@ -187,6 +195,8 @@ impl Default for Fabric {
             placement: Placement::Racks,
             seed: 1,
             slow_hosts: Vec::new(),
+            stripe_nics: false,
+            slow_nics: Vec::new(),
         }
     }
 }
@@ -372,6 +382,21 @@ impl Fabric {
                 ));
             }
         }
+        for &(h, n, f) in &self.slow_nics {
+            if h >= self.hosts() || n >= self.nics_per_host {
+                return Err(format!(
+                    "slow-nic {h} {n}: there are {} hosts of {} NICs",
+                    self.hosts(),
+                    self.nics_per_host
+                ));
+            }
+            if !(f.is_finite() && (f > 0.0 || (f == 0.0 && self.stripe_nics))) {
+                return Err(format!(
+                    "slow-nic {h} {n}: the rate fraction must be positive (or 0, a plane down, \
+                     with stripe-nics), not {f}"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -434,6 +459,11 @@ impl Fabric {
                     [_, h, x] => f.slow_hosts.push((count(h)?, num(x)?)),
                     _ => return Err(bad("expected 'slow-host HOST FRACTION'".into())),
                 },
+                "stripe-nics" => f.stripe_nics = count(one()?)? != 0,
+                "slow-nic" => match t[..] {
+                    [_, h, n, x] => f.slow_nics.push((count(h)?, count(n)?, num(x)?)),
+                    _ => return Err(bad("expected 'slow-nic HOST NIC FRACTION'".into())),
+                },
                 _ => return Err(bad(format!("unknown key '{key}'"))),
             }
         }
@@ -494,6 +524,12 @@ impl Fabric {
             },
         );
         kv("seed", self.seed.to_string());
+        if self.stripe_nics {
+            kv("stripe-nics", "1".into());
+        }
+        for (h, n, x) in &self.slow_nics {
+            kv("slow-nic", format!("{h} {n} {x}"));
+        }
         for (h, x) in &self.slow_hosts {
             kv("slow-host", format!("{h} {x}"));
         }
@@ -547,6 +583,12 @@ impl Network {
                     let (_, base, _) = tiers[Tier::ALL.iter().position(|&y| y == t).expect("tier")];
                     capacity[(base as usize) + h * f.nics_per_host + nic] *= x;
                 }
+            }
+        }
+        for &(h, nic, x) in &f.slow_nics {
+            for t in [Tier::NicUp, Tier::NicDown] {
+                let (_, base, _) = tiers[Tier::ALL.iter().position(|&y| y == t).expect("tier")];
+                capacity[(base as usize) + h * f.nics_per_host + nic] *= x;
             }
         }
         let mut host_of: Vec<u32> = (0..hosts as u32).collect();
@@ -649,6 +691,30 @@ impl Network {
             as u32
     }
 
+    /// The NICs a connection between hosts `a` and `b` uses, with the share of its bytes each
+    /// carries: its own NIC, or with `stripe_nics` every plane in proportion to the lesser of
+    /// its two ends' rates (a plane down carries nothing).
+    fn nic_shares(&self, a: &Spot, b: &Spot) -> Vec<(usize, f64)> {
+        let f = &self.fabric;
+        if !f.stripe_nics {
+            return vec![(a.nic, 1.0)];
+        }
+        let rate = |nic: usize| {
+            let up = self.capacity[self.base(Tier::NicUp) + a.host * f.nics_per_host + nic];
+            let down = self.capacity[self.base(Tier::NicDown) + b.host * f.nics_per_host + nic];
+            up.min(down)
+        };
+        let total: f64 = (0..f.nics_per_host).map(rate).sum();
+        if total == 0.0 {
+            // Every plane down: the connection has nothing left (its time is infinite).
+            return vec![(a.nic, 1.0)];
+        }
+        (0..f.nics_per_host)
+            .filter(|&n| rate(n) > 0.0)
+            .map(|n| (n, rate(n) / total))
+            .collect()
+    }
+
     /// The links of connection `src -> dst` and the share of its bytes each carries.
     // Long: the path of every QP at every tier, and spraying's spread over all of them, for the
     // three kinds of connection (same rack, same zone, across zones), then merged.
@@ -663,13 +729,15 @@ impl Network {
                 ports: Vec::new(),
             };
         }
-        let nic_up = (self.base(Tier::NicUp) + a.host * f.nics_per_host + a.nic) as u32;
-        let nic_down = (self.base(Tier::NicDown) + b.host * f.nics_per_host + b.nic) as u32;
         let q = f.qps;
         let share = 1.0 / q as f64;
-        let mut links: Vec<(u32, f64)> = Vec::with_capacity(2 + 4 * q);
-        links.push((nic_up, 1.0));
-        links.push((nic_down, 1.0));
+        let mut links: Vec<(u32, f64)> = Vec::with_capacity(2 * f.nics_per_host + 4 * q);
+        for (nic, w) in self.nic_shares(&a, &b) {
+            let up = (self.base(Tier::NicUp) + a.host * f.nics_per_host + nic) as u32;
+            let down = (self.base(Tier::NicDown) + b.host * f.nics_per_host + nic) as u32;
+            links.push((up, w));
+            links.push((down, w));
+        }
         let hops = if a.rack == b.rack {
             2
         } else if a.zone == b.zone {
