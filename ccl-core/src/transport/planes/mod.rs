@@ -77,6 +77,8 @@ const MAGIC: [u8; 2] = *b"CF";
 const DATA: u8 = 1;
 const ACK: u8 = 2;
 const PING: u8 = 3;
+/// The sender is closing the endpoint: the planes closing next are its goodbye, not failures.
+const BYE: u8 = 4;
 /// An ack's payload: delivered offset, then bytes read per plane.
 const ACK_MAX: usize = 8 + 8 * MAX_PLANES;
 
@@ -545,6 +547,7 @@ impl Drop for Striped {
                     .iter()
                     .any(|p| p.state == State::Up && p.tx.is_some());
             if !unwritten || g.planes.iter().all(|p| p.state == State::Dead) {
+                g.goodbye();
                 return;
             }
             if Instant::now() >= until {

@@ -35,7 +35,7 @@ impl Inner {
             let kind = h[2];
             let len = u32::from_le_bytes(h[4..8].try_into().expect("4")) as usize;
             let off = u64::from_le_bytes(h[8..16].try_into().expect("8"));
-            if h[..2] != MAGIC || !matches!(kind, DATA | ACK | PING) {
+            if h[..2] != MAGIC || !matches!(kind, DATA | ACK | PING | BYE) {
                 let e = Error::internal(format!(
                     "TCP {} from peer {}: bad frame header {:02x?} (a corrupted stream)",
                     p.name(),
@@ -74,6 +74,10 @@ impl Inner {
                     }
                     p.rx = Rx::Header(0);
                     self.on_ack(delivered, &reads[..planes.min(MAX_PLANES)]);
+                }
+                (BYE, _) => {
+                    p.rx = Rx::Header(0);
+                    self.closing = true;
                 }
                 (PING, _) => {
                     p.rx = Rx::Header(0);

@@ -123,6 +123,18 @@ impl Inner {
         }
     }
 
+    /// Tells the peer, on every plane that takes it now, that this end is closing: its planes'
+    /// closes are then no news to it. Best effort: a plane whose socket is full says nothing.
+    pub(super) fn goodbye(&mut self) {
+        for i in 0..self.planes.len() {
+            if self.planes[i].state == State::Dead || self.planes[i].tx.is_some() {
+                continue;
+            }
+            self.control(i, BYE);
+            let _ = self.flush(i);
+        }
+    }
+
     /// Whether plane `i` has room for another frame under its in-flight cap.
     pub(super) fn has_room(&self, i: usize) -> bool {
         let p = &self.planes[i];
