@@ -173,7 +173,9 @@ print(f"| two planes, busbw (GB/s) | {two:.3f} ({two / one:.2f}x one plane) |")
 for name, what in (("cut", "plane 1 link down"), ("drop", "plane 0 (rendezvous plane) dropping all")):
     rows, ev = iters(name), events(name)
     t_down = next(t for t, e in ev if e == "down"); t_up = next(t for t, e in ev if e == "up")
-    hit = [r for r in rows if r[0] <= t_down <= r[1]]
+    # The iterations under way when the plane went out or started in the next 2 s (finding a
+    # cut takes CCL_PLANE_TIMEOUT_MS and more after the cut itself).
+    hit = [r for r in rows if r[1] >= t_down and r[0] <= t_down + 2]
     stall = (max(r[2] for r in hit) - two_ms) / 1e3 if hit else 0.0
     during = [r[3] for r in rows if r[0] >= t_down + 1.5 and r[1] <= t_up]
     healthy = 0.9 * med([r[3] for r in rows if r[1] < t_down])

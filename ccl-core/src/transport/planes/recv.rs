@@ -117,7 +117,8 @@ impl Inner {
                 // Delivery rate while the plane had bytes in flight (`moved` is when the last
                 // ack advanced or the plane went from idle to busy): what sizes its share.
                 let dt = (now - p.moved).as_secs_f64();
-                if moved >= 64 << 10 && dt > 0.0 {
+                // A stall (a cut, a down plane catching up) is no measure of the rate.
+                if moved >= 64 << 10 && dt > 0.0 && dt < 0.25 {
                     let sample = moved as f64 / dt;
                     p.rate = if p.rate == 0.0 {
                         sample
@@ -129,6 +130,7 @@ impl Inner {
                 p.moved = now;
                 if p.state == State::Down && p.peer_read == p.wrote {
                     p.state = State::Up;
+                    p.rate = 0.0;
                     ccl_warn!(
                         None,
                         "TCP {} to peer {} delivers again; it takes its share of new frames",

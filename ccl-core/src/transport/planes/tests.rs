@@ -331,7 +331,16 @@ fn a_stalled_plane_is_routed_around_and_taken_back() {
         // Back in the stripe: both planes carry a large transfer.
         let before = relays[0].gates[0].forwarded.load(Ordering::Relaxed);
         exchange(&mut a, &mut b, 8 << 20, 1 << 20, |_| {});
-        assert!(relays[0].gates[0].forwarded.load(Ordering::Relaxed) > before + (1 << 20));
+        let (now0, now1) = (
+            relays[0].gates[0].forwarded.load(Ordering::Relaxed),
+            relays[1].gates[0].forwarded.load(Ordering::Relaxed),
+        );
+        assert!(
+            now0 > before + (1 << 20),
+            "plane 0 carried {} of 8 MiB after it came back (plane 1: {now1} in all); A {}",
+            now0 - before,
+            describe(&a)
+        );
     }
 }
 
