@@ -77,37 +77,55 @@ fn a_sender_never_connected_before_is_found() {
 fn collective_passed_over(t: TransportKind) {
     let mut cfg = config(t, Duration::from_secs(60));
     cfg.algo = Some("allreduce:ring".into());
-    // Rank 1 sends only once rank 0 has received rank 2's send (the ranks are threads here),
-    // so the order is fixed however the machine schedules them.
-    let first_taken = Arc::new(AtomicBool::new(false));
-    let got = run_ranks(3, cfg, move |comm| {
-        let me = comm.rank();
-        let mut order = Vec::new();
-        match me {
-            0 => {
-                for _ in 0..2 {
+    // Rank 1 sends only once rank 0's own probe has seen rank 2's allreduce header (read ahead,
+    // and named in the probe's timeout), so the case is the one named whatever the machine's
+    // load: the state is waited for, not a time.
+    let seen = Arc::new(AtomicBool::new(false));
+    let got = run_ranks_with(
+        3,
+        cfg,
+        |rank, c| {
+            if rank == 0 {
+                c.timeout = Duration::from_secs(2);
+            }
+        },
+        move |comm| {
+            let me = comm.rank();
+            let mut order = Vec::new();
+            match me {
+                0 => {
                     let mut b = [0u64; 4];
                     let from = comm.recv_any(&mut b).unwrap();
-                    assert_eq!(b, [from as u64 * 11; 4]);
+                    assert_eq!((from, b), (2, [22; 4]), "rank 2 sends first");
                     order.push(from);
-                    first_taken.store(true, Ordering::Release);
+                    loop {
+                        let e = comm.probe().expect_err("rank 1 sends only when told");
+                        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+                        if e.to_string()
+                            .contains("peer 2's next operation here is allreduce")
+                        {
+                            break;
+                        }
+                    }
+                    seen.store(true, Ordering::Release);
+                    let from = comm.recv_any(&mut b).unwrap();
+                    assert_eq!(b, [11; 4]);
+                    order.push(from);
                 }
-            }
-            1 => {
-                while !first_taken.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(10));
+                1 => {
+                    while !seen.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    comm.send(&[11u64; 4], 0).unwrap();
                 }
-                // Time for rank 2's allreduce header to reach rank 0 first.
-                std::thread::sleep(Duration::from_millis(200));
-                comm.send(&[11u64; 4], 0).unwrap();
+                _ => comm.send(&[22u64; 4], 0).unwrap(),
             }
-            _ => comm.send(&[22u64; 4], 0).unwrap(),
-        }
-        let mut v: Vec<f64> = (0..3000).map(|i| (i * (me + 1)) as f64).collect();
-        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
-        let exact = v.iter().enumerate().all(|(i, &x)| x == (i * 6) as f64);
-        (order, exact)
-    });
+            let mut v: Vec<f64> = (0..3000).map(|i| (i * (me + 1)) as f64).collect();
+            comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            let exact = v.iter().enumerate().all(|(i, &x)| x == (i * 6) as f64);
+            (order, exact)
+        },
+    );
     assert_eq!(got[0].0, vec![2, 1], "{t:?}: rank 0's senders in order");
     for (r, (_, exact)) in got.iter().enumerate() {
         assert!(exact, "{t:?}: rank {r}'s allreduce after the receives");
