@@ -15,9 +15,33 @@
 #   CCL_SKIP_RXE=1      skip the SoftRoCE VM part (it downloads a kernel and qemu once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's wall time, printed at the end (also when a stage fails): where CI's time goes.
+stage_names=() stage_secs=() stage_t0=$SECONDS
+stage() {
+  stage_end
+  stage_names+=("$1")
+  stage_t0=$SECONDS
+  echo "== $1"
+}
+stage_end() {
+  [ ${#stage_names[@]} -gt ${#stage_secs[@]} ] && stage_secs+=($((SECONDS - stage_t0)))
+  return 0
+}
+stage_times() {
+  local rc=$? i
+  stage_end
+  echo "== stage times (s)"
+  for i in "${!stage_names[@]}"; do
+    printf '%6d  %s\n' "${stage_secs[$i]}" "${stage_names[$i]}"
+  done
+  printf '%6d  total\n' "$SECONDS"
+  return $rc
+}
+trap stage_times EXIT
+stage "dependencies"
 scripts/install-deps.sh test
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
-echo "== cargo test (workspace, release)"
+stage "cargo test (workspace, release)"
 # The verdict trials of ccl-bench's faults run 3 times per fault and algorithm here (each
 # trial waits out a 2 s timeout); `cargo test --release -p ccl-bench --test faults` alone runs
 # the full ten.
@@ -27,28 +51,28 @@ FAULT_REPEATS=${FAULT_REPEATS:-3} cargo test --release --workspace
 cargo test --release -p ccl-ibverbs --features layout-check
 # The reruns name their test binary with --workspace, not -p: a single package resolves
 # features differently and would build the library and binary again (minutes of CI).
-echo "== the collectives again, with every pair connected at set-up (CCL_CONNECT=eager)"
+stage "the collectives again, with every pair connected at set-up (CCL_CONNECT=eager)"
 CCL_CONNECT=eager cargo test --release --workspace --test suite -- collectives:: vcoll:: mismatch::
-echo "== the fault suites again, with the job monitor a tree of hubs (CCL_MONITOR_FANOUT=2: of 4 ranks, 0 and 2 are hubs)"
+stage "the fault suites again, with the job monitor a tree of hubs (CCL_MONITOR_FANOUT=2: of 4 ranks, 0 and 2 are hubs)"
 CCL_MONITOR_FANOUT=2 cargo test --release --workspace --test suite -- recover:: diagnosis:: errors:: lazy::
 CCL_MONITOR_FANOUT=2 FAULT_REPEATS=1 cargo test --release --workspace --test faults -- \
   killing_a_rank_fails_every_survivor_naming_it survivors_of_random_kills survivors_of_rank_0 \
   named_by_every_survivors_error named_dead_by_every_survivors_error
-echo "== simulator: one small experiment"
+stage "simulator: one small experiment"
 scripts/sim-smoke.sh
-echo "== two hosts on one machine (UTS namespaces): shm within hosts, tcp across"
+stage "two hosts on one machine (UTS namespaces): shm within hosts, tcp across"
 rc=0; scripts/two-hosts.sh || rc=$?
 if [ "$rc" = 77 ]; then echo "(skipped: needs root)"; elif [ "$rc" != 0 ]; then exit "$rc"; fi
-echo "== two network planes between two namespaces: a plane cut, dropped, throttled and flapped under an allreduce loop (small case)"
+stage "two network planes between two namespaces: a plane cut, dropped, throttled and flapped under an allreduce loop (small case)"
 rc=0; scripts/two-planes.sh --quick || rc=$?
 if [ "$rc" = 77 ]; then echo "(skipped: needs root)"; elif [ "$rc" != 0 ]; then exit "$rc"; fi
 
-echo "== set-up at scale: a small case of scripts/scale-init.sh"
+stage "set-up at scale: a small case of scripts/scale-init.sh"
 scripts/scale-init.sh --quick
 python3 scripts/scale-model.py --self-test
 
 python_tests() {
-echo "== python package (numpy, torch, torch.distributed backend, DDP under torchrun, PyTorch's tests)"
+stage "python package (numpy, torch, torch.distributed backend, DDP under torchrun, PyTorch's tests)"
 cargo build --release --workspace
 venv=$(CCL_LIBRARY="$PWD/target/release/libccl.so" scripts/python-setup.sh | tail -n 1)
 # With torch installed, the install must have compiled the native torch backend for it (the
@@ -68,11 +92,11 @@ else
   echo "(no network namespace available; the tests use loopback addresses only)"
   "$venv/bin/pytest" -q python/tests
 fi
-echo "== training frameworks on oxccl against Gloo: the cheapest two (scripts/frameworks.sh runs all six)"
+stage "training frameworks on oxccl against Gloo: the cheapest two (scripts/frameworks.sh runs all six)"
 CCL_VENV="$venv" scripts/frameworks.sh --quick lightning torchft
-echo "== CPU inference: tensor-parallel decoding through torch (tokens equal to Gloo's), a small model"
+stage "CPU inference: tensor-parallel decoding through torch (tokens equal to Gloo's), a small model"
 CCL_VENV="$venv" scripts/tp-decode.sh --quick
-echo "== bf16 allreduce beside Open MPI (a user-defined bf16 sum there), small sizes, results checked"
+stage "bf16 allreduce beside Open MPI (a user-defined bf16 sum there), small sizes, results checked"
 ROUNDS=1 MAX=65536 ITERS=5 ITERS_SMALL=200 WARM_SMALL=20 QUIET_WAIT=0 DTYPE=bf16 \
   scripts/compare.sh shm 2
 }
@@ -86,6 +110,6 @@ fi
 if [ "${CCL_SKIP_RXE:-0}" = 1 ]; then
   echo "== SoftRoCE (rxe) tests skipped (CCL_SKIP_RXE=1)"
 else
-  echo "== SoftRoCE (rxe) tests in the VM"
+  stage "SoftRoCE (rxe) tests in the VM"
   scripts/rxe-tests.sh
 fi
