@@ -61,6 +61,10 @@ const ACK_INTERVAL: Duration = Duration::from_millis(10);
 /// How often the keeper looks at endpoints with work, and how long a caller must have been away
 /// before it does.
 const KEEPER_TICK: Duration = Duration::from_millis(2);
+/// How long a caller that prepared to wait may sleep on the planes' descriptors before it calls
+/// again (the executor wakes at least every 100 ms): the keeper leaves such an endpoint alone,
+/// since reading the bytes the caller sleeps for would take its wake-up away.
+const CALLER_SLEEPS: Duration = Duration::from_millis(100);
 /// Bytes a plane may have in flight (written, not yet read by the peer): its measured rate times
 /// [`IN_FLIGHT_TIME`], within [`IN_FLIGHT_MIN`] and a share of the window. A plane full to its
 /// cap takes no frame; the planes share a transfer in proportion to how fast each drains, and
@@ -181,6 +185,7 @@ struct Inner {
     down_after: Duration,
     /// Next plane to offer a frame.
     turn: usize,
+    /// When the caller last called (or, while it may sleep on the planes, until when it may).
     touched: Instant,
     // Sending.
     out: Ring,
@@ -484,7 +489,7 @@ impl Endpoint for Striped {
     fn prepare_wait(&mut self, interest: Interest) -> Result<bool> {
         let Striped { inner, fds, .. } = self;
         let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
-        g.touched = Instant::now();
+        g.touched = Instant::now() + CALLER_SLEEPS;
         let before = (g.next, g.acked, g.have.run_at(g.next));
         if let Some(e) = &g.failed {
             // Bytes that arrived before the failure are still to be taken.
