@@ -12,7 +12,7 @@
 #   drop   plane 0 (the rendezvous plane) dropping every packet (nft) for CUT seconds
 #   half   plane 1 throttled to half its rate mid-loop
 #   flaps  plane 1 cut and restored FLAPS times in a row (down 1 s, up 1 s)
-# and reports, from the iteration times: two planes against one, the longest stall a cut
+# and reports, from the iteration times and the logs: two planes against one, how long a cut
 # caused, busbw while a plane was out against one plane's, how long after a plane returned
 # its share came back, the half-rate time against healthy. Fails when any rank fails or any
 # result is wrong; the figures are measurements, reported, not pass/fail.
@@ -170,17 +170,24 @@ two_ms = med([r[2] for r in iters("two")])
 print(f"| measure | value |\n|---|---|")
 print(f"| one plane, busbw (GB/s) | {one:.3f} |")
 print(f"| two planes, busbw (GB/s) | {two:.3f} ({two / one:.2f}x one plane) |")
+import re
+one_ms = med([r[2] for r in iters("one")])
 for name, what in (("cut", "plane 1 link down"), ("drop", "plane 0 (rendezvous plane) dropping all")):
     rows, ev = iters(name), events(name)
     t_down = next(t for t, e in ev if e == "down"); t_up = next(t for t, e in ev if e == "up")
-    # The iterations under way when the plane went out or started in the next 2 s (finding a
-    # cut takes CCL_PLANE_TIMEOUT_MS and more after the cut itself).
+    # How long the plane's bytes went unread before it was declared down (each rank's log).
+    found = [int(m[1]) for f in glob.glob(f"{out}/{name}.*.err")
+             for m in re.finditer(r"is down: \d+ bytes unread for (\d+) ms", open(f).read())]
+    # The iterations under way when the plane went out or started in the next 2 s.
     hit = [r for r in rows if r[1] >= t_down and r[0] <= t_down + 2]
-    stall = (max(r[2] for r in hit) - two_ms) / 1e3 if hit else 0.0
+    longest = max(r[2] for r in hit) if hit else 0.0
     during = [r[3] for r in rows if r[0] >= t_down + 1.5 and r[1] <= t_up]
     healthy = 0.9 * med([r[3] for r in rows if r[1] < t_down])
     back = next((r[1] - t_up for r in rows if r[0] >= t_up and r[3] >= healthy), float("nan"))
-    print(f"| {what} {cut} s: longest stall beyond a healthy iteration (s) | {stall:.2f} |")
+    print(f"| {what} {cut} s: bytes unread until the plane was declared down (s) | "
+          f"{max(found) / 1e3 if found else float('nan'):.2f} |")
+    print(f"| {what}: longest iteration in the 2 s after (ms) | {longest:.0f} "
+          f"(healthy {two_ms:.0f}, one plane {one_ms:.0f}) |")
     print(f"| {what}: busbw while out (GB/s) | {med(during):.3f} ({med(during) / one:.2f}x one plane) |")
     print(f"| {what}: back to 0.9x of before, after the plane returned (s) | {back:.2f} |")
 rows, ev = iters("half"), events("half")
