@@ -72,6 +72,9 @@ const CALLER_SLEEPS: Duration = Duration::from_millis(100);
 /// left to itself holds megabytes, and a slow plane's would hold the window).
 const IN_FLIGHT_TIME: f64 = 0.008;
 const IN_FLIGHT_MIN: u64 = 1 << 20;
+/// How often a call that moved bytes also reads every plane for acks and checks the planes'
+/// health (a call that moved nothing always does).
+const SERVICE_EVERY: Duration = Duration::from_millis(1);
 /// The most planes one endpoint uses.
 pub const MAX_PLANES: usize = 8;
 
@@ -185,6 +188,8 @@ struct Inner {
     down_after: Duration,
     /// Next plane to offer a frame.
     turn: usize,
+    /// When `service` last ran.
+    serviced_at: Instant,
     /// When the caller last called (or, while it may sleep on the planes, until when it may).
     touched: Instant,
     // Sending.
@@ -287,6 +292,7 @@ impl Striped {
             down_after,
             turn: 0,
             touched: now,
+            serviced_at: now,
             out: Ring::new(),
             taken: 0,
             acked: 0,
@@ -344,6 +350,7 @@ impl Inner {
     /// what was delivered, so acks behind it are reached), declares stalled planes down, owes
     /// acks, writes what is owed.
     fn service(&mut self, ahead: bool) -> Result<()> {
+        self.serviced_at = Instant::now();
         for i in 0..self.planes.len() {
             self.drain(i, None, ahead)?;
         }
@@ -425,8 +432,13 @@ impl Endpoint for Striped {
             }
         }
         // Nothing in order anywhere: read ahead (the next bytes may sit behind frames that a
-        // failover sent early), then serve what that brought.
-        let serviced = g.service(n == 0);
+        // failover sent early), then serve what that brought. Bytes delivered: the rest of the
+        // work waits for a call that finds none, or for a while to pass.
+        let serviced = if n == 0 || g.serviced_at.elapsed() >= SERVICE_EVERY {
+            g.service(n == 0)
+        } else {
+            Ok(())
+        };
         if n == 0 {
             n = g.take_ring(dst);
         }
@@ -506,8 +518,11 @@ impl Endpoint for Striped {
                 Err(e)
             };
         }
+        // Room may have been made before this call (the keeper reads acks while the caller is
+        // away): a sender that could go on must not sleep waiting for an ack already read.
         if (g.next, g.acked, g.have.run_at(g.next)) != before
             || (interest.recv && g.have.run_at(g.next) > 0)
+            || (interest.send && g.can_take())
         {
             return Ok(false);
         }

@@ -135,6 +135,17 @@ impl Inner {
         }
     }
 
+    /// Whether a send would take bytes now: room in the window, nothing to send again first,
+    /// and an up plane with room and no frame half written.
+    pub(super) fn can_take(&self) -> bool {
+        (self.taken - self.acked) < WINDOW as u64
+            && self.resend.is_empty()
+            && (0..self.planes.len()).any(|i| {
+                let p = &self.planes[i];
+                p.state == State::Up && p.tx.is_none() && self.has_room(i)
+            })
+    }
+
     /// Whether plane `i` has room for another frame under its in-flight cap.
     pub(super) fn has_room(&self, i: usize) -> bool {
         let p = &self.planes[i];
@@ -228,7 +239,15 @@ impl Inner {
 
     /// Takes bytes of `src` while some plane's socket takes frames; returns how many.
     pub(super) fn send(&mut self, src: &[u8]) -> Result<usize> {
-        self.service(true)?;
+        // Reading every plane for acks on every call costs a system call per plane: do it when
+        // the window fills, bytes wait to go again, or a while has passed (health checks).
+        let used = (self.taken - self.acked) as usize;
+        if used >= WINDOW / 4
+            || !self.resend.is_empty()
+            || self.serviced_at.elapsed() >= SERVICE_EVERY
+        {
+            self.service(true)?;
+        }
         let n = self.planes.len();
         let mut taken = 0;
         let mut full = 0usize; // planes whose socket is full, as a bit set
