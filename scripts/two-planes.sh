@@ -48,6 +48,9 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   ip netns del $A 2>/dev/null || true
   ip netns del $B 2>/dev/null || true
+  # A run stopped between creating a pair and moving it leaves it in this namespace.
+  ip link del ccl2pa0 2>/dev/null || true
+  ip link del ccl2pa1 2>/dev/null || true
 }
 trap cleanup EXIT
 cleanup
