@@ -578,6 +578,8 @@ impl Config {
     }
 
     /// Reads every setting through `lookup` (tests pass a map). Empty values count as unset.
+    // Long: one field of the struct literal per setting, each parsed where it is named; split,
+    // the settings would be listed twice.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let get = |name: &str| -> Option<String> {
             let v = lookup(name).filter(|v| !v.trim().is_empty());

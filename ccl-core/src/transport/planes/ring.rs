@@ -62,7 +62,14 @@ impl Ranges {
             e = e.max(v[j].1);
             j += 1;
         }
-        v.splice(i..j, [(s, e)]);
+        // In place, reusing the vector: ranges are added on the data path (a splice there
+        // built and dropped a replacement iterator per received read).
+        if i == j {
+            v.insert(i, (s, e));
+        } else {
+            v[i] = (s, e);
+            v.drain(i + 1..j);
+        }
     }
 
     /// Forgets everything below `off`.
