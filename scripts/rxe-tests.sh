@@ -16,7 +16,8 @@
 #     receives: every collective and algorithm, 2 and 3 ranks, bit for bit against plain
 #     buffers; ranks mixing registered and plain; received bytes counted in place) and
 #     ccl-ibverbs' endpoint tests (the Endpoint conformance suite every transport runs, with
-#     1 and 4 QPs, round-robin and split; grants larger and smaller than a send);
+#     1 and 4 QPs, round-robin and split, and over two ports striped (rxe0 and rxe1); grants
+#     larger and smaller than a send);
 #  2. unless --no-pair, two VMs joined by a link (scripts/rxe-vm-pair.sh), one rank in each,
 #     run a checked allreduce over rxe between the two "hosts", then two ranks in each VM
 #     (shared memory inside each, verbs across) a checked hiershm allreduce with odd
@@ -27,7 +28,9 @@
 #     link set down mid-run, which must fail both ranks naming the other within the timeout;
 #     before those, in the same boot, four ranks (two per VM) whose link between the VMs stops
 #     delivering (netem delay) must each fail with a verdict naming that pair
-#     (scripts/rxe-link-verdict.sh).
+#     (scripts/rxe-link-verdict.sh), and before that, with a second link and rxe1 in each VM,
+#     a checked allreduce loop over verbs on both ports while one link is cut for 6 s: no
+#     error, nothing wrong (scripts/rxe-planes.sh).
 # On a host whose kernel has rdma_rxe and an rxe device up (scripts/rxe-setup.sh), set
 # CCL_RXE_TESTS_DIRECT=1 to run step 1 without a VM.
 # The verbs tests are #[ignore]d on a host without a device; step 1 runs them with
@@ -73,7 +76,7 @@ for l in sys.stdin:
   exit 1
 fi
 # --workspace, as above: `-p ccl-bench` would build a second copy of the library.
-cargo build --release -q --workspace --bin ccl-bench || exit 1
+cargo build --release -q --workspace --bin ccl-bench --bin allreduce_loop || exit 1
 
 # The guest part: run the ib tests of each binary, one test at a time (the VM has 2 vCPUs).
 # They are #[ignore]d (they need a device), hence --include-ignored. A binary that runs no test
@@ -137,7 +140,8 @@ t0=$(date +%s)
 if [ "${CCL_RXE_TESTS_DIRECT:-0}" = 1 ]; then
   target/rxe-tests/guest.sh
 else
-  CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm.sh target/rxe-tests/guest.sh
+  # rxe1 beside rxe0 (each on a dummy netdev): the two-port endpoint test stripes across both.
+  CCL_RXE_VM_PLANES=2 CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm.sh target/rxe-tests/guest.sh
 fi
 guest_rc=$?
 if read -r gp gf < target/rxe-tests/guest-counts 2>/dev/null; then
@@ -205,10 +209,13 @@ if [ "$PAIR" = 1 ]; then
   # rank's verdict names the pair across the link (scripts/rxe-link-verdict.sh). Then 1% packet
   # loss each way must leave results correct (RC retransmits); the link set down mid-run must
   # fail both ranks with an error naming the other, within the timeout, not hang.
+  # First, in the same boot (each VM with a second NIC and rxe1 on it), verbs over both ports
+  # while one link is cut (scripts/rxe-planes.sh).
   t0=$(date +%s)
-  mkdir -p target/rxe-link-verdict
-  rm -f target/rxe-link-verdict/a-ready
-  cmd='(scripts/rxe-link-verdict.sh --guest); echo "RESULT link verdict: exit $?";
+  mkdir -p target/rxe-link-verdict target/rxe-planes
+  rm -f target/rxe-link-verdict/a-ready target/rxe-planes/a-ready target/rxe-planes/cut
+  cmd='(scripts/rxe-planes.sh --guest);
+       (scripts/rxe-link-verdict.sh --guest); echo "RESULT link verdict: exit $?";
        [ "$RXE_ROLE" = a ] && tc qdisc del dev "$RXE_NETDEV" root 2>/dev/null;
        export CCL_WORLD_SIZE=2 CCL_SECRET=rxe-faults CCL_TRANSPORT=ib CCL_SOCKET_IFNAME="=$RXE_NETDEV";
        if [ "$RXE_ROLE" = b ]; then export CCL_RANK=0; else export CCL_RANK=1; fi;
@@ -232,8 +239,13 @@ if [ "$PAIR" = 1 ]; then
        peer=$(( 1 - CCL_RANK ));
        grep -q "peer $peer" $TMPDIR/down || { echo "FAILED: the error does not name peer $peer"; exit 1; };
        echo "PASSED: link down failed rank $CCL_RANK naming peer $peer"'
-  CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} scripts/rxe-vm-pair.sh "$cmd" "$cmd" 2>&1 \
-    | tee target/rxe-tests/faults.log
+  CCL_RXE_VM_PLANES=2 CCL_RXE_VM_TIMEOUT=${CCL_RXE_VM_TIMEOUT:-900} \
+    scripts/rxe-vm-pair.sh "$cmd" "$cmd" 2>&1 | tee target/rxe-tests/faults.log
+  if scripts/rxe-planes.sh --check target/rxe-tests/faults.log; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1)); log "two-VM planes (a link cut under verbs on two ports) FAILED"
+  fi
   if [ "$(grep -c '^\[[AB]\] PASSED: link verdict' target/rxe-tests/faults.log)" = 4 ]; then
     pass=$((pass + 1))
   else
@@ -244,7 +256,7 @@ if [ "$PAIR" = 1 ]; then
   else
     fail=$((fail + 1)); log "two-VM link faults FAILED"
   fi
-  log "two-VM link verdict and link faults: $(( $(date +%s) - t0 )) s"
+  log "two-VM planes, link verdict and link faults: $(( $(date +%s) - t0 )) s"
 fi
 echo "rxe-tests: $pass passed, $fail failed"
 [ "$fail" = 0 ]

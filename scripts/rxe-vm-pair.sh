@@ -16,6 +16,8 @@
 #
 # Exit status: A's if non-zero, else B's (124 / 125 / 255 as for rxe-vm.sh).
 # When one VM fails, the other is stopped.
+# With CCL_RXE_VM_PLANES=2 each VM has a second NIC wired the same way (a second plane):
+# rxe1 on it, VM A 192.0.3.1, VM B 192.0.3.2 (RXE_DEV2, RXE_NETDEV2, RXE_IP2, RXE_PEER_IP2).
 # Env: as for scripts/rxe-vm.sh; CCL_RXE_VM_TIMEOUT applies to each VM, and
 # CCL_RXE_VM_CPUS / CCL_RXE_VM_MEM default to 1 / 1G here.
 set -uo pipefail
@@ -41,11 +43,21 @@ mkdir -p "$STATE/runs" || exit 125
 S=$(mktemp -d "$STATE/runs/pair.XXXXXX") || exit 125
 trap 'rm -rf "$S"' EXIT
 
-# nic SELF PEER MAC_SUFFIX: qemu options for a virtio NIC whose "cable" is a
-# unix datagram socket bound at SELF and sending to PEER
+# nic SELF PEER MAC_SUFFIX [PLANE]: qemu options for a virtio NIC whose "cable" is a
+# unix datagram socket bound at SELF and sending to PEER (plane 1: the second NIC)
 nic() {
-  echo "-netdev dgram,id=ccl0,local.type=unix,local.path=$S/$1.sock,remote.type=unix,remote.path=$S/$2.sock" \
-       "-device virtio-net-pci,netdev=ccl0,mac=52:54:00:12:34:$3"
+  local p=${4:-0}
+  echo "-netdev dgram,id=ccl$p,local.type=unix,local.path=$S/$1$p.sock,remote.type=unix,remote.path=$S/$2$p.sock" \
+       "-device virtio-net-pci,netdev=ccl$p,mac=52:54:00:12:3$((4 + p)):$3"
+}
+PLANES=${CCL_RXE_VM_PLANES:-1}
+case "$PLANES" in 1|2) ;; *) log "CCL_RXE_VM_PLANES must be 1 or 2"; exit 125 ;; esac
+# every NIC of a VM, on one line (qemu's options go through a shell)
+nics() {
+  local o
+  o=$(nic "$@")
+  [ "$PLANES" = 2 ] && o="$o $(nic "$@" 1)"
+  echo $o
 }
 export CCL_RXE_VM_CPUS=${CCL_RXE_VM_CPUS:-1} CCL_RXE_VM_MEM=${CCL_RXE_VM_MEM:-1G}
 export CCL_RXE_VM_NET=nic CCL_RXE_VM_AUTO_SETUP=0 CCL_RXE_VM_QUIET=1
@@ -53,11 +65,13 @@ extra=${CCL_RXE_VM_QEMU_OPTS:-}
 
 T0=$SECONDS
 CCL_RXE_VM_ROLE=a CCL_RXE_VM_IP=192.0.2.1 CCL_RXE_VM_PEER_IP=192.0.2.2 \
-  CCL_RXE_VM_QEMU_OPTS="$(nic a b 01) $extra" \
+  CCL_RXE_VM_IP2=192.0.3.1 CCL_RXE_VM_PEER_IP2=192.0.3.2 \
+  CCL_RXE_VM_QEMU_OPTS="$(nics a b 01) $extra" \
   "$HERE/rxe-vm.sh" bash -c "$1" </dev/null > >(sed -u 's/^/[A] /') 2>&1 &
 PA=$!
 CCL_RXE_VM_ROLE=b CCL_RXE_VM_IP=192.0.2.2 CCL_RXE_VM_PEER_IP=192.0.2.1 \
-  CCL_RXE_VM_QEMU_OPTS="$(nic b a 02) $extra" \
+  CCL_RXE_VM_IP2=192.0.3.2 CCL_RXE_VM_PEER_IP2=192.0.3.1 \
+  CCL_RXE_VM_QEMU_OPTS="$(nics b a 02) $extra" \
   "$HERE/rxe-vm.sh" bash -c "$2" </dev/null > >(sed -u 's/^/[B] /') 2>&1 &
 PB=$!
 trap 'log "interrupted: stopping both VMs"; kill -TERM "$PA" "$PB" 2>/dev/null' INT TERM HUP

@@ -5,6 +5,7 @@
 //! every connection of the transport shares: the device context, one protection domain, the
 //! port's attributes and the GID.
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -42,17 +43,47 @@ impl IbDevice {
         self.gid
     }
 
+    /// The IP address of the port's network device, where its GID is one (RoCE).
+    pub fn ip(&self) -> Option<IpAddr> {
+        let g = self.gid;
+        if self.port_attr.link_layer != LINK_LAYER_ETHERNET || g.is_zero() || g.is_link_local() {
+            return None;
+        }
+        let v6 = g.addr();
+        Some(match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        })
+    }
+
     /// Opens the first usable port under the sysfs `root`: active, passing `CCL_IB_HCA`, RoCE
     /// before InfiniBand, with a usable GID. Fails with an error that says what was looked for
     /// and what was found.
+    #[cfg(test)]
     pub(crate) fn open_at(config: &Config, root: &Path) -> Result<IbDevice> {
+        let mut v = IbDevice::open_ports_at(config, root, 1)?;
+        Ok(v.remove(0))
+    }
+
+    /// Opens up to `most` usable ports as [`open_at`](IbDevice::open_at) chooses them, in that
+    /// order; ports that do not open are skipped (logged when another did). Fails when none
+    /// opens.
+    pub(crate) fn open_ports_at(
+        config: &Config,
+        root: &Path,
+        most: usize,
+    ) -> Result<Vec<IbDevice>> {
         let filter = filter_of(&config.ib)?;
         let cands = sysfs::candidate_ports(root, filter.as_ref());
         if cands.is_empty() {
             return Err(no_candidates(config, root));
         }
         let mut reasons = Vec::new();
+        let mut opened = Vec::new();
         for p in &cands {
+            if opened.len() == most {
+                break;
+            }
             match IbDevice::open_port(config, root, p) {
                 Ok(dev) => {
                     ccl_info!(
@@ -66,15 +97,25 @@ impl IbDevice {
                         dev.gid.kind,
                         mtu_bytes(dev.port_attr.active_mtu)
                     );
-                    return Ok(dev);
+                    opened.push(dev);
                 }
                 Err(e) => reasons.push(format!("{}:{}: {}", p.device, p.port, e.message())),
             }
         }
-        Err(Error::invalid_usage(format!(
-            "CCL_TRANSPORT=ib: no usable verbs device: {}",
-            reasons.join("; ")
-        )))
+        if opened.is_empty() {
+            return Err(Error::invalid_usage(format!(
+                "CCL_TRANSPORT=ib: no usable verbs device: {}",
+                reasons.join("; ")
+            )));
+        }
+        if !reasons.is_empty() {
+            ccl_core::ccl_warn!(
+                None,
+                "verbs transport: ports matching CCL_IB_HCA left out: {}",
+                reasons.join("; ")
+            );
+        }
+        Ok(opened)
     }
 
     fn open_port(config: &Config, root: &Path, p: &PortInfo) -> Result<IbDevice> {

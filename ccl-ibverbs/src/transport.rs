@@ -5,18 +5,31 @@
 //! job); its address, wrapped in a versioned ib handle, is what peers get through the bootstrap.
 //! Each accepted or opened TCP connection becomes the side channel over which the verbs
 //! connection is set up ([`connect`](crate::connect)) and stays open as its liveness channel.
+//!
+//! **Several ports, several planes.** Where `CCL_IB_HCA` matches two or more usable ports (at
+//! most [`MAX_PLANES`]), each is a plane: the listener listens on each port's IP address, a
+//! peer connects on each plane (pairing ports by their place in the order [`IbDevice`]s are
+//! chosen), sets up a verbs connection on that port over that plane's socket, and the planes
+//! are one [`Striped`] endpoint: the stream striped across the ports by what each delivers, and
+//! a port whose link dies (its queue pair in error, or its bytes unread while the other port
+//! delivers) routed around without an error ([`ccl_core::transport::planes`]). Zero-copy sends
+//! and receives are not used across planes (the striped stream stages through each
+//! connection's slots).
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccl_core::config::Config;
-use ccl_core::transport::tcp::{self, TcpTransport};
+use ccl_core::transport::planes::{MAX_PLANES, PlaneEndpoint, Striped};
+use ccl_core::transport::tcp::{self, PlaneBuilder, TcpTransport};
 use ccl_core::transport::{
     ConnectContext, Endpoint, Handle, Listener, MemRegion, Transport, TransportProperties,
 };
 use ccl_core::{Error, Result};
 
+use crate::LOG_SUBSYS;
 use crate::connect::establish;
 use crate::mr::UserMr;
 use crate::port::IbDevice;
@@ -27,6 +40,8 @@ use crate::wire;
 #[derive(Debug, Clone)]
 pub struct IbTransport {
     dev: Arc<IbDevice>,
+    /// Every port, a plane each, when `CCL_IB_HCA` matches several; else empty.
+    planes: Vec<Arc<IbDevice>>,
     tcp: TcpTransport,
     /// `CCL_IB_SPIN_US`: how much longer than `CCL_SPIN_US` a waiting rank polls its peers.
     spin: Duration,
@@ -41,16 +56,92 @@ impl IbTransport {
 
     /// [`open`](IbTransport::open) with another sysfs root (tests).
     pub fn open_at(config: &Config, root: &Path) -> Result<IbTransport> {
+        // Several ports only where the user named them: ports the host has are not known to
+        // reach the same peers.
+        let most = if config.ib.hca.is_some() {
+            MAX_PLANES
+        } else {
+            1
+        };
+        let devs: Vec<Arc<IbDevice>> = IbDevice::open_ports_at(config, root, most)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let planes = if devs.len() > 1 {
+            devs.clone()
+        } else {
+            Vec::new()
+        };
+        if !planes.is_empty() {
+            let names: Vec<String> = planes
+                .iter()
+                .map(|d| format!("{} port {}", d.name(), d.port()))
+                .collect();
+            ccl_core::ccl_info!(
+                None,
+                "verbs transport: {} planes ({}), striped with failover",
+                planes.len(),
+                names.join(", ")
+            );
+        }
         Ok(IbTransport {
-            dev: Arc::new(IbDevice::open_at(config, root)?),
+            dev: devs[0].clone(),
+            planes,
             tcp: TcpTransport::new(),
             spin: config.ib.spin,
         })
     }
 
-    /// The device in use.
+    /// The device in use (the first plane's, with several).
     pub fn device(&self) -> &Arc<IbDevice> {
         &self.dev
+    }
+
+    /// Every port in use when there are several planes (else empty).
+    pub fn planes(&self) -> &[Arc<IbDevice>] {
+        &self.planes
+    }
+
+    /// The TCP transport that makes the planes' side channels: one listener on each port's
+    /// address (the set-up address for a port without one), each peer's set of sockets made a
+    /// verbs connection per plane and one striped endpoint.
+    fn plane_tcp(&self, ctx: &ConnectContext) -> TcpTransport {
+        let ips: Vec<IpAddr> = self
+            .planes
+            .iter()
+            .map(|d| d.ip().unwrap_or(ctx.local_ip))
+            .collect();
+        let planes = self.planes.clone();
+        let build: Arc<PlaneBuilder> = Arc::new(move |ctx, peer, conns, deadline| {
+            let mut eps = Vec::with_capacity(conns.len());
+            for c in conns {
+                let dev = planes.get(c.plane).ok_or_else(|| {
+                    Error::remote(format!(
+                        "verbs plane {} from peer {peer}: this rank has {} planes",
+                        c.plane,
+                        planes.len()
+                    ))
+                    .rank(ctx.rank)
+                    .peer(peer)
+                })?;
+                let name = format!(
+                    "verbs plane {} ({} port {}, {} -> {})",
+                    c.plane,
+                    dev.name(),
+                    dev.port(),
+                    c.local,
+                    c.remote
+                );
+                let side = tcp::plane_socket_endpoint(peer, c).map_err(|e| e.rank(ctx.rank))?;
+                let endpoint = establish(dev, ctx, peer, side, deadline)?;
+                eps.push(PlaneEndpoint { name, endpoint });
+            }
+            let cfg = &ctx.config;
+            let ep = Striped::over_endpoints(peer, eps, cfg.plane_timeout, cfg.timeout)
+                .map_err(|e| e.rank(ctx.rank))?;
+            Ok(Box::new(ep) as Box<dyn Endpoint>)
+        });
+        TcpTransport::on_planes(&ips).building(build)
     }
 }
 
@@ -71,13 +162,19 @@ impl Transport for IbTransport {
     }
 
     fn listen(&self, ctx: &ConnectContext) -> Result<Box<dyn Listener>> {
-        let tcp = self.tcp.listen(ctx)?;
-        let addr = tcp::decode_handle(&tcp.handle())?;
+        let planes = !self.planes.is_empty();
+        let tcp = if planes {
+            self.plane_tcp(ctx).listen(ctx)?
+        } else {
+            self.tcp.listen(ctx)?
+        };
+        let addrs = tcp::decode_handles(&tcp.handle())?;
         Ok(Box::new(IbListener {
             tcp,
-            handle: wire::encode_handle(addr),
+            handle: wire::encode_handles(&addrs),
             dev: self.dev.clone(),
             ctx: ctx.clone(),
+            planes,
         }))
     }
 
@@ -88,17 +185,33 @@ impl Transport for IbTransport {
         handle: &Handle,
         deadline: Instant,
     ) -> Result<Box<dyn Endpoint>> {
-        let addr = wire::decode_handle(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        let addrs = wire::decode_handles(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
+        let ours = self.planes.len().max(1);
+        if (addrs.len() > 1) != (ours > 1) {
+            return Err(Error::invalid_usage(format!(
+                "verbs transport: peer {peer} listens on {} port(s), this rank on {ours} (with \
+                 several, every rank's CCL_IB_HCA must match several usable ports)",
+                addrs.len()
+            ))
+            .rank(ctx.rank)
+            .peer(peer));
+        }
+        if ours > 1 {
+            return self
+                .plane_tcp(ctx)
+                .connect(ctx, peer, &tcp::encode_handles(&addrs), deadline);
+        }
         let side = self
             .tcp
-            .connect(ctx, peer, &tcp::encode_handle(addr), deadline)?;
+            .connect(ctx, peer, &tcp::encode_handles(&addrs), deadline)?;
         establish(&self.dev, ctx, peer, side, deadline)
     }
 
     /// One registration in the device's protection domain serves every connection of the
     /// communicator (they all share it).
     fn register(&self, mem: &[u8]) -> Result<Option<Box<dyn MemRegion>>> {
-        if mem.is_empty() {
+        // Striped planes stage every byte: a registration would only pin memory.
+        if mem.is_empty() || !self.planes.is_empty() {
             return Ok(None);
         }
         let mr = UserMr::new(&self.dev.pd, mem).map_err(Error::from)?;
@@ -111,6 +224,8 @@ struct IbListener {
     handle: Handle,
     dev: Arc<IbDevice>,
     ctx: ConnectContext,
+    /// The TCP listener's endpoints are already striped verbs planes.
+    planes: bool,
 }
 
 impl Listener for IbListener {
@@ -120,6 +235,9 @@ impl Listener for IbListener {
 
     fn accept(&mut self, deadline: Instant) -> Result<(usize, Box<dyn Endpoint>)> {
         let (peer, side) = self.tcp.accept(deadline)?;
+        if self.planes {
+            return Ok((peer, side));
+        }
         // `deadline` bounds the wait for a peer; set-up gets the communicator's timeout.
         let setup = Instant::now() + self.ctx.config.timeout;
         let ep = establish(&self.dev, &self.ctx, peer, side, setup)?;

@@ -5,13 +5,15 @@
 use std::net::SocketAddr;
 
 use ccl_core::Result;
-use ccl_core::transport::{Handle, HandleFormat, decode_addr, encode_addr};
+use ccl_core::transport::planes::MAX_PLANES;
+use ccl_core::transport::{Handle, HandleFormat, decode_addrs, encode_addrs};
 
-/// Handles: the address of the listener's side channel (a TCP socket).
+/// Handles: how many planes (ports), then the address of the listener's side channel (a TCP
+/// socket) on each.
 pub const HANDLE: HandleFormat = HandleFormat {
     transport: "ib",
     magic: b"CIB",
-    version: 2,
+    version: 3,
 };
 /// First bytes of the QP information message (the last byte is the version).
 pub const INFO_MAGIC: [u8; 8] = *b"CCLIBQ\x00\x01";
@@ -22,14 +24,14 @@ pub const MAX_SLOTS: usize = 256;
 /// Largest payload of one write (24 bits of length in the immediate value).
 pub const MAX_PIECE: usize = (1 << 24) - 1;
 
-/// Encodes the listener's side-channel address as an ib handle.
-pub fn encode_handle(addr: SocketAddr) -> Handle {
-    HANDLE.encode(&encode_addr(addr))
+/// Encodes the listener's side-channel address on each plane as an ib handle.
+pub fn encode_handles(addrs: &[SocketAddr]) -> Handle {
+    HANDLE.encode(&encode_addrs(addrs))
 }
 
-/// Decodes a handle from [`encode_handle`].
-pub fn decode_handle(h: &Handle) -> Result<SocketAddr> {
-    decode_addr(HANDLE.decode(h)?).ok_or_else(|| HANDLE.malformed("not an address"))
+/// Decodes a handle from [`encode_handles`]: at least one address, at most [`MAX_PLANES`].
+pub fn decode_handles(h: &Handle) -> Result<Vec<SocketAddr>> {
+    decode_addrs(&HANDLE, HANDLE.decode(h)?, MAX_PLANES)
 }
 
 /// A queue pair's address: number and initial packet sequence number.
@@ -298,14 +300,22 @@ mod tests {
     #[test]
     fn handle_round_trip_and_garbage() {
         let a: SocketAddr = "192.0.2.1:4567".parse().unwrap();
-        let h = encode_handle(a);
-        assert_eq!(decode_handle(&h).unwrap(), a);
+        let h = encode_handles(&[a]);
+        assert_eq!(decode_handles(&h).unwrap(), [a]);
         let a6: SocketAddr = "[fd00::9]:1".parse().unwrap();
-        assert_eq!(decode_handle(&encode_handle(a6)).unwrap(), a6);
+        // One address per plane, as many as a handle holds, IPv6 the longest.
+        let most = vec![a6; MAX_PLANES];
+        assert_eq!(decode_handles(&encode_handles(&most)).unwrap(), most);
+        assert_eq!(decode_handles(&encode_handles(&[a, a6])).unwrap(), [a, a6]);
         // A TCP handle is refused with a hint.
-        let e = decode_handle(&ccl_core::transport::tcp::encode_handle(a)).unwrap_err();
+        let e = decode_handles(&ccl_core::transport::tcp::encode_handle(a)).unwrap_err();
         assert!(e.to_string().contains("same transport"), "{e}");
-        assert!(decode_handle(&HANDLE.encode(b"\x04")).is_err());
+        assert!(decode_handles(&HANDLE.encode(b"\x04")).is_err());
+        assert!(decode_handles(&HANDLE.encode(b"\x00")).is_err());
+        let mut too_many = vec![MAX_PLANES as u8 + 1];
+        too_many.extend(std::iter::repeat_n(&encode_addrs(&[a])[1..], MAX_PLANES + 1).flatten());
+        let e = decode_handles(&HANDLE.encode(&too_many)).unwrap_err();
+        assert!(e.to_string().contains("planes"), "{e}");
     }
 
     #[test]

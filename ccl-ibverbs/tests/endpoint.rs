@@ -2,10 +2,10 @@
 //! (`ccl_core::transport::conformance`, the checks every transport passes) with one data QP,
 //! with four (pieces round-robin) and with every send split across four, then what only verbs
 //! has: zero-copy receives (grants larger and smaller than what the sender sends in one call,
-//! with the sender's bytes staged or registered). Every test here needs a device, so they are
-//! ignored by default and `scripts/rxe-tests.sh` runs them in the SoftRoCE VM
-//! (`--include-ignored`); run there or on a host with an active RoCE port, a test without a
-//! device fails.
+//! with the sender's bytes staged or registered), and two ports striped as two planes. Every
+//! test here needs a device, so they are ignored by default and `scripts/rxe-tests.sh` runs them
+//! in the SoftRoCE VM (`--include-ignored`); run there or on a host with an active RoCE port, a
+//! test without a device fails.
 
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
@@ -61,6 +61,26 @@ fn sends_split_across_four_qps_meet_the_endpoint_contract() {
     cfg.ib.slots = 8;
     cfg.ib.slot_size = 64 << 10;
     conformance::run_all(&|| pair(&cfg));
+}
+
+/// Two ports (`CCL_IB_HCA=rxe0,rxe1`, both in the SoftRoCE VM that scripts/rxe-tests.sh boots):
+/// a verbs connection on each, one striped endpoint over both, as for two network planes.
+#[test]
+#[ignore = "needs two RDMA ports; scripts/rxe-tests.sh runs it in the SoftRoCE VM (rxe0, rxe1)"]
+fn two_ports_striped_meet_the_endpoint_contract() {
+    let mut cfg = Config::default();
+    cfg.ib.hca = Some(std::env::var("IB_TEST_PLANES").unwrap_or_else(|_| "rxe0,rxe1".into()));
+    cfg.ib.slots = 4;
+    cfg.ib.slot_size = 64 << 10;
+    let t = transport(&cfg);
+    assert_eq!(
+        t.planes().len(),
+        2,
+        "CCL_IB_HCA={:?} must match two active ports (scripts/rxe-tests.sh's VM has rxe0 and \
+         rxe1; elsewhere set IB_TEST_PLANES)",
+        cfg.ib.hca
+    );
+    conformance::run_all(&|| conformance::connect_pair(&t, &cfg));
 }
 
 /// Blocks like the executor does until `ep` may progress for `i`.

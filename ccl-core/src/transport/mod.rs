@@ -139,6 +139,45 @@ pub fn encode_addr(addr: SocketAddr) -> Vec<u8> {
     b
 }
 
+/// A list of socket addresses (one per network plane) as a handle body: a count, then each
+/// address as [`encode_addr`] writes it.
+pub fn encode_addrs(addrs: &[SocketAddr]) -> Vec<u8> {
+    let mut body = vec![addrs.len() as u8];
+    for a in addrs {
+        body.extend_from_slice(&encode_addr(*a));
+    }
+    body
+}
+
+/// Reads [`encode_addrs`]'s body: at least one address and at most `max`; anything else is
+/// `format`'s malformed-handle error.
+pub fn decode_addrs(format: &HandleFormat, body: &[u8], max: usize) -> Result<Vec<SocketAddr>> {
+    let (&n, mut rest) = body
+        .split_first()
+        .ok_or_else(|| format.malformed("empty"))?;
+    if n == 0 || n as usize > max {
+        return Err(format.malformed(&format!("{n} planes (1 to {max} expected)")));
+    }
+    let mut addrs = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let len = match rest.first() {
+            Some(4) => 7,
+            Some(6) => 19,
+            _ => return Err(format.malformed("not an address")),
+        };
+        if rest.len() < len {
+            return Err(format.malformed("not an address"));
+        }
+        let a = decode_addr(&rest[..len]).ok_or_else(|| format.malformed("not an address"))?;
+        addrs.push(a);
+        rest = &rest[len..];
+    }
+    if !rest.is_empty() {
+        return Err(format.malformed("bytes after the last address"));
+    }
+    Ok(addrs)
+}
+
 /// Reads [`encode_addr`]'s bytes (all of `b`); `None` when they are anything else.
 pub fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
     let (&family, rest) = b.split_first()?;

@@ -1,10 +1,13 @@
-//! One peer over several network planes: a TCP connection per plane, the stream striped across
-//! them, and a plane that stops delivering routed around without an error.
+//! One peer over several network planes: a connection per plane (TCP, or verbs on each NIC
+//! port), the stream striped across them, and a plane that stops delivering routed around
+//! without an error.
 //!
 //! Hosts built for failure (dual-plane, dual-ToR fabrics) give every host two or more ports on
 //! independent networks, so that a cable, a port or a switch can fail while the job goes on. An
 //! endpoint here holds one connection per plane and keeps the [`Endpoint`] contract (one
-//! ordered, reliable byte stream) over all of them:
+//! ordered, reliable byte stream) over all of them. A plane's connection is a TCP socket or
+//! another transport's endpoint on that plane's device ([`Striped::over_endpoints`]: the verbs
+//! transport with several ports); the frames below travel inside it either way:
 //!
 //! - **Frames with stream offsets.** Every data frame carries the offset of its first byte in the
 //!   stream to this peer (a sequence number per peer, not per plane). The receiver delivers bytes
@@ -36,7 +39,7 @@
 
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -75,8 +78,9 @@ const IN_FLIGHT_MIN: u64 = 1 << 20;
 /// How often a call that moved bytes also reads every plane for acks and checks the planes'
 /// health (a call that moved nothing always does).
 const SERVICE_EVERY: Duration = Duration::from_millis(1);
-/// The most planes one endpoint uses.
-pub const MAX_PLANES: usize = 8;
+/// The most planes one endpoint uses (a handle carries an address per plane in at most
+/// [`MAX_HANDLE_LEN`](super::MAX_HANDLE_LEN) bytes).
+pub const MAX_PLANES: usize = 4;
 
 /// Frame header: magic, kind, plane count (acks), payload length, stream offset.
 const HDR: usize = 16;
@@ -109,6 +113,15 @@ pub struct PlaneConn {
     pub remote: SocketAddr,
 }
 
+/// One plane's connection made by another transport (verbs on one port), with what to call it
+/// in logs and errors.
+#[derive(Debug)]
+pub struct PlaneEndpoint {
+    /// E.g. `verbs plane 1 (rxe1 port 1, 10.0.1.1:4000 -> 10.0.1.2:4100)`.
+    pub name: String,
+    pub endpoint: Box<dyn Endpoint>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Up,
@@ -138,10 +151,9 @@ enum Rx {
 }
 
 struct Plane {
-    plane: usize,
-    stream: Arc<TcpStream>,
-    local: SocketAddr,
-    remote: SocketAddr,
+    /// E.g. `TCP plane 1 (10.0.1.1:4000 -> 10.0.1.2:4100)`.
+    name: String,
+    link: Link,
     state: State,
     tx: Option<Tx>,
     /// Stream ranges of data frames written here and not yet acknowledged.
@@ -167,12 +179,34 @@ struct Plane {
 }
 
 impl Plane {
-    fn name(&self) -> String {
-        format!("plane {} ({} -> {})", self.plane, self.local, self.remote)
+    fn new(name: String, link: Link, now: Instant) -> Plane {
+        Plane {
+            name,
+            link,
+            state: State::Up,
+            tx: None,
+            sent: Vec::new(),
+            wrote: 0,
+            peer_read: 0,
+            moved: now,
+            heard: now,
+            suspect: None,
+            rate: 0.0,
+            ack_due: false,
+            ping_due: false,
+            rx: Rx::Header(0),
+            rx_head: [0; HDR + ACK_MAX],
+            read: 0,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 }
 
 mod keeper;
+mod link;
 mod recv;
 mod ring;
 mod send;
@@ -180,6 +214,7 @@ mod send;
 mod tests;
 
 use keeper::keeper;
+use link::{Link, WaitFd, link_error};
 use ring::{Ranges, Ring};
 
 struct Inner {
@@ -224,8 +259,8 @@ struct Inner {
 pub struct Striped {
     inner: Arc<Mutex<Inner>>,
     peer: usize,
-    /// Each plane's socket, for `wait_fds`, with what to wait for on it.
-    fds: Vec<(Arc<TcpStream>, PollFlags)>,
+    /// What a waiting caller sleeps on, per plane.
+    fds: Vec<WaitFd>,
     /// How long a drop waits for the peer to acknowledge what it was handed.
     linger: Duration,
 }
@@ -251,6 +286,7 @@ impl Striped {
     ) -> Result<Striped> {
         let now = Instant::now();
         let mut planes = Vec::with_capacity(conns.len());
+        let mut fds = Vec::with_capacity(conns.len());
         for c in conns {
             c.stream.set_nonblocking(true).map_err(|e| {
                 Error::io(
@@ -260,32 +296,49 @@ impl Striped {
                 )
                 .peer(peer)
             })?;
-            planes.push(Plane {
-                plane: c.plane,
-                stream: Arc::new(c.stream),
-                local: c.local,
-                remote: c.remote,
-                state: State::Up,
-                tx: None,
-                sent: Vec::new(),
-                wrote: 0,
-                peer_read: 0,
-                moved: now,
-                heard: now,
-                suspect: None,
-                rate: 0.0,
-                ack_due: false,
-                ping_due: false,
-                rx: Rx::Header(0),
-                rx_head: [0; HDR + ACK_MAX],
-                read: 0,
-            });
+            let stream = Arc::new(c.stream);
+            fds.push(WaitFd::tcp(planes.len(), &stream));
+            let name = format!("TCP plane {} ({} -> {})", c.plane, c.local, c.remote);
+            planes.push(Plane::new(name, Link::Tcp(stream), now));
         }
+        Ok(Striped::start(peer, planes, fds, down_after, linger))
+    }
+
+    /// An endpoint over one connection per plane that another transport made (in the same
+    /// order on both ends), as [`Striped::new`] over sockets.
+    pub fn over_endpoints(
+        peer: usize,
+        eps: Vec<PlaneEndpoint>,
+        down_after: Duration,
+        linger: Duration,
+    ) -> Result<Striped> {
+        let now = Instant::now();
+        let mut planes = Vec::with_capacity(eps.len());
+        let mut fds = Vec::new();
+        for e in eps {
+            let waits = WaitFd::of_endpoint(planes.len(), &*e.endpoint).map_err(|err| {
+                Error::io(
+                    ErrorKind::System,
+                    format!("{} to peer {peer}: copying its wait descriptors", e.name),
+                    err,
+                )
+                .peer(peer)
+            })?;
+            fds.extend(waits);
+            planes.push(Plane::new(e.name, Link::Endpoint(e.endpoint), now));
+        }
+        Ok(Striped::start(peer, planes, fds, down_after, linger))
+    }
+
+    fn start(
+        peer: usize,
+        planes: Vec<Plane>,
+        fds: Vec<WaitFd>,
+        down_after: Duration,
+        linger: Duration,
+    ) -> Striped {
         assert!(!planes.is_empty() && planes.len() <= MAX_PLANES);
-        let fds = planes
-            .iter()
-            .map(|p| (p.stream.clone(), PollFlags::POLLIN))
-            .collect();
+        let now = Instant::now();
         let inner = Arc::new(Mutex::new(Inner {
             peer,
             planes,
@@ -311,12 +364,12 @@ impl Striped {
             resent: 0,
         }));
         keeper().add(&inner);
-        Ok(Striped {
+        Striped {
             inner,
             peer,
             fds,
             linger,
-        })
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -526,25 +579,35 @@ impl Endpoint for Striped {
         {
             return Ok(false);
         }
-        for (k, p) in g.planes.iter().enumerate() {
-            let mut f = PollFlags::empty();
-            if p.state != State::Dead {
-                f |= PollFlags::POLLIN;
-                // Writable matters only to a frame the socket did not take whole; a sender
-                // waiting for room in the window waits for an ack (readable).
-                if p.tx.is_some() {
-                    f |= PollFlags::POLLOUT;
+        // A link that arms notifications may find bytes while doing so: then no sleep.
+        for i in 0..g.planes.len() {
+            if g.planes[i].state == State::Dead {
+                continue;
+            }
+            let half_written = g.planes[i].tx.is_some();
+            match g.planes[i].link.prepare_wait(half_written) {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => {
+                    let e = e.context(format!("{} to peer {}", g.planes[i].name(), g.peer));
+                    // The last plane failing is reported by the next call, after the bytes
+                    // that arrived before it.
+                    let _ = g.plane_failed(i, e);
+                    return Ok(false);
                 }
             }
-            fds[k].1 = f;
+        }
+        for w in fds.iter_mut() {
+            let p = &g.planes[w.plane];
+            w.set(p.state != State::Dead, p.tx.is_some());
         }
         Ok(true)
     }
 
     fn wait_fds<'a>(&'a self, _interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
-        for (s, f) in &self.fds {
-            if !f.is_empty() {
-                out.push((s.as_fd(), *f));
+        for w in &self.fds {
+            if !w.flags.is_empty() {
+                out.push((w.fd(), w.flags));
             }
         }
     }
@@ -573,7 +636,7 @@ impl Drop for Striped {
             if Instant::now() >= until {
                 ccl_warn!(
                     None,
-                    "TCP planes to peer {}: closed with bytes not yet written after {:.0} s",
+                    "planes to peer {}: closed with bytes not yet written after {:.0} s",
                     self.peer,
                     self.linger.as_secs_f64()
                 );

@@ -16,7 +16,7 @@ impl Inner {
                 Rx::Header(got) => (HDR, got),
                 Rx::Ack(len, got) => (HDR + len, HDR + got),
             };
-            let r = (&*p.stream).read(&mut p.rx_head[got..want]);
+            let r = p.link.read(&mut p.rx_head[got..want]);
             let n = match self.read_result(i, r)? {
                 Some(0) | None => return Ok(None),
                 Some(n) => n,
@@ -37,7 +37,7 @@ impl Inner {
             let off = u64::from_le_bytes(h[8..16].try_into().expect("8"));
             if h[..2] != MAGIC || !matches!(kind, DATA | ACK | PING | BYE) {
                 let e = Error::internal(format!(
-                    "TCP {} from peer {}: bad frame header {:02x?} (a corrupted stream)",
+                    "{} from peer {}: bad frame header {:02x?} (a corrupted stream)",
                     p.name(),
                     self.peer,
                     &h[..HDR]
@@ -50,7 +50,7 @@ impl Inner {
                 (DATA, _) => {
                     if off + len as u64 > self.next + WINDOW as u64 {
                         let e = Error::internal(format!(
-                            "TCP {} from peer {}: frame at {off}+{len} beyond the window \
+                            "{} from peer {}: frame at {off}+{len} beyond the window \
                              (delivered {})",
                             p.name(),
                             self.peer,
@@ -87,7 +87,7 @@ impl Inner {
                 }
                 _ => {
                     let e = Error::internal(format!(
-                        "TCP {} from peer {}: bad ack of {len} bytes",
+                        "{} from peer {}: bad ack of {len} bytes",
                         p.name(),
                         self.peer
                     ));
@@ -133,7 +133,7 @@ impl Inner {
                     p.rate = 0.0;
                     ccl_warn!(
                         None,
-                        "TCP {} to peer {} delivers again; it takes its share of new frames",
+                        "{} to peer {} delivers again; it takes its share of new frames",
                         p.name(),
                         self.peer
                     );
@@ -148,7 +148,7 @@ impl Inner {
         match r {
             Ok(0) => {
                 let e = Error::remote(format!(
-                    "TCP {} to peer {} was closed by the peer (did it exit or fail?)",
+                    "{} to peer {} was closed by the peer (did it exit or fail?)",
                     self.planes[i].name(),
                     self.peer
                 ))
@@ -191,7 +191,7 @@ impl Inner {
             }
             let r = if end <= self.next || at < self.next {
                 let skip = ((end.min(self.next) - at) as usize).min(self.scratch.len());
-                let r = (&*self.planes[i].stream).read(&mut self.scratch[..skip]);
+                let r = self.planes[i].link.read(&mut self.scratch[..skip]);
                 self.read_result(i, r)?
             } else if at == self.next && self.have.run_at(at) == 0 && dst.is_some() {
                 let d = dst.as_deref_mut().expect("checked");
@@ -199,7 +199,7 @@ impl Inner {
                     return Ok(given);
                 }
                 let want = ((end - at) as usize).min(d.len() - given);
-                let r = (&*self.planes[i].stream).read(&mut d[given..given + want]);
+                let r = self.planes[i].link.read(&mut d[given..given + want]);
                 let got = self.read_result(i, r)?;
                 if let Some(n) = got {
                     given += n;
@@ -209,7 +209,9 @@ impl Inner {
                 got
             } else if at == self.next || ahead {
                 self.inq.ready();
-                let r = (&*self.planes[i].stream).read(self.inq.at_mut(at, (end - at) as usize));
+                let r = self.planes[i]
+                    .link
+                    .read(self.inq.at_mut(at, (end - at) as usize));
                 let got = self.read_result(i, r)?;
                 if let Some(n) = got {
                     self.have.add(at, at + n as u64);

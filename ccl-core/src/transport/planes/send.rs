@@ -4,15 +4,9 @@ use super::*;
 
 impl Inner {
     pub(super) fn io_error(&self, i: usize, doing: &str, e: io::Error) -> Error {
-        Error::io(
-            classify_io(&e),
-            format!(
-                "TCP {doing} peer {} on {}",
-                self.peer,
-                self.planes[i].name()
-            ),
-            e,
-        )
+        link_error(e, || {
+            format!("{doing} peer {} on {}", self.peer, self.planes[i].name())
+        })
         .peer(self.peer)
     }
 
@@ -37,7 +31,7 @@ impl Inner {
         if !self.closing {
             ccl_warn!(
                 None,
-                "TCP {} to peer {} failed ({e}); {alive} plane(s) left, its unacknowledged bytes go \
+                "{} to peer {} failed ({e}); {alive} plane(s) left, its unacknowledged bytes go \
                  again on them",
                 self.planes[i].name(),
                 self.peer
@@ -93,7 +87,7 @@ impl Inner {
                 off += s.len() as u64;
                 left -= s.len();
             }
-            let r = (&*p.stream).write_vectored(&parts[..k]);
+            let r = p.link.write_vectored(&parts[..k]);
             match r {
                 Ok(0) => {
                     let e = io::Error::new(io::ErrorKind::WriteZero, "wrote nothing");
@@ -350,7 +344,7 @@ impl Inner {
             let (stuck, ms) = (p.wrote - p.peer_read, (now - p.moved).as_millis());
             ccl_warn!(
                 None,
-                "TCP {} to peer {} is down: {stuck} bytes unread for {ms} ms while {} \
+                "{} to peer {} is down: {stuck} bytes unread for {ms} ms while {} \
                  delivers (CCL_PLANE_TIMEOUT_MS); its unacknowledged bytes go again on the \
                  other planes, and it is used again once it delivers",
                 self.planes[i].name(),

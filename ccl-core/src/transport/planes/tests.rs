@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use super::*;
 use crate::config::Config;
 use crate::transport::conformance::{connect_pair, run_all};
-use crate::transport::tcp::TcpTransport;
+use crate::transport::tcp::{self, PlaneBuilder, TcpTransport};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -22,6 +22,37 @@ fn loopback_planes() -> TcpTransport {
 #[test]
 fn two_planes_meet_the_endpoint_contract() {
     run_all(&|| connect_pair(&loopback_planes(), &Config::default()));
+}
+
+/// Each plane's connection as another transport's endpoint (here a plain TCP endpoint over the
+/// plane's socket, as the verbs transport puts a verbs connection on each port).
+fn over_endpoints(peer: usize, conns: Vec<PlaneConn>, down_after: Duration) -> Result<Striped> {
+    let eps = conns
+        .into_iter()
+        .map(|c| {
+            Ok(PlaneEndpoint {
+                name: format!("test plane {} ({} -> {})", c.plane, c.local, c.remote),
+                endpoint: tcp::plane_socket_endpoint(peer, c)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Striped::over_endpoints(peer, eps, down_after, PATIENCE)
+}
+
+#[test]
+fn planes_over_endpoints_meet_the_endpoint_contract() {
+    let build: Arc<PlaneBuilder> = Arc::new(|ctx, peer, conns, _| {
+        Ok(Box::new(over_endpoints(peer, conns, ctx.config.plane_timeout)?) as Box<dyn Endpoint>)
+    });
+    let t = loopback_planes().building(build);
+    run_all(&|| connect_pair(&t, &Config::default()));
+}
+
+/// What each plane of a test pair is made of.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Over {
+    Sockets,
+    Endpoints,
 }
 
 /// One direction of a relayed plane.
@@ -97,6 +128,10 @@ fn forward(mut from: TcpStream, mut to: TcpStream, g: Arc<Gate>) {
 
 /// A pair of striped endpoints (A is rank 0, B rank 1) over `n` relayed planes.
 fn relayed_pair(n: usize, down_after: Duration) -> (Striped, Striped, Vec<Relay>) {
+    relayed_pair_over(Over::Sockets, n, down_after)
+}
+
+fn relayed_pair_over(over: Over, n: usize, down_after: Duration) -> (Striped, Striped, Vec<Relay>) {
     let (mut ca, mut cb, mut relays) = (Vec::new(), Vec::new(), Vec::new());
     for plane in 0..n {
         let lb = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -126,8 +161,16 @@ fn relayed_pair(n: usize, down_after: Duration) -> (Striped, Striped, Vec<Relay>
             });
         }
     }
-    let a = Striped::new(1, ca, down_after, PATIENCE).unwrap();
-    let b = Striped::new(0, cb, down_after, PATIENCE).unwrap();
+    let (a, b) = match over {
+        Over::Sockets => (
+            Striped::new(1, ca, down_after, PATIENCE).unwrap(),
+            Striped::new(0, cb, down_after, PATIENCE).unwrap(),
+        ),
+        Over::Endpoints => (
+            over_endpoints(1, ca, down_after).unwrap(),
+            over_endpoints(0, cb, down_after).unwrap(),
+        ),
+    };
     (a, b, relays)
 }
 
@@ -280,10 +323,18 @@ fn a_plane_closed_at_any_byte_loses_and_repeats_nothing() {
         3 * frame + CHUNK as u64 / 2,
         5 << 20,
     ];
-    for plane in 0..2 {
-        for dir in 0..2 {
-            for &k in &points {
-                let (mut a, mut b, relays) = relayed_pair(2, Duration::from_millis(200));
+    // Over endpoints (another transport's connection per plane) the same framing runs: a few
+    // of the points suffice to show their failures reach it the same way.
+    let cases = (0..2)
+        .flat_map(|plane| {
+            (0..2).flat_map(move |dir| points.map(|k| (Over::Sockets, plane, dir, k)))
+        })
+        .chain([0, HDR as u64 + 1, frame + 7, 5 << 20].map(|k| (Over::Endpoints, 0, 0, k)))
+        .chain([1, frame].map(|k| (Over::Endpoints, 1, 1, k)));
+    for (over, plane, dir, k) in cases {
+        {
+            {
+                let (mut a, mut b, relays) = relayed_pair_over(over, 2, Duration::from_millis(200));
                 relays[plane].gates[dir]
                     .cut_after
                     .store(k, Ordering::Relaxed);
@@ -294,7 +345,8 @@ fn a_plane_closed_at_any_byte_loses_and_repeats_nothing() {
                     exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
                     assert!(
                         a.plane_states()[plane] == "dead" || b.plane_states()[plane] == "dead",
-                        "plane {plane} cut at byte {k} of direction {dir}: states A {:?} B {:?}",
+                        "{over:?}: plane {plane} cut at byte {k} of direction {dir}: states A \
+                         {:?} B {:?}",
                         a.plane_states(),
                         b.plane_states()
                     );
@@ -309,8 +361,12 @@ fn a_plane_closed_at_any_byte_loses_and_repeats_nothing() {
 /// arrive, as duplicates) it is up again. Nothing lost or repeated.
 #[test]
 fn a_stalled_plane_is_routed_around_and_taken_back() {
-    for at in [0u64, 100, (HDR + CHUNK) as u64 + 3, 2 << 20] {
-        let (mut a, mut b, relays) = relayed_pair(2, Duration::from_millis(150));
+    let cases = [0u64, 100, (HDR + CHUNK) as u64 + 3, 2 << 20]
+        .map(|at| (Over::Sockets, at))
+        .into_iter()
+        .chain([(Over::Endpoints, 100), (Over::Endpoints, 2 << 20)]);
+    for (over, at) in cases {
+        let (mut a, mut b, relays) = relayed_pair_over(over, 2, Duration::from_millis(150));
         relays[0].gates[0].pause_after.store(at, Ordering::Relaxed);
         exchange(&mut a, &mut b, 8 << 20, 2 << 20, |_| {});
         let (failovers, _) = a.failovers();
@@ -382,7 +438,13 @@ fn when_every_plane_stalls_none_is_declared_down() {
 /// With every plane closed the endpoint fails, naming the peer.
 #[test]
 fn with_every_plane_closed_the_endpoint_fails_naming_the_peer() {
-    let (mut a, mut b, relays) = relayed_pair(2, Duration::from_millis(100));
+    for over in [Over::Sockets, Over::Endpoints] {
+        every_plane_closed(over);
+    }
+}
+
+fn every_plane_closed(over: Over) {
+    let (mut a, mut b, relays) = relayed_pair_over(over, 2, Duration::from_millis(100));
     exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
     for r in &relays {
         r.gates[0].cut_after.store(0, Ordering::Relaxed);
@@ -400,8 +462,8 @@ fn with_every_plane_closed_the_endpoint_fails_naming_the_peer() {
             }
         }
     };
-    assert_eq!(e.peer_id(), Some(1), "{e}");
-    assert!(e.to_string().contains("every plane"), "{e}");
+    assert_eq!(e.peer_id(), Some(1), "{over:?}: {e}");
+    assert!(e.to_string().contains("every plane"), "{over:?}: {e}");
 }
 
 #[test]

@@ -24,7 +24,7 @@ use super::planes::{MAX_PLANES, PlaneConn, Striped};
 mod plane_setup;
 use super::{
     ConnectContext, Endpoint, Handle, HandleFormat, Interest, Listener, Transport,
-    TransportProperties, decode_addr, encode_addr,
+    TransportProperties, decode_addrs, encode_addrs,
 };
 use crate::error::{Error, ErrorKind, Result, classify_io};
 use crate::net;
@@ -53,6 +53,50 @@ const MAX_WRITE: usize = 256 << 10;
 #[derive(Debug, Default, Clone)]
 pub struct TcpTransport {
     planes: Planes,
+    /// What a peer's set of plane connections becomes (default: one [`Striped`] over them).
+    build: Option<Builder>,
+}
+
+/// Makes one endpoint to `peer` of its plane connections, sorted by plane (the same set on
+/// both ends), by `deadline`: another transport (verbs on several ports) sets up its own
+/// connection on each plane, over that plane's socket.
+pub type PlaneBuilder = dyn Fn(&ConnectContext, usize, Vec<PlaneConn>, Instant) -> Result<Box<dyn Endpoint>>
+    + Send
+    + Sync;
+
+#[derive(Clone)]
+struct Builder(Arc<PlaneBuilder>);
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlaneBuilder")
+    }
+}
+
+/// A peer's plane connections as one endpoint: `build`'s, or one [`Striped`] over the sockets.
+fn plane_endpoint_set(
+    build: &Option<Builder>,
+    ctx: &ConnectContext,
+    peer: usize,
+    mut conns: Vec<PlaneConn>,
+    deadline: Instant,
+) -> Result<Box<dyn Endpoint>> {
+    conns.sort_by_key(|c| c.plane);
+    match build {
+        Some(Builder(f)) => f(ctx, peer, conns, deadline),
+        None => {
+            let cfg = &ctx.config;
+            Ok(Box::new(
+                Striped::new(peer, conns, cfg.plane_timeout, cfg.timeout)
+                    .map_err(|e| e.rank(ctx.rank))?,
+            ))
+        }
+    }
+}
+
+/// One plane's connection as a plain TCP endpoint (a verbs plane's side channel).
+pub fn plane_socket_endpoint(peer: usize, conn: PlaneConn) -> Result<Box<dyn Endpoint>> {
+    TcpEndpoint::boxed(peer, conn.stream, conn.remote)
 }
 
 /// Where a rank's TCP connections go out.
@@ -78,6 +122,7 @@ impl TcpTransport {
     pub fn with_planes() -> TcpTransport {
         TcpTransport {
             planes: Planes::FromConfig,
+            build: None,
         }
     }
 
@@ -85,6 +130,15 @@ impl TcpTransport {
     pub fn on_planes(ips: &[IpAddr]) -> TcpTransport {
         TcpTransport {
             planes: Planes::Fixed(ips.iter().copied().take(MAX_PLANES).collect()),
+            build: None,
+        }
+    }
+
+    /// The same, with each peer's plane connections made into an endpoint by `build`.
+    pub fn building(self, build: Arc<PlaneBuilder>) -> TcpTransport {
+        TcpTransport {
+            build: Some(Builder(build)),
+            ..self
         }
     }
 
@@ -112,11 +166,7 @@ pub fn encode_handle(addr: SocketAddr) -> Handle {
 
 /// Encodes one listen address per plane as a handle.
 pub fn encode_handles(addrs: &[SocketAddr]) -> Handle {
-    let mut body = vec![addrs.len() as u8];
-    for a in addrs {
-        body.extend_from_slice(&encode_addr(*a));
-    }
-    FORMAT.encode(&body)
+    FORMAT.encode(&encode_addrs(addrs))
 }
 
 /// Decodes a one-plane handle from [`encode_handle`]; anything else is a clear error.
@@ -130,31 +180,7 @@ pub fn decode_handle(h: &Handle) -> Result<SocketAddr> {
 
 /// Decodes a handle from [`encode_handles`]: an address per plane, at least one.
 pub fn decode_handles(h: &Handle) -> Result<Vec<SocketAddr>> {
-    let body = FORMAT.decode(h)?;
-    let (&n, mut rest) = body
-        .split_first()
-        .ok_or_else(|| FORMAT.malformed("empty"))?;
-    if n == 0 || n as usize > MAX_PLANES {
-        return Err(FORMAT.malformed(&format!("{n} planes")));
-    }
-    let mut addrs = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let len = match rest.first() {
-            Some(4) => 7,
-            Some(6) => 19,
-            _ => return Err(FORMAT.malformed("not an address")),
-        };
-        if rest.len() < len {
-            return Err(FORMAT.malformed("not an address"));
-        }
-        let a = decode_addr(&rest[..len]).ok_or_else(|| FORMAT.malformed("not an address"))?;
-        addrs.push(a);
-        rest = &rest[len..];
-    }
-    if !rest.is_empty() {
-        return Err(FORMAT.malformed("bytes after the last address"));
-    }
-    Ok(addrs)
+    decode_addrs(&FORMAT, FORMAT.decode(h)?, MAX_PLANES)
 }
 
 fn tune(s: &TcpStream, ctx: &ConnectContext) -> io::Result<()> {
@@ -208,6 +234,7 @@ impl Transport for TcpTransport {
             addrs,
             acceptor: Acceptor::new(magic, "TCP transport"),
             groups: Vec::new(),
+            build: self.build.clone(),
         }))
     }
 
@@ -267,6 +294,7 @@ struct TcpListenerImpl {
     acceptor: Acceptor<TcpStream>,
     /// Peers' planes that connected, until each peer's set is complete.
     groups: Vec<Group>,
+    build: Option<Builder>,
 }
 
 impl Listener for TcpListenerImpl {

@@ -141,13 +141,7 @@ impl TcpTransport {
         let what = || format!("TCP connect to peer {peer}");
         net::write_all_by(&mut conns[0].stream, &commit, deadline, &what)
             .map_err(|e| e.rank(ctx.rank).peer(peer))?;
-        let cfg = &ctx.config;
-        Ok(Box::new(Striped::new(
-            peer,
-            conns,
-            cfg.plane_timeout,
-            cfg.timeout,
-        )?))
+        plane_endpoint_set(&self.build, ctx, peer, conns, deadline)
     }
 }
 
@@ -189,12 +183,10 @@ impl TcpListenerImpl {
         let rank = self.ctx.rank;
         loop {
             if let Some(k) = self.groups.iter().position(Group::complete) {
-                let mut g = self.groups.swap_remove(k);
-                g.conns.sort_by_key(|c| c.plane);
-                let cfg = &self.ctx.config;
-                let ep = Striped::new(g.peer, g.conns, cfg.plane_timeout, cfg.timeout)
-                    .map_err(|e| e.rank(rank))?;
-                return Ok((g.peer, Box::new(ep)));
+                let g = self.groups.swap_remove(k);
+                let until = Instant::now() + self.ctx.config.timeout;
+                let ep = plane_endpoint_set(&self.build, &self.ctx, g.peer, g.conns, until)?;
+                return Ok((g.peer, ep));
             }
             let until = if self.groups.is_empty() {
                 deadline
