@@ -12,8 +12,9 @@
 # with CCL_IB_HCA naming both devices: the transport opens a verbs connection on each port and
 # stripes across them. Once the job is moving, VM A sets its plane-1 NIC down for CUT_S
 # seconds (default 6) and up again. Passes when both ranks exit 0 with no wrong result, the
-# loop completed iterations while the link was down, and at least one rank logged plane 1 down
-# or failed (the cut hit a plane in use). Each VM prints "PASSED: planes, rank R" or "FAILED:
+# loop completed iterations while the link was down, at least one rank logged plane 1 down or
+# failed (the cut hit a plane in use), and both made plane 1's connection again after the link
+# returned (new queue pairs over the plane's side channel; A prints how long after). Each VM prints "PASSED: planes, rank R" or "FAILED:
 # planes, rank R" and rank 0 the iterations around the cut; the host ends with "rxe-planes:
 # passed" or "rxe-planes: FAILED".
 # Env: LOOP_BYTES, LOOP_SECONDS (default 40), CUT_AT_S (seconds of loop before the cut,
@@ -38,7 +39,9 @@ guest() {
   else
     touch "$DIR/a-ready"
   fi
-  CCL_RANK=$rank timeout 300 target/release/allreduce_loop > "$TMPDIR/out" 2> "$TMPDIR/err" &
+  # Each log line with its time, so the failover and the redial can be placed against the cut.
+  CCL_RANK=$rank timeout 300 target/release/allreduce_loop > "$TMPDIR/out" \
+    2> >(while IFS= read -r l; do echo "$EPOCHREALTIME $l"; done > "$TMPDIR/err") &
   local pid=$! cut=
   if [ "$RXE_ROLE" = a ]; then
     t=0
@@ -53,17 +56,32 @@ guest() {
     echo "$cut" > "$DIR/cut"
     sleep "${CUT_S:-6}"
     ip link set dev "$RXE_NETDEV2" up || return 1
-    echo "plane 1 up again at $(date +%s.%N)"
+    local up=$(date +%s.%N)
+    echo "plane 1 up again at $up"
+    t=0
+    until grep -qE 'verbs plane 1 .* is made again' "$TMPDIR/err"; do
+      sleep 0.1; t=$((t + 1))
+      [ $t -lt 600 ] || break
+    done
+    local back
+    back=$(grep -m1 -E 'verbs plane 1 .* is made again' "$TMPDIR/err" | cut -d' ' -f1)
+    [ -n "$back" ] && echo "plane 1 made again $(python3 -c "print(f'{$back - $up:.1f}')") s after the link returned"
   fi
   wait $pid
-  local rc=$? bad=0
+  local rc=$?
+  sleep 0.5   # the time-stamping reader writes the last lines
+  local bad=0
   echo "rank $rank exit $rc"
-  grep -E 'planes|plane [0-9].* (is down|failed|delivers again)|ERROR|error' "$TMPDIR/err" \
+  grep -E 'planes|plane [0-9].* (is down|failed|delivers again|made again)|ERROR|error' "$TMPDIR/err" \
     | grep -v "is not a ccl setting" | head -20
-  [ "$rc" = 0 ] || bad=1
+  if [ "$rc" != 0 ]; then
+    bad=1
+    echo "rank $rank's last words:"; grep -v "is not a ccl setting" "$TMPDIR/err" | tail -8
+  fi
   local downs
   downs=$(grep -cE 'verbs plane 1 .*(is down|failed)' "$TMPDIR/err")
   echo "rank $rank: plane 1 declared down or failed $downs time(s)"
+  grep -qE 'verbs plane 1 .* is made again' "$TMPDIR/err" || { echo "plane 1 was not made again"; bad=1; }
   if [ "$rank" = 0 ]; then
     t=0
     until [ -e "$DIR/cut" ]; do sleep 0.2; t=$((t + 1)); [ $t -lt 100 ] || break; done

@@ -111,6 +111,7 @@ pub mod error;
 pub mod ffi;
 pub mod mr;
 pub mod pd;
+mod planes;
 mod port;
 pub mod qp;
 mod resources;

@@ -12,7 +12,8 @@
 //! chosen), sets up a verbs connection on that port over that plane's socket, and the planes
 //! are one [`Striped`] endpoint: the stream striped across the ports by what each delivers, and
 //! a port whose link dies (its queue pair in error, or its bytes unread while the other port
-//! delivers) routed around without an error ([`ccl_core::transport::planes`]). Zero-copy sends
+//! delivers) routed around without an error ([`ccl_core::transport::planes`]), and its
+//! connection made again once its link is back ([`planes`](crate::planes)). Zero-copy sends
 //! and receives are not used across planes (the striped stream stages through each
 //! connection's slots).
 
@@ -22,8 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccl_core::config::Config;
-use ccl_core::transport::planes::{MAX_PLANES, PlaneEndpoint, Striped};
-use ccl_core::transport::tcp::{self, PlaneBuilder, TcpTransport};
+use ccl_core::transport::planes::MAX_PLANES;
+use ccl_core::transport::tcp::{self, TcpTransport};
 use ccl_core::transport::{
     ConnectContext, Endpoint, Handle, Listener, MemRegion, Transport, TransportProperties,
 };
@@ -32,6 +33,7 @@ use ccl_core::{Error, Result};
 use crate::LOG_SUBSYS;
 use crate::connect::establish;
 use crate::mr::UserMr;
+use crate::planes;
 use crate::port::IbDevice;
 use crate::sysfs::SYSFS_ROOT;
 use crate::wire;
@@ -111,37 +113,7 @@ impl IbTransport {
             .iter()
             .map(|d| d.ip().unwrap_or(ctx.local_ip))
             .collect();
-        let planes = self.planes.clone();
-        let build: Arc<PlaneBuilder> = Arc::new(move |ctx, peer, conns, deadline| {
-            let mut eps = Vec::with_capacity(conns.len());
-            for c in conns {
-                let dev = planes.get(c.plane).ok_or_else(|| {
-                    Error::remote(format!(
-                        "verbs plane {} from peer {peer}: this rank has {} planes",
-                        c.plane,
-                        planes.len()
-                    ))
-                    .rank(ctx.rank)
-                    .peer(peer)
-                })?;
-                let name = format!(
-                    "verbs plane {} ({} port {}, {} -> {})",
-                    c.plane,
-                    dev.name(),
-                    dev.port(),
-                    c.local,
-                    c.remote
-                );
-                let side = tcp::plane_socket_endpoint(peer, c).map_err(|e| e.rank(ctx.rank))?;
-                let endpoint = establish(dev, ctx, peer, side, deadline)?;
-                eps.push(PlaneEndpoint { name, endpoint });
-            }
-            let cfg = &ctx.config;
-            let ep = Striped::over_endpoints(peer, eps, cfg.plane_timeout, cfg.timeout)
-                .map_err(|e| e.rank(ctx.rank))?;
-            Ok(Box::new(ep) as Box<dyn Endpoint>)
-        });
-        TcpTransport::on_planes(&ips).building(build)
+        TcpTransport::on_planes(&ips).building(planes::builder(self.planes.clone()))
     }
 }
 

@@ -12,6 +12,12 @@ use super::*;
 pub(super) enum Link {
     Tcp(Arc<TcpStream>),
     Endpoint(Box<dyn Endpoint>),
+    /// A failed connection taken away (to be made again, or for good).
+    Gone,
+}
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the plane's connection failed")
 }
 
 impl Link {
@@ -24,6 +30,7 @@ impl Link {
                 Ok(n) => Ok(n),
                 Err(e) => Err(io::Error::other(e)),
             },
+            Link::Gone => Err(gone()),
         }
     }
 
@@ -46,6 +53,7 @@ impl Link {
                     Ok(n)
                 }
             }
+            Link::Gone => Err(gone()),
         }
     }
 
@@ -53,7 +61,7 @@ impl Link {
     /// now (an endpoint arms its notifications here and may find completions meanwhile).
     pub(super) fn prepare_wait(&mut self, send: bool) -> Result<bool> {
         match self {
-            Link::Tcp(_) => Ok(true),
+            Link::Tcp(_) | Link::Gone => Ok(true),
             Link::Endpoint(ep) => ep.prepare_wait(Interest { send, recv: true }),
         }
     }

@@ -28,6 +28,10 @@
 //! - **Striped by what each plane takes.** A frame of at most [`CHUNK`] bytes goes to the next
 //!   plane whose socket takes it; a plane that drains slower fills its socket buffer and takes
 //!   fewer frames, so each plane's share follows its measured rate, not a setting.
+//! - **Made again after an error** where the transport can ([`Redial`]: verbs sets up new queue
+//!   pairs over the plane's side channel): the end that saw the plane fail says so on another
+//!   plane, the peer drops its side of it and says so too, and both make the connection again
+//!   while the stream goes on over the others; the plane then takes its share again.
 //! - **A keeper thread** finishes what a sender's caller left: a frame half written, bytes to
 //!   send again after a failover, an acknowledgement due, a health check. The caller returns as
 //!   soon as the transport holds its bytes (as a TCP socket does), and may not call again for a
@@ -90,6 +94,13 @@ const ACK: u8 = 2;
 const PING: u8 = 3;
 /// The sender is closing the endpoint: the planes closing next are its goodbye, not failures.
 const BYE: u8 = 4;
+/// Plane `planes` (the header's field) failed at this end, or was dropped at the peer's asking:
+/// its connection of generation `off` is to be made again.
+const REDIAL: u8 = 5;
+/// How long making a plane's connection again may wait for its link to return.
+const REDIAL_WAIT: Duration = Duration::from_secs(300);
+/// An ack's count per plane: the plane's generation in the top byte, bytes read below.
+const GEN_SHIFT: u32 = 56;
 /// An ack's payload: delivered offset, then bytes read per plane.
 const ACK_MAX: usize = 8 + 8 * MAX_PLANES;
 
@@ -115,11 +126,29 @@ pub struct PlaneConn {
 
 /// One plane's connection made by another transport (verbs on one port), with what to call it
 /// in logs and errors.
-#[derive(Debug)]
 pub struct PlaneEndpoint {
     /// E.g. `verbs plane 1 (rxe1 port 1, 10.0.1.1:4000 -> 10.0.1.2:4100)`.
     pub name: String,
     pub endpoint: Box<dyn Endpoint>,
+    /// How to make the connection again when it fails (none: the plane stays failed).
+    pub redial: Option<Box<dyn Redial>>,
+}
+
+impl std::fmt::Debug for PlaneEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlaneEndpoint")
+            .field("name", &self.name)
+            .field("redial", &self.redial.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes a plane's connection again after it failed, once both ends agreed to (verbs: new
+/// queue pairs over the plane's side channel, which outlives them). Runs on a thread of its own
+/// while the stream goes on over the other planes; both ends call it at about the same time.
+pub trait Redial: Send {
+    /// The new connection, by `deadline` (the link may still be down: it waits for it).
+    fn redial(&mut self, deadline: Instant) -> Result<Box<dyn Endpoint>>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,7 +156,8 @@ enum State {
     Up,
     /// Stopped delivering while another plane answered; probed by TCP's own retries.
     Down,
-    /// Failed with an error; never used again.
+    /// Failed with an error; its connection is made again where the transport can
+    /// ([`Redial`]), else never used again.
     Dead,
 }
 
@@ -176,6 +206,24 @@ struct Plane {
     rx_head: [u8; HDR + ACK_MAX],
     /// Bytes of data frames read from this plane.
     read: u64,
+    /// Which connection of this plane this is (0 the first, each one made again the next), as
+    /// acks and redial notices name it: counts of one are never taken for another's.
+    generation: u8,
+    /// `read` when this connection began.
+    read_base: u64,
+    redial: Redialing,
+}
+
+/// A failed plane's way back.
+#[derive(Default)]
+struct Redialing {
+    /// How (none: no way, or it is being used on the redial thread).
+    how: Option<Box<dyn Redial>>,
+    /// A notice to the peer is to go out (once the failed connection is dropped); it went;
+    /// the peer's arrived.
+    due: bool,
+    sent: bool,
+    heard: bool,
 }
 
 impl Plane {
@@ -197,17 +245,28 @@ impl Plane {
             rx: Rx::Header(0),
             rx_head: [0; HDR + ACK_MAX],
             read: 0,
+            generation: 0,
+            read_base: 0,
+            redial: Redialing::default(),
         }
     }
 
     fn name(&self) -> &str {
         &self.name
     }
+
+    /// Whether the peer has yet to read data from this plane: bytes written and not acknowledged
+    /// as read, or a frame its connection has not taken yet (a transport with flow control of
+    /// its own, as verbs has, takes nothing while the peer grants no room).
+    fn owes(&self) -> bool {
+        self.wrote > self.peer_read || self.tx.as_ref().is_some_and(|t| t.len > 0)
+    }
 }
 
 mod keeper;
 mod link;
 mod recv;
+mod redial;
 mod ring;
 mod send;
 #[cfg(test)]
@@ -218,6 +277,8 @@ use link::{Link, WaitFd, link_error};
 use ring::{Ranges, Ring};
 
 struct Inner {
+    /// This endpoint, for threads that come back to it (a plane made again).
+    me: Weak<Mutex<Inner>>,
     peer: usize,
     planes: Vec<Plane>,
     down_after: Duration,
@@ -250,9 +311,12 @@ struct Inner {
     failed: Option<Error>,
     /// Dropped, lingering: a plane the peer closes now is the peer closing too, not news.
     closing: bool,
+    /// Wait descriptors of planes made again, for the caller's next wait to take up.
+    new_fds: Vec<(usize, Vec<WaitFd>)>,
     // What happened, for the log and tests.
     failovers: u64,
     resent: u64,
+    redials: u64,
 }
 
 /// An [`Endpoint`] over several planes.
@@ -325,7 +389,9 @@ impl Striped {
                 .peer(peer)
             })?;
             fds.extend(waits);
-            planes.push(Plane::new(e.name, Link::Endpoint(e.endpoint), now));
+            let mut p = Plane::new(e.name, Link::Endpoint(e.endpoint), now);
+            p.redial.how = e.redial;
+            planes.push(p);
         }
         Ok(Striped::start(peer, planes, fds, down_after, linger))
     }
@@ -339,30 +405,35 @@ impl Striped {
     ) -> Striped {
         assert!(!planes.is_empty() && planes.len() <= MAX_PLANES);
         let now = Instant::now();
-        let inner = Arc::new(Mutex::new(Inner {
-            peer,
-            planes,
-            down_after,
-            turn: 0,
-            touched: now,
-            serviced_at: now,
-            out: Ring::new(),
-            taken: 0,
-            acked: 0,
-            resend: Vec::new(),
-            inq: Ring::new(),
-            have: Ranges::default(),
-            next: 0,
-            ack_sent: 0,
-            ack_sent_at: now,
-            read_at_ack: 0,
-            scratch: vec![0u8; 64 << 10].into_boxed_slice(),
-            seam: [0; 64],
-            failed: None,
-            closing: false,
-            failovers: 0,
-            resent: 0,
-        }));
+        let inner = Arc::new_cyclic(|me| {
+            Mutex::new(Inner {
+                me: me.clone(),
+                peer,
+                planes,
+                down_after,
+                turn: 0,
+                touched: now,
+                serviced_at: now,
+                out: Ring::new(),
+                taken: 0,
+                acked: 0,
+                resend: Vec::new(),
+                inq: Ring::new(),
+                have: Ranges::default(),
+                next: 0,
+                ack_sent: 0,
+                ack_sent_at: now,
+                read_at_ack: 0,
+                scratch: vec![0u8; 64 << 10].into_boxed_slice(),
+                seam: [0; 64],
+                failed: None,
+                closing: false,
+                new_fds: Vec::new(),
+                failovers: 0,
+                resent: 0,
+                redials: 0,
+            })
+        });
         keeper().add(&inner);
         Striped {
             inner,
@@ -382,6 +453,11 @@ impl Striped {
     pub fn failovers(&self) -> (u64, u64) {
         let g = self.lock();
         (g.failovers, g.resent)
+    }
+
+    /// How many planes' connections were made again after they failed.
+    pub fn redials(&self) -> u64 {
+        self.lock().redials
     }
 
     /// Each plane's state, as `up`, `down` or `dead`.
@@ -433,7 +509,10 @@ impl Inner {
         let owed = self.taken > self.acked
             || !self.resend.is_empty()
             || self.next > self.ack_sent
-            || self.planes.iter().any(|p| p.tx.is_some() || p.ack_due)
+            || self
+                .planes
+                .iter()
+                .any(|p| p.tx.is_some() || p.ack_due || p.redial.due)
             || self.planes.iter().map(|p| p.read).sum::<u64>() > self.read_at_ack;
         owed && self.planes.iter().any(|p| p.state != State::Dead)
     }
@@ -555,6 +634,10 @@ impl Endpoint for Striped {
         let Striped { inner, fds, .. } = self;
         let mut g = inner.lock().unwrap_or_else(|p| p.into_inner());
         g.touched = Instant::now() + CALLER_SLEEPS;
+        for (i, new) in std::mem::take(&mut g.new_fds) {
+            fds.retain(|w| w.plane != i);
+            fds.extend(new);
+        }
         let before = (g.next, g.acked, g.have.run_at(g.next));
         if let Some(e) = &g.failed {
             // Bytes that arrived before the failure are still to be taken.
@@ -625,10 +708,11 @@ impl Drop for Striped {
             g.touched = Instant::now();
             g.closing = true;
             let _ = g.service(true);
+            // Data only: an ack or a ping a connection does not take is no loss.
             let unwritten = !g.resend.is_empty()
                 || g.planes
                     .iter()
-                    .any(|p| p.state == State::Up && p.tx.is_some());
+                    .any(|p| p.state == State::Up && p.tx.as_ref().is_some_and(|t| t.len > 0));
             if !unwritten || g.planes.iter().all(|p| p.state == State::Dead) {
                 g.goodbye();
                 return;

@@ -35,7 +35,7 @@ impl Inner {
             let kind = h[2];
             let len = u32::from_le_bytes(h[4..8].try_into().expect("4")) as usize;
             let off = u64::from_le_bytes(h[8..16].try_into().expect("8"));
-            if h[..2] != MAGIC || !matches!(kind, DATA | ACK | PING | BYE) {
+            if h[..2] != MAGIC || !matches!(kind, DATA | ACK | PING | BYE | REDIAL) {
                 let e = Error::internal(format!(
                     "{} from peer {}: bad frame header {:02x?} (a corrupted stream)",
                     p.name(),
@@ -79,6 +79,11 @@ impl Inner {
                     p.rx = Rx::Header(0);
                     self.closing = true;
                 }
+                (REDIAL, _) => {
+                    p.rx = Rx::Header(0);
+                    let j = h[3] as usize;
+                    self.on_redial(j, off as u8);
+                }
                 (PING, _) => {
                     p.rx = Rx::Header(0);
                     for p in &mut self.planes {
@@ -111,7 +116,12 @@ impl Inner {
                 r.0 = r.0.max(acked);
             }
         }
-        for (p, &r) in self.planes.iter_mut().zip(reads) {
+        for (p, &count) in self.planes.iter_mut().zip(reads) {
+            // A count of the plane's connection before (or after) this one is not this one's.
+            if (count >> GEN_SHIFT) as u8 != p.generation {
+                continue;
+            }
+            let r = count & ((1 << GEN_SHIFT) - 1);
             if r > p.peer_read {
                 let moved = r.min(p.wrote) - p.peer_read;
                 // Delivery rate while the plane had bytes in flight (`moved` is when the last

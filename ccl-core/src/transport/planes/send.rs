@@ -38,6 +38,7 @@ impl Inner {
             );
         }
         self.requeue(i);
+        self.after_death(i);
         Ok(())
     }
 
@@ -153,6 +154,10 @@ impl Inner {
         let mut head = [0u8; HDR + ACK_MAX];
         head[..HDR].copy_from_slice(&header(DATA, 0, len as u32, off));
         let p = &mut self.planes[i];
+        if !p.owes() {
+            // Idle until now: a stall is counted from here.
+            p.moved = Instant::now();
+        }
         p.tx = Some(Tx {
             head,
             head_len: HDR,
@@ -176,7 +181,8 @@ impl Inner {
             head[HDR..HDR + 8].copy_from_slice(&self.next.to_le_bytes());
             for (k, p) in self.planes.iter().enumerate() {
                 let at = HDR + 8 + 8 * k;
-                head[at..at + 8].copy_from_slice(&p.read.to_le_bytes());
+                let count = (u64::from(p.generation) << GEN_SHIFT) | (p.read - p.read_base);
+                head[at..at + 8].copy_from_slice(&count.to_le_bytes());
             }
         }
         self.planes[i].tx = Some(Tx {
@@ -211,6 +217,10 @@ impl Inner {
                 if p.ping_due {
                     p.ping_due = false;
                     self.control(i, PING);
+                    continue;
+                }
+                if let Some(j) = self.planes.iter().position(|q| q.redial.due) {
+                    self.redial_notice(i, j);
                     continue;
                 }
                 if !self.has_room(i) {
@@ -301,8 +311,7 @@ impl Inner {
         }
         let now = Instant::now();
         let half = self.down_after / 2;
-        let stalled =
-            |p: &Plane| p.state == State::Up && p.wrote > p.peer_read && now - p.moved >= half;
+        let stalled = |p: &Plane| p.state == State::Up && p.owes() && now - p.moved >= half;
         if !self.planes.iter().any(stalled) {
             for p in &mut self.planes {
                 p.suspect = None;
@@ -341,7 +350,12 @@ impl Inner {
             }
             p.state = State::Down;
             p.suspect = None;
-            let (stuck, ms) = (p.wrote - p.peer_read, (now - p.moved).as_millis());
+            let unwritten =
+                p.tx.as_ref()
+                    .filter(|t| t.len > 0)
+                    .map_or(0, |t| (t.head_len + t.len - t.done) as u64);
+            let stuck = p.wrote - p.peer_read + unwritten;
+            let ms = (now - p.moved).as_millis();
             ccl_warn!(
                 None,
                 "{} to peer {} is down: {stuck} bytes unread for {ms} ms while {} \

@@ -3,6 +3,7 @@
 //! every byte is delivered exactly once whatever the stage of the transfer.
 
 use std::net::{IpAddr, Ipv4Addr, Shutdown, TcpListener};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::*;
@@ -27,16 +28,71 @@ fn two_planes_meet_the_endpoint_contract() {
 /// Each plane's connection as another transport's endpoint (here a plain TCP endpoint over the
 /// plane's socket, as the verbs transport puts a verbs connection on each port).
 fn over_endpoints(peer: usize, conns: Vec<PlaneConn>, down_after: Duration) -> Result<Striped> {
+    over_endpoints_redialing(peer, conns, Vec::new(), down_after)
+}
+
+/// The same, each plane made again after a failure through `sides[plane]` when given.
+fn over_endpoints_redialing(
+    peer: usize,
+    conns: Vec<PlaneConn>,
+    mut sides: Vec<TcpStream>,
+    down_after: Duration,
+) -> Result<Striped> {
+    sides.reverse();
     let eps = conns
         .into_iter()
         .map(|c| {
+            let redial = sides.pop().map(|side| {
+                Box::new(TestRedial {
+                    side,
+                    listen: peer == 1,
+                    peer,
+                    plane: c.plane,
+                }) as Box<dyn Redial>
+            });
             Ok(PlaneEndpoint {
                 name: format!("test plane {} ({} -> {})", c.plane, c.local, c.remote),
                 endpoint: tcp::plane_socket_endpoint(peer, c)?,
+                redial,
             })
         })
         .collect::<Result<Vec<_>>>()?;
     Striped::over_endpoints(peer, eps, down_after, PATIENCE)
+}
+
+/// Makes a plane again as a direct loopback connection (not relayed): rank 0's end listens and
+/// sends its port over the plane's side socket, rank 1's connects, as a verbs plane exchanges
+/// its new queue pairs over its side channel.
+struct TestRedial {
+    side: TcpStream,
+    listen: bool,
+    peer: usize,
+    plane: usize,
+}
+
+impl Redial for TestRedial {
+    fn redial(&mut self, deadline: Instant) -> Result<Box<dyn Endpoint>> {
+        let io = |e| Error::io(ErrorKind::System, "test redial", e);
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.side.set_read_timeout(Some(left)).map_err(io)?;
+        let stream = if self.listen {
+            let l = TcpListener::bind("127.0.0.1:0").map_err(io)?;
+            let port = l.local_addr().map_err(io)?.port();
+            self.side.write_all(&port.to_le_bytes()).map_err(io)?;
+            l.accept().map_err(io)?.0
+        } else {
+            let mut b = [0u8; 2];
+            self.side.read_exact(&mut b).map_err(io)?;
+            TcpStream::connect(("127.0.0.1", u16::from_le_bytes(b))).map_err(io)?
+        };
+        let conn = PlaneConn {
+            plane: self.plane,
+            local: stream.local_addr().map_err(io)?,
+            remote: stream.peer_addr().map_err(io)?,
+            stream,
+        };
+        tcp::plane_socket_endpoint(self.peer, conn)
+    }
 }
 
 #[test]
@@ -53,6 +109,8 @@ fn planes_over_endpoints_meet_the_endpoint_contract() {
 enum Over {
     Sockets,
     Endpoints,
+    /// Endpoints, each made again after it fails ([`TestRedial`]).
+    Redialing,
 }
 
 /// One direction of a relayed plane.
@@ -170,6 +228,18 @@ fn relayed_pair_over(over: Over, n: usize, down_after: Duration) -> (Striped, St
             over_endpoints(1, ca, down_after).unwrap(),
             over_endpoints(0, cb, down_after).unwrap(),
         ),
+        Over::Redialing => {
+            let (mut sa, mut sb) = (Vec::new(), Vec::new());
+            for _ in 0..n {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                sa.push(TcpStream::connect(l.local_addr().unwrap()).unwrap());
+                sb.push(l.accept().unwrap().0);
+            }
+            (
+                over_endpoints_redialing(1, ca, sa, down_after).unwrap(),
+                over_endpoints_redialing(0, cb, sb, down_after).unwrap(),
+            )
+        }
     };
     (a, b, relays)
 }
@@ -400,6 +470,112 @@ fn a_stalled_plane_is_routed_around_and_taken_back() {
     }
 }
 
+/// A connection that can be made to take and give nothing, as a verbs connection does while
+/// its peer grants no room (its link is cut): no byte is ever written to it, so none go unread.
+struct Freezable {
+    inner: Box<dyn Endpoint>,
+    frozen: Arc<AtomicBool>,
+}
+
+impl Endpoint for Freezable {
+    fn peer(&self) -> usize {
+        self.inner.peer()
+    }
+    fn send(&mut self, src: &[u8]) -> Result<usize> {
+        if self.frozen.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        self.inner.send(src)
+    }
+    fn recv(&mut self, dst: &mut [u8]) -> Result<usize> {
+        if self.frozen.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        self.inner.recv(dst)
+    }
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize> {
+        if self.frozen.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        self.inner.recv_with(max, consume)
+    }
+    fn prepare_wait(&mut self, interest: Interest) -> Result<bool> {
+        self.inner.prepare_wait(interest)
+    }
+    fn wait_fds<'a>(&'a self, interest: Interest, out: &mut Vec<(BorrowedFd<'a>, PollFlags)>) {
+        self.inner.wait_fds(interest, out)
+    }
+}
+
+/// A plane whose connection stops taking bytes (nothing written, so nothing goes unread) is
+/// declared down all the same while the other delivers, and taken back when it moves again.
+#[test]
+fn a_plane_that_takes_nothing_is_routed_around() {
+    let frozen = Arc::new(AtomicBool::new(false));
+    let mut ends: [Vec<PlaneEndpoint>; 2] = [Vec::new(), Vec::new()];
+    for plane in 0..2 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s0 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let s1 = l.accept().unwrap().0;
+        for (rank, s) in [(0, s0), (1, s1)] {
+            let peer = 1 - rank;
+            let conn = PlaneConn {
+                plane,
+                local: s.local_addr().unwrap(),
+                remote: s.peer_addr().unwrap(),
+                stream: s,
+            };
+            let inner = tcp::plane_socket_endpoint(peer, conn).unwrap();
+            let endpoint: Box<dyn Endpoint> = if plane == 0 {
+                Box::new(Freezable {
+                    inner,
+                    frozen: frozen.clone(),
+                })
+            } else {
+                inner
+            };
+            ends[rank].push(PlaneEndpoint {
+                name: format!("test plane {plane}"),
+                endpoint,
+                redial: None,
+            });
+        }
+    }
+    let [e0, e1] = ends;
+    let down_after = Duration::from_millis(150);
+    let mut a = Striped::over_endpoints(1, e0, down_after, PATIENCE).unwrap();
+    let mut b = Striped::over_endpoints(0, e1, down_after, PATIENCE).unwrap();
+    exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+    frozen.store(true, Ordering::Relaxed);
+    // The transfer completes; a data frame that got stuck on plane 0 made it down (a stuck ack
+    // only keeps the plane from taking frames).
+    exchange(&mut a, &mut b, 8 << 20, 8 << 20, |_| {});
+    for ep in [&a, &b] {
+        let g = ep.lock();
+        let p = &g.planes[0];
+        let data_stuck = p.tx.as_ref().is_some_and(|t| t.len > 0);
+        assert!(
+            p.state == State::Down || !data_stuck,
+            "a data frame stuck on plane 0, which is {:?}",
+            p.state
+        );
+    }
+    frozen.store(false, Ordering::Relaxed);
+    let deadline = Instant::now() + PATIENCE;
+    while a.plane_states()[0] != "up" || b.plane_states()[0] != "up" {
+        assert!(
+            Instant::now() < deadline,
+            "plane 0 never came back: {}",
+            describe(&a)
+        );
+        exchange(&mut a, &mut b, 64 << 10, 64 << 10, |_| {});
+    }
+    let wrote = |ep: &Striped| ep.lock().planes[0].wrote;
+    let before = wrote(&a);
+    exchange(&mut a, &mut b, 16 << 20, 1 << 20, |_| {});
+    assert!(wrote(&a) > before + (1 << 20), "{}", describe(&a));
+}
+
 /// When every plane holds its bytes at once (from the first byte, or in mid-transfer), no plane
 /// is declared down: the peer may simply not be reading. The transfer completes once they
 /// deliver again.
@@ -432,6 +608,73 @@ fn when_every_plane_stalls_none_is_declared_down() {
             describe(&a)
         );
         assert_eq!(a.plane_states(), ["up", "up"]);
+    }
+}
+
+/// A plane that fails is made again where the transport can: the failure is seen at one end
+/// (or both), both drop their side and make it again, and it takes its share of new frames;
+/// nothing lost or repeated meanwhile. Twice in a row, the second time on the plane made again.
+#[test]
+fn a_failed_plane_is_made_again() {
+    let frame = (HDR + CHUNK) as u64;
+    for (plane, dir, at) in [(0, 0, 0), (1, 1, frame + 7), (0, 1, 3 * frame)] {
+        let (mut a, mut b, relays) =
+            relayed_pair_over(Over::Redialing, 2, Duration::from_millis(200));
+        exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+        let gate = &relays[plane].gates[dir];
+        gate.cut_after.store(
+            gate.forwarded.load(Ordering::Relaxed) + at,
+            Ordering::Relaxed,
+        );
+        let deadline = Instant::now() + PATIENCE;
+        while a.redials() == 0 || b.redials() == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "plane {plane} cut {at} bytes on (direction {dir}) was not made again: A {}, B {}",
+                describe(&a),
+                describe(&b)
+            );
+            exchange(&mut a, &mut b, 4 << 20, 1 << 20, |_| {});
+        }
+        assert_eq!(a.plane_states(), ["up", "up"], "{}", describe(&a));
+        assert_eq!(b.plane_states(), ["up", "up"], "{}", describe(&b));
+        // The new connection carries its share, both ways.
+        let wrote = |ep: &Striped| ep.lock().planes[plane].wrote;
+        let (wa, wb) = (wrote(&a), wrote(&b));
+        exchange(&mut a, &mut b, 16 << 20, 16 << 20, |_| {});
+        assert!(
+            wrote(&a) > wa + (1 << 20) && wrote(&b) > wb + (1 << 20),
+            "plane {plane} made again carried little: A {} -> {}, B {} -> {}",
+            wa,
+            wrote(&a),
+            wb,
+            wrote(&b)
+        );
+        // The plane made again fails in turn (its direct connection closed at A): made again.
+        {
+            let g = a.lock();
+            if let Link::Endpoint(_) = &g.planes[plane].link {
+            } else {
+                panic!("plane {plane} has no connection");
+            }
+        }
+        let kill = |ep: &Striped| {
+            let mut g = ep.lock();
+            let e = Error::remote("test: closed").peer(g.peer);
+            let _ = g.plane_failed(plane, e);
+        };
+        kill(&a);
+        let deadline = Instant::now() + PATIENCE;
+        while a.redials() < 2 || b.redials() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "plane {plane} failed again was not made again: A {}, B {}",
+                describe(&a),
+                describe(&b)
+            );
+            exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+        }
+        assert_eq!(a.plane_states(), ["up", "up"], "{}", describe(&a));
     }
 }
 
