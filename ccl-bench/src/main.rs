@@ -213,6 +213,9 @@ struct Report {
 
 fn main() -> ExitCode {
     scale::mark_start();
+    if let Err(code) = end_with_parent() {
+        return code;
+    }
     // A flag given twice takes its last value (as in nccl-tests), so a wrapper's defaults
     // (scripts/bench.sh) can be overridden by the flags passed after them.
     let cmd = Cli::command().mut_subcommands(|c| c.args_override_self(true));
@@ -457,6 +460,32 @@ fn run_threads(coll: &colls::Coll, args: &BenchArgs, config: Config, n: usize) -
 
 /// Set in the environment of the helper that starts the ranks of `--np` ([`launch`]).
 const SPAWNER_VAR: &str = "CCLBENCH_SPAWNER";
+/// The process id of the process that started this one under `--np` (the launcher for its
+/// helper, the helper for the ranks): see [`end_with_parent`].
+const PARENT_VAR: &str = "CCLBENCH_PARENT";
+
+/// Under `--np`, a job ends when its launcher does, as under mpirun or torchrun: the helper and
+/// each rank ask the kernel for `SIGTERM` when the process that started them ends (the launcher
+/// killed, even with `SIGKILL`, ends the helper, which ends the ranks). Without this, a killed
+/// launcher left its ranks running: their rendezvous root lived in it, and the job survives its
+/// root's death by design. Fails when that process is already gone.
+fn end_with_parent() -> Result<(), ExitCode> {
+    let Some(parent) = std::env::var(PARENT_VAR)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return Ok(());
+    };
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM) {
+        eprintln!("ccl-bench: cannot ask to end with the launcher (prctl: {e}); going on");
+    }
+    // Set after the fork: a parent that ended before it is not signalled for.
+    if nix::unistd::getppid().as_raw() != parent {
+        eprintln!("ccl-bench: the process that started this one (pid {parent}) is gone; ending");
+        return Err(ExitCode::FAILURE);
+    }
+    Ok(())
+}
 
 /// `--np N`: start N rank processes of this program and be their rendezvous root.
 ///
@@ -475,6 +504,7 @@ fn launch(config: &Config, n: usize, args: &BenchArgs) -> ExitCode {
     let mut helper = match Command::new(&exe)
         .args(std::env::args_os().skip(1))
         .env(SPAWNER_VAR, "1")
+        .env(PARENT_VAR, std::process::id().to_string())
         .env(scale::T0_VAR, scale::mark_start().to_string())
         .stdin(Stdio::piped())
         .spawn()
@@ -583,6 +613,7 @@ fn spawn_ranks(
         cmd.args(&child_args)
             .stdin(Stdio::null())
             .env_remove(SPAWNER_VAR)
+            .env(PARENT_VAR, std::process::id().to_string())
             .env("CCL_UNIQUE_ID", id.to_hex())
             .env(scale::T0_VAR, scale::mark_start().to_string())
             .env("CCL_RANK", rank.to_string())

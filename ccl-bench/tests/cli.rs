@@ -702,3 +702,88 @@ fn ranks_as_threads_report_their_share_of_the_process() {
     assert_eq!(l["ranks_in_process"], true, "{l}");
     assert_eq!(l["ranks"], 6, "{l}");
 }
+
+/// The processes whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: the name may hold spaces and parentheses.
+        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+        if after.split_whitespace().nth(1) == Some(&pid.to_string()) {
+            v.push(child);
+        }
+    }
+    v
+}
+
+/// Whether `pid` still runs (a zombie has ended).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+        after.split_whitespace().next() != Some("Z")
+    })
+}
+
+/// Killing the launcher of `--np` ends the job, as killing mpirun or torchrun does: its helper
+/// and every rank end (`SIGKILL`, which the launcher cannot pass on, as well as `SIGTERM`),
+/// though the job itself would survive its rendezvous root's death.
+#[test]
+fn killing_the_launcher_ends_its_ranks() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for sig in [Signal::SIGKILL, Signal::SIGTERM] {
+        let mut launcher = bench()
+            .args([
+                "allreduce",
+                "--np",
+                "3",
+                "-b",
+                "8",
+                "-e",
+                "8",
+                "-n",
+                "100000000",
+            ])
+            .args(["-w", "0", "-c", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let (helper, ranks) = loop {
+            if let Some(found) = children_of(launcher.id())
+                .into_iter()
+                .map(|h| (h, children_of(h)))
+                .find(|(_, r)| r.len() == 3)
+            {
+                break found;
+            }
+            assert!(Instant::now() < deadline, "the 3 ranks never started");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        kill(Pid::from_raw(launcher.id() as i32), sig).unwrap();
+        let _ = launcher.wait();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Some(p) = std::iter::once(helper)
+            .chain(ranks.iter().copied())
+            .find(|&p| running(p))
+        {
+            if Instant::now() >= deadline {
+                // Do not leave them behind for the next test.
+                for p in std::iter::once(helper).chain(ranks.iter().copied()) {
+                    let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+                }
+                panic!(
+                    "{sig}: process {p} (helper {helper}, ranks {ranks:?}) still runs 30 s after its launcher was killed"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

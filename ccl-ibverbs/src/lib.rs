@@ -41,7 +41,9 @@
 //!
 //! ## Settings
 //!
-//! `CCL_IB_HCA` (device/port filter, NCCL syntax), `CCL_IB_GID_INDEX`, `CCL_IB_TIMEOUT`,
+//! `CCL_IB_HCA` (device/port filter, NCCL syntax; matching several ports makes each a network
+//! plane: a connection per port, striped, a failed port routed around and set up again),
+//! `CCL_IB_GID_INDEX`, `CCL_IB_TIMEOUT`,
 //! `CCL_IB_RETRY_CNT`, `CCL_IB_RNR_RETRY`, `CCL_IB_TC`, `CCL_IB_CTRL_TC`, `CCL_IB_QPS_PER_CONN`,
 //! `CCL_IB_SPLIT_DATA_ON_QPS`, `CCL_IB_SLOTS`, `CCL_IB_SLOT_SIZE`, `CCL_IB_SPIN_US`;
 //! `docs/env.md` describes each.
