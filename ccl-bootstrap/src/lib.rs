@@ -40,19 +40,10 @@ pub mod env;
 mod gather;
 mod id;
 mod monitor;
-mod recovery;
-mod relay;
 pub mod rendezvous;
-mod shared;
-mod tree;
-mod watch;
 pub mod wire;
 
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
-pub use monitor::Monitor;
+pub use monitor::{GATHER, Monitor, live_query, root_lines, state_bytes};
 pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, root_is_local};
-pub use watch::{GATHER, live_query, root_lines, state_bytes};
 pub use wire::Notice;
-
-#[cfg(test)]
-mod hooks;

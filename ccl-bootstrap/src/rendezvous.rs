@@ -4,7 +4,7 @@
 //! The root is a small server thread that admits exactly `size` ranks presenting the secret and
 //! tells each where its successor listens; the ranks' allgathers then run among themselves
 //! (`gather`). The communicator uses one allgather to exchange transport connection handles
-//! and host names; after that the root stays on as the job's monitor (`watch`): it watches
+//! and host names; after that the root stays on as the job's monitor (`monitor`): it watches
 //! every rank's line (its own, or through the hubs of the monitor tree), passes failures on, answers live queries and runs recovery
 //! agreements.
 //!
@@ -12,8 +12,11 @@
 //! never arrived, so a job with a missing rank fails with a message naming it instead of
 //! hanging.
 
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ccl_core::config::Config;
@@ -22,13 +25,13 @@ use ccl_core::net;
 use ccl_core::transport::{decode_addr, encode_addr};
 use ccl_core::{ccl_info, ccl_trace, ccl_warn};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::LOG_SUBSYS;
 use crate::gather::{Gather, list_ranks};
 use crate::id::{UniqueId, random_secret};
-use crate::tree::Tree;
+use crate::monitor::{self, Monitor, Recovery, Relay, Shared, Tree};
 use crate::wire::{self, Frame, FrameKind};
-use crate::{recovery, watch};
 
 /// Ids whose root runs in this process: making one starts its root.
 impl UniqueId {
@@ -67,7 +70,7 @@ pub(crate) struct Root {
     timeout: Duration,
     addr: SocketAddr,
     /// Set when the ranks being admitted must be failed at once (a shrink's member died).
-    abandon: Option<recovery::Abandon>,
+    abandon: Option<monitor::Abandon>,
 }
 
 /// How long a new connection may take to present its hello before the root drops it.
@@ -100,7 +103,7 @@ impl Root {
         listener: TcpListener,
         secret: [u8; 32],
         timeout: Duration,
-        abandon: Option<recovery::Abandon>,
+        abandon: Option<monitor::Abandon>,
     ) -> Result<()> {
         let addr = listener
             .local_addr()
@@ -283,8 +286,9 @@ impl Root {
     }
 
     /// Phase 2: the ranks run their allgathers among themselves; the root waits until every
-    /// rank says goodbye, or hands the connections to [`watch`] when every rank asks for the
-    /// monitor. A rank that fails or leaves before fails the job, and every rank hears why.
+    /// rank says goodbye, or hands the connections to the watch ([`monitor::Watch`]) when
+    /// every rank asks for the monitor. A rank that fails or leaves before fails the job, and
+    /// every rank hears why.
     fn until_done(&self, mut streams: Vec<TcpStream>) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
         match self.collect(&mut streams, deadline)? {
@@ -307,7 +311,7 @@ impl Root {
                     tree.fanout()
                 );
                 let _ = self.listener.set_nonblocking(true);
-                watch::Watch::new(
+                monitor::Watch::new(
                     streams.into_iter().zip(who).collect(),
                     tree,
                     &self.listener,
@@ -767,6 +771,111 @@ impl Bootstrap {
             deadline,
         )
         .map_err(|e| e.rank(self.rank))
+    }
+}
+
+impl Bootstrap {
+    /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
+    /// failure on to the others for as long as the communicator lives, and asks this rank for
+    /// its state (see [`Monitor::set_state_source`]). With more than `fanout` ranks the root
+    /// moves this line to a hub rank of the monitor tree (`monitor::tree`); every rank must
+    /// give the same `fanout` (`CCL_MONITOR_FANOUT`).
+    pub fn into_monitor(mut self, fanout: usize) -> Result<Monitor> {
+        if let Some(e) = self.broken.take() {
+            return Err(e);
+        }
+        self.settle()?;
+        let rank = self.rank;
+        let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
+        let tree = Tree::new(self.size, fanout);
+        let listener = self.monitor_listener(&tree)?;
+        let me = wire::Watchme {
+            pid: std::process::id(),
+            fanout: tree.fanout() as u32,
+            listen: listener
+                .as_ref()
+                .map(|l| l.local_addr())
+                .transpose()
+                .map_err(|e| sys("monitor listener", e))?,
+            host: ccl_core::log::hostname().to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        wire::write_frame(&mut self.stream, &me.encode(), deadline).map_err(|e| e.rank(rank))?;
+        self.done = true;
+        self.stream
+            .set_nonblocking(true)
+            .map_err(|e| sys("bootstrap socket", e))?;
+        let reader = self
+            .stream
+            .try_clone()
+            .map_err(|e| sys("bootstrap socket", e))?;
+        let writer = self
+            .stream
+            .try_clone()
+            .map_err(|e| sys("bootstrap socket", e))?;
+        let efd = || {
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| sys("eventfd", e.into()))
+        };
+        let shared = Arc::new(Shared {
+            writer: Mutex::new(writer),
+            rank,
+            size: self.size,
+            root: Mutex::new(self.root),
+            secret: self.secret,
+            timeout: self.timeout,
+            tree,
+            standby: Mutex::new(None),
+            moved_to: AtomicUsize::new(usize::MAX),
+            epoch: AtomicU32::new(0),
+            bye_heard: AtomicBool::new(false),
+            shrink_round: Mutex::new((0, 0)),
+            roster: OnceLock::new(),
+            outcome: Mutex::new(None),
+            #[cfg(test)]
+            vanished: AtomicBool::new(false),
+            spawn_root: crate::rendezvous::Root::spawn_with,
+            notices: Mutex::new(VecDeque::new()),
+            wake: efd()?,
+            stop: efd()?,
+            root_gone: AtomicBool::new(false),
+            hub: AtomicUsize::new(usize::MAX),
+            acks: AtomicU64::new(0),
+            state: OnceLock::new(),
+            on_notice: OnceLock::new(),
+            on_connect: OnceLock::new(),
+            early_connects: Mutex::new(Vec::new()),
+            recovery: Mutex::new(Recovery::default()),
+        });
+        let s = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("ccl-monitor".into())
+            .spawn(move || Relay::new(s, reader, listener).run())
+            .map_err(|e| sys("spawning the monitor thread", e))?;
+        Ok(Monitor { shared, bye: true })
+    }
+}
+
+impl Bootstrap {
+    /// Where this rank takes monitor lines, if it does. A hub takes its children's lines where
+    /// it reached the root from. A rank outside the root's process may take over the monitor
+    /// when that process dies: it listens too, and the root tells every rank where the first
+    /// few such ranks listen.
+    fn monitor_listener(&self, tree: &Tree) -> Result<Option<TcpListener>> {
+        let rank = self.rank;
+        let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
+        let standby = !crate::rendezvous::root_is_local(self.root);
+        #[cfg(test)]
+        let standby = standby || crate::monitor::hooks::remote(&self.secret).is_some();
+        if !(tree.is_hub(rank) || standby) {
+            return Ok(None);
+        }
+        let ip = self.local_ip()?;
+        let l = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| sys("monitor: cannot listen for the ranks it watches", e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| sys("monitor listener", e))?;
+        Ok(Some(l))
     }
 }
 
