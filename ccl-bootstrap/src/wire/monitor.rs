@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use ccl_core::error::{Error, Result};
 use ccl_core::transport::{decode_addr, encode_addr};
 
-use super::{Frame, FrameKind, MAX_RANKS, decode_header};
+use super::codec::{Frame, FrameKind, decode_header};
+use super::rendezvous::MAX_RANKS;
 
 /// The rank a 4-byte payload names (`ConnectMe`).
 pub fn rank_of(payload: &[u8]) -> Option<usize> {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use ccl_core::error::{Error, Result};
 use ccl_core::transport::{decode_addr, encode_addr};
 
-use super::{Frame, FrameKind, decode_blobs, encode_blobs};
+use super::codec::{Frame, FrameKind, decode_blobs, encode_blobs};
 
 /// Most ranks a root admits (a sanity bound on the size a hello may claim).
 pub const MAX_RANKS: usize = 1 << 20;
