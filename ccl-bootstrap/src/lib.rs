@@ -7,11 +7,11 @@
 //!   themselves (Bruck's algorithm), so the root moves O(N) bytes.
 //! - [`env`](mod@env): the rendezvous from launcher variables (torchrun, Open MPI, PMI, Slurm), so jobs
 //!   start unchanged under the launchers users already run.
-//! - After set-up the root stays on as the **job monitor** (`watch` on the root's side,
+//! - After set-up the root stays on as the **job monitor** (`monitor::root` on the root's side,
 //!   [`Monitor`] on each rank's): it sees a rank's process end, passes failures on to every
 //!   rank, asks the live ranks for their state to name the culprit of a hang (the analysis is
 //!   `ccl-diag`'s), answers `ccl-trace --live`, and runs the agreement of a shrink
-//!   (`recovery`).
+//!   (`monitor::recovery`).
 //!
 //! The root lives in whichever process created the id: the application's rank 0 (NCCL's model,
 //! the id then travels by MPI, a file or a framework's store), the benchmark launcher, or rank 0
@@ -19,6 +19,11 @@
 //! live *standby* the root named (a rank outside its process) takes the monitor over, and every
 //! rank's monitor thread moves to it: no single process's death ends the job's monitor. Every read and write is bounded by a
 //! deadline and every connection must present the secret.
+//!
+//! The code: [`rendezvous`] (the root's side and each rank's, the allgather among the ranks,
+//! launcher variables), `monitor` (the job monitor: the root's side, each rank's, the monitor
+//! tree, the takeover, recovery), [`wire`] (the frames: the codec, the rendezvous's, the
+//! monitor's) and `id` (the unique id).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -36,23 +41,12 @@
 /// The log subsystem of everything here.
 const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Bootstrap;
 
-pub mod env;
-mod gather;
 mod id;
 mod monitor;
-mod recovery;
-mod relay;
 pub mod rendezvous;
-mod shared;
-mod tree;
-mod watch;
 pub mod wire;
 
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
-pub use monitor::Monitor;
-pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, root_is_local};
-pub use watch::{GATHER, live_query, root_lines, state_bytes};
+pub use monitor::{GATHER, Monitor, live_query, root_lines, state_bytes};
+pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, env, root_is_local};
 pub use wire::Notice;
-
-#[cfg(test)]
-mod hooks;

@@ -5,9 +5,9 @@
 //! through the hubs of the monitor tree) and is the one that sees a rank die (its line closes
 //! without a goodbye). Agreement through it is one request and one answer per rank, and a
 //! further death during the shrink is just another closed line it sees. When the root's own
-//! process dies, a standby rank takes the watch over (`relay`, `watch::Takeover`) with a fresh
-//! `Recovery`: requests pending at the old root are sent again, and a round it had decided is
-//! dropped by the ranks, so this module never sees a round of another root.
+//! process dies, a standby rank takes the watch over (`takeover`) with a fresh `Recovery`:
+//! requests pending at the old root are sent again, and a round it had decided is dropped by
+//! the ranks, so this module never sees a round of another root.
 //!
 //! **A round.** The first request revokes the communicator for every rank that has not asked
 //! yet, so ranks blocked in a collective return and ask too. The root answers when every rank it
@@ -36,7 +36,7 @@ use crate::wire::{self, Frame, FrameKind, ShrinkDecision, ShrinkRequest};
 use ccl_core::{ccl_trace, ccl_warn};
 
 /// Set to a message when the new communicator's root must give up admitting (a member died).
-pub(super) type Abandon = Arc<Mutex<Option<String>>>;
+pub(crate) type Abandon = Arc<Mutex<Option<String>>>;
 
 /// Starts a root on a listener (the rendezvous's `Root::spawn_with`, passed in so that this
 /// module, which the root's watch runs, does not reach back up to the root).

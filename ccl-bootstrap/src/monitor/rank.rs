@@ -6,138 +6,27 @@
 //! the rank's waits through an eventfd; this rank's own failure goes out through the same
 //! connection.
 
-use std::collections::VecDeque;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use nix::sys::eventfd::{EfdFlags, EventFd};
-
-use crate::relay::Relay;
-use crate::rendezvous::Bootstrap;
-use crate::shared::{ConnectHook, NoticeHook, Recovery, Shared, StateSource};
-use crate::tree::Tree;
+use super::shared::{ConnectHook, NoticeHook, Shared, StateSource};
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::error::{Error, ErrorKind, Result};
-
-impl Bootstrap {
-    /// Ends the allgather rounds but keeps the connection: the root then passes every rank's
-    /// failure on to the others for as long as the communicator lives, and asks this rank for
-    /// its state (see [`Monitor::set_state_source`]). With more than `fanout` ranks the root
-    /// moves this line to a hub rank of the monitor tree (`tree`); every rank must give the
-    /// same `fanout` (`CCL_MONITOR_FANOUT`).
-    pub fn into_monitor(mut self, fanout: usize) -> Result<Monitor> {
-        if let Some(e) = self.broken.take() {
-            return Err(e);
-        }
-        self.settle()?;
-        let rank = self.rank;
-        let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
-        let tree = Tree::new(self.size, fanout);
-        let listener = self.monitor_listener(&tree)?;
-        let me = wire::Watchme {
-            pid: std::process::id(),
-            fanout: tree.fanout() as u32,
-            listen: listener
-                .as_ref()
-                .map(|l| l.local_addr())
-                .transpose()
-                .map_err(|e| sys("monitor listener", e))?,
-            host: ccl_core::log::hostname().to_string(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        wire::write_frame(&mut self.stream, &me.encode(), deadline).map_err(|e| e.rank(rank))?;
-        self.done = true;
-        self.stream
-            .set_nonblocking(true)
-            .map_err(|e| sys("bootstrap socket", e))?;
-        let reader = self
-            .stream
-            .try_clone()
-            .map_err(|e| sys("bootstrap socket", e))?;
-        let writer = self
-            .stream
-            .try_clone()
-            .map_err(|e| sys("bootstrap socket", e))?;
-        let efd = || {
-            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-                .map_err(|e| sys("eventfd", e.into()))
-        };
-        let shared = Arc::new(Shared {
-            writer: Mutex::new(writer),
-            rank,
-            size: self.size,
-            root: Mutex::new(self.root),
-            secret: self.secret,
-            timeout: self.timeout,
-            tree,
-            standby: Mutex::new(None),
-            moved_to: AtomicUsize::new(usize::MAX),
-            epoch: AtomicU32::new(0),
-            bye_heard: AtomicBool::new(false),
-            shrink_round: Mutex::new((0, 0)),
-            roster: OnceLock::new(),
-            outcome: Mutex::new(None),
-            #[cfg(test)]
-            vanished: AtomicBool::new(false),
-            spawn_root: crate::rendezvous::Root::spawn_with,
-            notices: Mutex::new(VecDeque::new()),
-            wake: efd()?,
-            stop: efd()?,
-            root_gone: AtomicBool::new(false),
-            hub: AtomicUsize::new(usize::MAX),
-            acks: AtomicU64::new(0),
-            state: OnceLock::new(),
-            on_notice: OnceLock::new(),
-            on_connect: OnceLock::new(),
-            early_connects: Mutex::new(Vec::new()),
-            recovery: Mutex::new(Recovery::default()),
-        });
-        let s = Arc::clone(&shared);
-        std::thread::Builder::new()
-            .name("ccl-monitor".into())
-            .spawn(move || Relay::new(s, reader, listener).run())
-            .map_err(|e| sys("spawning the monitor thread", e))?;
-        Ok(Monitor { shared, bye: true })
-    }
-}
 
 /// How long a rank of the monitor's process waits, when it leaves, for the monitor to have told
 /// the others so.
 const BYE_HEARD: Duration = Duration::from_millis(500);
 
-impl Bootstrap {
-    /// Where this rank takes monitor lines, if it does. A hub takes its children's lines where
-    /// it reached the root from. A rank outside the root's process may take over the monitor
-    /// when that process dies: it listens too, and the root tells every rank where the first
-    /// few such ranks listen.
-    fn monitor_listener(&self, tree: &Tree) -> Result<Option<TcpListener>> {
-        let rank = self.rank;
-        let sys = |what: &str, e: std::io::Error| Error::io(ErrorKind::System, what, e).rank(rank);
-        let standby = !crate::rendezvous::root_is_local(self.root);
-        #[cfg(test)]
-        let standby = standby || crate::hooks::remote(&self.secret).is_some();
-        if !(tree.is_hub(rank) || standby) {
-            return Ok(None);
-        }
-        let ip = self.local_ip()?;
-        let l = TcpListener::bind(SocketAddr::new(ip, 0))
-            .map_err(|e| sys("monitor: cannot listen for the ranks it watches", e))?;
-        l.set_nonblocking(true)
-            .map_err(|e| sys("monitor listener", e))?;
-        Ok(Some(l))
-    }
-}
-
 /// A rank's line to the root while the communicator lives: failures of other ranks arrive here
 /// as [`Notice`]s (with the root's verdict), and this rank's own failure goes out through it.
 #[derive(Debug)]
 pub struct Monitor {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     /// Whether dropping it says goodbye (always, outside tests of a rank that vanishes).
-    bye: bool,
+    pub(crate) bye: bool,
 }
 
 impl Monitor {

@@ -1,6 +1,6 @@
 //! What a rank's threads and its monitor thread share: the line up the monitor tree, what the
 //! root said (notices, revocation, shrink answers), the hooks the communicator sets, and how a
-//! frame from the root is handled. `relay` runs the thread; `monitor` is the rank's side.
+//! frame from the root is handled. `thread` runs the thread; `rank` is the rank's side.
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream};
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::EventFd;
 
+use super::tree::Tree;
 use crate::LOG_SUBSYS;
-use crate::tree::Tree;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::error::ErrorKind;
 use ccl_core::{ccl_trace, ccl_warn};
@@ -59,7 +59,7 @@ pub(crate) struct Shared {
     /// names at once a rank of its own host whose process has ended.
     pub(crate) roster: OnceLock<Vec<(String, u32)>>,
     /// Starts a root for a shrunk communicator beside a monitor this rank takes over.
-    pub(crate) spawn_root: crate::recovery::SpawnRoot,
+    pub(crate) spawn_root: super::recovery::SpawnRoot,
     pub(crate) notices: Mutex<VecDeque<Notice>>,
     /// Readable once a notice arrived or the root's connection closed.
     pub(crate) wake: EventFd,

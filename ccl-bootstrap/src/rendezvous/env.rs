@@ -20,9 +20,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::rank::{Bootstrap, check_rank};
+use super::root::Root;
 use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
-use crate::rendezvous::{Bootstrap, Root, check_rank};
 use ccl_core::ccl_info;
 use ccl_core::config::Config;
 use ccl_core::error::{Error, ErrorKind, Result};
