@@ -81,9 +81,6 @@ fn report(id: &UniqueId) -> String {
     crate::live_query(id.root_addr(), &id.secret(), Duration::from_secs(10)).unwrap()
 }
 
-/// 13 ranks with fan-out 3 make three levels: 0 and 9 report to the root; 3 and 6 to 0,
-/// 12 to 9; 4 and 5 to 3, and so on. Frames cross every level both ways, a dead hub's
-/// ranks join the root and stay watched, and deaths are named however a rank reported.
 /// Every monitor of `ms` shrinks at once (`exclude` nothing) and commits: the members.
 fn shrink_all(ms: &[&Monitor], n: usize) -> Vec<Vec<usize>> {
     let by = Instant::now() + Duration::from_secs(30);
@@ -207,6 +204,9 @@ fn a_standby_takes_the_monitor_over_when_the_root_dies_twice() {
     }
 }
 
+/// 13 ranks with fan-out 3 make three levels: 0 and 9 report to the root; 3 and 6 to 0,
+/// 12 to 9; 4 and 5 to 3, and so on. Frames cross every level both ways, a dead hub's
+/// ranks join the root and stay watched, and deaths are named however a rank reported.
 #[test]
 fn a_tree_of_hubs_watches_the_job_and_survives_a_hub() {
     let (id, mut ms, asked) = job(13, 3);

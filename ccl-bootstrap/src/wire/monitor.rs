@@ -181,11 +181,11 @@ pub fn round_flag(kind: FrameKind, round: u32, flag: bool) -> Frame {
     Frame::new(kind, p)
 }
 
-/// Reads a [`round_flag`] payload.
 /// The round of a [`FrameKind::Commit`] that a monitor sends for a round its dead predecessor
 /// decided.
 pub const INHERITED: u32 = u32::MAX;
 
+/// Reads a [`round_flag`] payload.
 pub fn read_round_flag(p: &[u8]) -> Result<(u32, bool)> {
     match p {
         [a, b, c, d, f @ (0 | 1)] => Ok((u32::from_le_bytes([*a, *b, *c, *d]), *f == 1)),
