@@ -50,6 +50,17 @@ impl Inner {
         });
     }
 
+    /// A plane just failed: a notice it carried may be lost with it, so every notice the peer
+    /// has not answered goes again (the peer ignores one it already has).
+    pub(super) fn resend_notices(&mut self) {
+        for q in &mut self.planes {
+            if q.state == State::Dead && q.redial.sent && !q.redial.heard {
+                q.redial.sent = false;
+                q.redial.due = true;
+            }
+        }
+    }
+
     /// The peer's notice that plane `j` (its generation `generation`) is to be made again.
     pub(super) fn on_redial(&mut self, j: usize, generation: u8) {
         let Some(p) = self.planes.get_mut(j) else {

@@ -38,6 +38,7 @@ impl Inner {
             );
         }
         self.requeue(i);
+        self.resend_notices();
         self.after_death(i);
         Ok(())
     }

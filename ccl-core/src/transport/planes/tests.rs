@@ -678,6 +678,59 @@ fn a_failed_plane_is_made_again() {
     }
 }
 
+/// A redial notice lost with the plane that carried it goes again on another: plane 0 fails at
+/// A, A's notice goes into plane 1, which is cut before it delivers; B (which saw plane 0 close
+/// and sent its own) must still hear A's, or both would wait for each other.
+#[test]
+fn a_redial_notice_lost_with_its_plane_goes_again() {
+    let (mut a, mut b, relays) = relayed_pair_over(Over::Redialing, 3, Duration::from_millis(200));
+    exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+    // Plane 1 holds what A writes from now on.
+    let held = &relays[1].gates[0];
+    held.pause_after
+        .store(held.forwarded.load(Ordering::Relaxed), Ordering::Relaxed);
+    // A read the relay began before the pause ends (its 20 ms timeout), then it holds.
+    std::thread::sleep(Duration::from_millis(100));
+    held.pause_after
+        .store(held.forwarded.load(Ordering::Relaxed), Ordering::Relaxed);
+    {
+        let mut g = a.lock();
+        // The keeper leaves alone an endpoint whose caller may be asleep on it: so it does not
+        // send the notice before the test chooses its plane.
+        g.touched = Instant::now() + PATIENCE;
+        let e = Error::remote("test: failed").peer(1);
+        let _ = g.plane_failed(0, e);
+    }
+    // Once A's redial thread dropped the old connection, the notice is due: put it on plane 1.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let mut g = a.lock();
+        if g.planes[0].redial.due {
+            g.turn = 1;
+            let _ = g.pump();
+            assert!(g.planes[0].redial.sent, "the notice went nowhere");
+            break;
+        }
+        drop(g);
+        assert!(Instant::now() < deadline, "A's notice never became due");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Plane 1 is cut with the notice in it.
+    held.cut_after
+        .store(held.forwarded.load(Ordering::Relaxed), Ordering::Relaxed);
+    held.pause_after.store(u64::MAX, Ordering::Relaxed);
+    let deadline = Instant::now() + PATIENCE;
+    while a.lock().planes[0].generation == 0 || b.lock().planes[0].generation == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "plane 0 was not made again: A {}, B {}",
+            describe(&a),
+            describe(&b)
+        );
+        exchange(&mut a, &mut b, 256 << 10, 256 << 10, |_| {});
+    }
+}
+
 /// With every plane closed the endpoint fails, naming the peer.
 #[test]
 fn with_every_plane_closed_the_endpoint_fails_naming_the_peer() {
