@@ -44,6 +44,7 @@ const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Bootstrap;
 mod id;
 mod monitor;
 pub mod rendezvous;
+mod timing;
 pub mod wire;
 
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};

@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 
 use super::root::{Client, Link, Watch};
 use crate::LOG_SUBSYS;
+use crate::timing::CLIENT_GRACE;
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::{ccl_trace, ccl_warn};
 use ccl_diag::verdict as diag;
 
-/// How long a live client may take to present its request.
-pub(super) const CLIENT_GRACE: Duration = Duration::from_secs(2);
 /// Most live clients, and ranks joining after their hub died, served at once (more are
 /// dropped).
 const MAX_CLIENTS: usize = 1024;

@@ -11,16 +11,14 @@
 //!   and sends one digest up when all have answered or its budget ends; a rank that has not
 //!   answered by then is left out, and the root counts it as silent.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::thread::{Gathering, Line, Relay, UNJOINED_GRACE};
+use super::thread::{Gathering, Line, Relay};
 use crate::LOG_SUBSYS;
+use crate::timing::{JOIN_GRACE, UNJOINED_GRACE};
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::{ccl_trace, ccl_warn};
 use ccl_diag::digest::Ranges;
-
-/// How long a new line may take to say which rank it is.
-const JOIN_GRACE: Duration = Duration::from_secs(5);
 
 impl Relay {
     /// Starts answering a digest query for this hub's subtree: asks its ranks (with a budget

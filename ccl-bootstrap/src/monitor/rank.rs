@@ -13,12 +13,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::shared::{ConnectHook, NoticeHook, Shared, StateSource};
+use crate::timing::BYE_HEARD;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::error::{Error, ErrorKind, Result};
-
-/// How long a rank of the monitor's process waits, when it leaves, for the monitor to have told
-/// the others so.
-const BYE_HEARD: Duration = Duration::from_millis(500);
 
 /// A rank's line to the root while the communicator lives: failures of other ranks arrive here
 /// as [`Notice`]s (with the root's verdict), and this rank's own failure goes out through it.

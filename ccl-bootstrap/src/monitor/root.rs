@@ -19,16 +19,9 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::tree::Tree;
 use crate::LOG_SUBSYS;
+use crate::timing::{ADOPT_GRACE, REUSE};
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::{ccl_trace, ccl_warn};
-
-/// A verdict this fresh answers another rank's request (ranks stuck together ask within one
-/// wake-up of each other); an older one may describe an operation that has since ended.
-const REUSE: Duration = Duration::from_millis(250);
-
-/// How long the ranks below a hub that died have to join the root themselves before the root
-/// names them dead too. Only the naming waits: the hub's own death is passed on at once.
-pub(super) const ADOPT_GRACE: Duration = Duration::from_secs(10);
 
 /// What the root knows of one rank while watching.
 pub(super) struct Watched {

@@ -9,11 +9,11 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::clients::CLIENT_GRACE;
-use super::root::{ADOPT_GRACE, Client, Watch, Watched};
-use super::thread::{CONNECT_GRACE, Line, Relay};
+use super::root::{Client, Watch, Watched};
+use super::thread::{Line, Relay};
 use super::tree::Tree;
 use crate::LOG_SUBSYS;
+use crate::timing::{ADOPT_GRACE, CLIENT_GRACE, CONNECT_GRACE};
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::{ccl_info, ccl_trace, ccl_warn};
 

@@ -16,23 +16,16 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::shared::{Shared, write_within};
 use crate::LOG_SUBSYS;
+use crate::timing::{CONNECT_GRACE, LINGER, UNJOINED_GRACE};
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::{ccl_trace, ccl_warn};
 use ccl_diag::digest::Digest;
-
-/// How long a frame for a child that has not joined yet is kept (it joins, then the root
-/// routes to it through this hub, so its line may still wait in this rank's accept queue).
-pub(super) const UNJOINED_GRACE: Duration = Duration::from_secs(5);
-/// How long joining the root (or a hub) may take.
-pub(super) const CONNECT_GRACE: Duration = Duration::from_secs(5);
-/// How long a hub whose communicator was dropped goes on passing frames for its ranks.
-const LINGER: Duration = Duration::from_secs(2);
 
 /// A digest query this hub is answering for its subtree.
 pub(super) struct Gathering {

@@ -6,18 +6,15 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::root::Watch;
 use crate::LOG_SUBSYS;
+pub use crate::timing::GATHER;
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::ccl_warn;
 use ccl_diag::digest::{Digest, Ranges};
 use ccl_diag::verdict::{self as diag, Presence, RankView};
-
-/// How long the root waits for every live rank to describe itself. A rank that has not
-/// answered by then is stopped or its process hung: that is the verdict.
-pub const GATHER: Duration = Duration::from_secs(1);
 
 static STATE_BYTES: std::sync::Mutex<Vec<(SocketAddr, usize)>> = std::sync::Mutex::new(Vec::new());
 

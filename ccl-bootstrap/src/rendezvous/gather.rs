@@ -27,12 +27,10 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::LOG_SUBSYS;
+use crate::timing::ASK_GRACE;
 use crate::wire::{self, Block, Frame, FrameKind, GatherAsk};
 use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::{ccl_trace, ccl_warn};
-
-/// How long an accepted connection may take to say what it wants.
-const ASK_GRACE: Duration = Duration::from_secs(5);
 
 /// Steps of an allgather among `n` ranks: `ceil(log2 n)`.
 pub(crate) fn steps(n: usize) -> u32 {

@@ -17,6 +17,7 @@ use super::gather::list_ranks;
 use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
 use crate::monitor::{self, Tree};
+use crate::timing::HELLO_GRACE;
 use crate::wire::{self, Frame, FrameKind, MAX_RANKS};
 
 /// Ids whose root runs in this process: making one starts its root.
@@ -59,8 +60,6 @@ pub(crate) struct Root {
     abandon: Option<monitor::Abandon>,
 }
 
-/// How long a new connection may take to present its hello before the root drops it.
-const HELLO_GRACE: Duration = Duration::from_secs(5);
 /// Ports of the roots running in this process: a rank whose root runs in its own process hosts
 /// the job's monitor, and when that connection vanishes the others know whose process ended.
 fn local_roots() -> &'static std::sync::Mutex<Vec<u16>> {

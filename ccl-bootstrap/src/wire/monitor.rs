@@ -217,9 +217,7 @@ pub fn open_envelope(p: &[u8]) -> Result<(u32, Frame)> {
     Ok((u32::from_le_bytes(*who), Frame::new(kind, body.to_vec())))
 }
 
-/// How much sooner than its own a hub's ranks must answer a digest query (their answers still
-/// have to travel, and be merged, before the hub's budget ends).
-pub(crate) const HOP: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) use crate::timing::HOP;
 
 /// A [`FrameKind::DigestQuery`]: query `id`, to be answered within `budget`.
 pub fn digest_query(id: u32, budget: std::time::Duration) -> Frame {
