@@ -18,7 +18,8 @@
  * threads; its operations run in the order they were issued on this rank, and every rank must
  * issue the same collectives in the same order (as with NCCL and MPI).
  *
- * The header matches the library's exports; a test in the repository compares the two.
+ * This file is generated from ccl-capi's exports by
+ * `CCL_ABI_WRITE=1 cargo test -p ccl-capi --lib abi`; do not edit.
  */
 #ifndef CCL_H_
 #define CCL_H_
@@ -33,26 +34,33 @@ extern "C" {
 #define CCL_MAJOR 0
 #define CCL_MINOR 1
 #define CCL_PATCH 0
+
 /* NCCL's encoding: cclGetVersion() reports CCL_VERSION_CODE. */
 #define CCL_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+
 #define CCL_VERSION_CODE CCL_VERSION(CCL_MAJOR, CCL_MINOR, CCL_PATCH)
 
 /* A communicator: an opaque handle, NULL when there is none. */
 typedef struct cclComm* cclComm_t;
-/* A non-blocking operation in flight: an opaque handle, finished by cclWait or cclTest. */
+
+/* A non-blocking operation in flight: an opaque handle, finished by cclWait or
+ * cclTest. */
 typedef struct cclRequest* cclRequest_t;
-/* Settings of one communicator, for cclCommInitRankConfig (NCCL's ncclConfig_t shape). Declare
- * it as `cclConfig_t config = CCL_CONFIG_INITIALIZER;` and set the fields wanted: a field left at
- * CCL_CONFIG_UNDEF_INT takes its CCL_* variable, or its default. size, magic and version let the
- * library tell which fields the caller's header had; do not change them. */
+
+/* Settings of one communicator, for cclCommInitRankConfig (NCCL's ncclConfig_t shape).
+ * Declare it as `cclConfig_t config = CCL_CONFIG_INITIALIZER;` and set the fields wanted: a
+ * field left at CCL_CONFIG_UNDEF_INT takes its CCL_* variable, or its default. size, magic
+ * and version let the library tell which fields the caller's header had; do not change
+ * them. */
 typedef struct cclConfig {
   size_t size;
   unsigned int magic;
   unsigned int version;
-  /* Milliseconds any wait of the communicator may go without progress before it fails with
-   * cclTimeout, as CCL_TIMEOUT (which is in seconds) does for the others. */
+  /* Milliseconds any wait of the communicator may go without progress before it fails
+   * with cclTimeout, as CCL_TIMEOUT (which is in seconds) does for the others. */
   int timeoutMs;
 } cclConfig_t;
+
 #define CCL_CONFIG_MAGIC 0xcc1c0f16
 #define CCL_CONFIG_UNDEF_INT INT_MIN
 #define CCL_CONFIG_INITIALIZER { sizeof(cclConfig_t), CCL_CONFIG_MAGIC, CCL_VERSION_CODE, CCL_CONFIG_UNDEF_INT }
@@ -61,6 +69,7 @@ typedef struct cclConfig {
 #define CCL_SPLIT_NOCOLOR -1
 
 #define CCL_UNIQUE_ID_BYTES 128
+
 /* The token every rank of a communicator passes to cclCommInitRank. */
 typedef struct {
   char internal[CCL_UNIQUE_ID_BYTES];
@@ -69,19 +78,29 @@ typedef struct {
 /* Result codes, numbered as NCCL's ncclResult_t (1, NCCL's CUDA error, is not used). */
 typedef enum {
   cclSuccess = 0,
-  cclSystemError = 2,     /* an operating-system call failed (socket, memory, thread) */
-  cclInternalError = 3,   /* a bug in ccl */
-  cclInvalidArgument = 4, /* a value passed was out of range, NULL or malformed */
-  cclInvalidUsage = 5,    /* the call is not allowed now (destroyed handle, failed or aborted
-                             communicator, group misuse) */
-  cclRemoteError = 6,     /* a peer failed, closed its connection or broke the protocol */
-  cclInProgress = 7,      /* reserved (NCCL's non-blocking initialization) */
-  cclTimeout = 8,         /* a wait passed its deadline (CCL_TIMEOUT without progress) */
-  cclRevoked = 9,         /* the communicator was revoked (cclCommRevoke, or a shrink): shrink it */
+  /* an operating-system call failed (socket, memory, thread) */
+  cclSystemError = 2,
+  /* a bug in ccl */
+  cclInternalError = 3,
+  /* a value passed was out of range, NULL or malformed */
+  cclInvalidArgument = 4,
+  /* the call is not allowed now (destroyed handle, failed or aborted communicator, group
+   * misuse) */
+  cclInvalidUsage = 5,
+  /* a peer failed, closed its connection or broke the protocol */
+  cclRemoteError = 6,
+  /* reserved (NCCL's non-blocking initialization) */
+  cclInProgress = 7,
+  /* a wait passed its deadline (CCL_TIMEOUT without progress) */
+  cclTimeout = 8,
+  /* the communicator was revoked (cclCommRevoke, or a shrink): shrink it */
+  cclRevoked = 9,
   cclNumResults = 10
 } cclResult_t;
 
-/* Element types, numbered as NCCL's ncclDataType_t. */
+
+/* Element types, numbered as NCCL's ncclDataType_t. Taken as a plain int, so that any value
+ * can be checked. */
 typedef enum {
   cclInt8 = 0,
   cclChar = 0,
@@ -101,10 +120,11 @@ typedef enum {
   cclNumTypes = 10
 } cclDataType_t;
 
+
 /* Reduction operators, numbered as NCCL's ncclRedOp_t; the bitwise ones, which NCCL lacks,
- * follow. Integer sum and product wrap; avg is the sum divided by the number of ranks (integers
- * truncate toward zero). Bitwise and, or and exclusive or are defined for the integer types
- * only: with a float type they are cclInvalidArgument. */
+ * follow. Integer sum and product wrap; avg is the sum divided by the number of ranks
+ * (integers truncate toward zero). Bitwise and, or and exclusive or are defined for the
+ * integer types only: with a float type they are cclInvalidArgument. */
 typedef enum {
   cclSum = 0,
   cclProd = 1,
@@ -116,6 +136,7 @@ typedef enum {
   cclBXor = 7,
   cclNumOps = 8
 } cclRedOp_t;
+
 
 /* ---- Library and errors ---------------------------------------------------------------- */
 
@@ -135,17 +156,17 @@ const char* cclGetLastError(cclComm_t comm);
 
 /* Creates a unique id and starts its rendezvous in this process. After set-up the rendezvous
  * stays on as the job's monitor (failure notices, culprits of hangs, shrink), so this process
- * should outlive the communicator's ranks. The root listens on CCL_SOCKET_IFNAME (default: the first non-loopback
- * interface; CCL_SOCKET_IFNAME="=lo" keeps a job on one host on loopback). Pass the id to every
- * rank. */
+ * should outlive the communicator's ranks. The root listens on CCL_SOCKET_IFNAME (default: the
+ * first non-loopback interface; CCL_SOCKET_IFNAME="=lo" keeps a job on one host on loopback).
+ * Pass the id to every rank. */
 cclResult_t cclGetUniqueId(cclUniqueId* uniqueId);
 
 /* Joins the communicator of commId as rank of nranks; blocks until every rank has joined
  * (or CCL_TIMEOUT passes). Settings come from CCL_* environment variables. */
 cclResult_t cclCommInitRank(cclComm_t* comm, int nranks, cclUniqueId commId, int rank);
 
-/* cclCommInitRank with the settings of config (see cclConfig_t) on top of the CCL_*
- * variables; config may be NULL. A config with a wrong size or magic, or a timeoutMs that is not
+/* cclCommInitRank with the settings of config (see cclConfig_t) on top of the CCL_* variables;
+ * config may be NULL. A config with a wrong size or magic, or a timeoutMs that is not
  * positive, is cclInvalidArgument. */
 cclResult_t cclCommInitRankConfig(cclComm_t* comm, int nranks, cclUniqueId commId, int rank,
                                   cclConfig_t* config);
@@ -169,16 +190,16 @@ cclResult_t cclCommRevoke(cclComm_t comm, int revokeFlags);
 cclResult_t cclCommGetFailedRanks(cclComm_t comm, int* ranks, int maxRanks, int* count);
 
 /* The survivors of comm: every rank still alive that calls it within CCL_TIMEOUT, minus the
- * ranks in excludeRanksList (the union over callers), numbered densely in their old order. A rank
- * dying during the shrink is left out by a further round. An excluded caller gets cclRevoked.
- * Revokes comm everywhere. config must be NULL, shrinkFlags 0. Needs the process that made the
- * unique id (it decides who survives) to be alive. */
+ * ranks in excludeRanksList (the union over callers), numbered densely in their old order. A
+ * rank dying during the shrink is left out by a further round. An excluded caller gets
+ * cclRevoked. Revokes comm everywhere. config must be NULL, shrinkFlags 0. Needs the process
+ * that made the unique id (it decides who survives) to be alive. */
 cclResult_t cclCommShrink(cclComm_t comm, const int* excludeRanksList, int excludeRanksCount,
                           cclComm_t* newcomm, cclConfig_t* config, int shrinkFlags);
 
-/* A communicator of nRanks: the ranks of comm keep their ranks (they pass comm and rank -1, and
- * config NULL); new processes pass comm NULL and their rank (>= comm's size). Every party passes
- * the same uniqueId, made with cclGetUniqueId by one rank of comm. */
+/* A communicator of nRanks: the ranks of comm keep their ranks (they pass comm and rank -1,
+ * and config NULL); new processes pass comm NULL and their rank (>= comm's size). Every party
+ * passes the same uniqueId, made with cclGetUniqueId by one rank of comm. */
 cclResult_t cclCommGrow(cclComm_t comm, int nRanks, const cclUniqueId* uniqueId, int rank,
                         cclComm_t* newcomm, cclConfig_t* config);
 
@@ -193,17 +214,19 @@ cclResult_t cclCommAbort(cclComm_t comm);
 cclResult_t cclCommGetAsyncError(cclComm_t comm, cclResult_t* asyncError);
 
 /* Number of ranks of comm. */
-cclResult_t cclCommCount(const cclComm_t comm, int* count);
+cclResult_t cclCommCount(cclComm_t comm, int* count);
 
 /* This process's rank in comm. */
-cclResult_t cclCommUserRank(const cclComm_t comm, int* rank);
+cclResult_t cclCommUserRank(cclComm_t comm, int* rank);
 
-/* ---- Registered memory (NCCL's ncclMemAlloc / ncclCommRegister) --------------------------
+/* ---- Registered memory (NCCL's ncclMemAlloc / ncclCommRegister) ------------------------
  *
- * Collectives whose buffers lie in memory registered with their communicator send straight
- * from it where the transport can (verbs: RDMA writes from it instead of a copy into staging
- * buffers); on other transports registration changes nothing. Registered bytes count toward
- * CCL_REG_MAX_BYTES. Memory must stay allocated until it is deregistered. */
+ * Collectives whose buffers lie in memory registered with their communicator send
+ * straight from it where the transport can (verbs: RDMA writes from it instead of
+ * a copy into staging buffers); on other transports registration changes nothing.
+ * Registered bytes count toward CCL_REG_MAX_BYTES. Memory must stay allocated
+ * until it is deregistered.
+ */
 
 /* Allocates size bytes (page aligned, zeroed, huge pages when the system has them) into *ptr,
  * for registration. size 0 is cclInvalidArgument. */
@@ -215,7 +238,7 @@ cclResult_t cclMemAlloc(void** ptr, size_t size);
  * lie in such memory on every rank of the host reads and writes them in place. size 0 is
  * cclInvalidArgument; beyond the arena or the host's memory, cclInvalidUsage. Free it with
  * cclMemFree (also after comm is destroyed), never while an operation uses it. */
-cclResult_t cclCommMemAlloc(const cclComm_t comm, void** ptr, size_t size);
+cclResult_t cclCommMemAlloc(cclComm_t comm, void** ptr, size_t size);
 
 /* Frees memory from cclMemAlloc or cclCommMemAlloc. A pointer neither returned (or not its
  * start) is cclInvalidArgument; a double free, or memory still registered with a communicator,
@@ -224,20 +247,22 @@ cclResult_t cclMemFree(void* ptr);
 
 /* Registers size bytes at buff (any caller memory, not only cclMemAlloc's) with comm; *handle
  * identifies the registration. */
-cclResult_t cclCommRegister(const cclComm_t comm, void* buff, size_t size, void** handle);
+cclResult_t cclCommRegister(cclComm_t comm, void* buff, size_t size, void** handle);
 
 /* Ends a registration (also after comm was destroyed). A handle that is not a live
  * registration of comm is an error; so is memory an operation in flight on comm uses (a
  * non-blocking call not yet completed by cclWait/cclTest, or a running one): cclInvalidUsage,
  * and the registration stays. */
-cclResult_t cclCommDeregister(const cclComm_t comm, void* handle);
+cclResult_t cclCommDeregister(cclComm_t comm, void* handle);
 
-/* ---- Collectives ------------------------------------------------------------------------
+/* ---- Collectives -----------------------------------------------------------------------
  *
- * Counts are in elements, as in NCCL. In place when sendbuff == recvbuff, except: allgather is
- * in place when sendbuff == recvbuff + rank * sendcount * size, reduce-scatter when
- * recvbuff == sendbuff + rank * recvcount * size. Any other overlap of the send and receive
- * buffers is cclInvalidArgument. Buffers may be NULL when their size is 0. */
+ * Counts are in elements, as in NCCL. In place when sendbuff == recvbuff, except:
+ * allgather is in place when sendbuff == recvbuff + rank * sendcount * size,
+ * reduce-scatter when recvbuff == sendbuff + rank * recvcount * size. Any other
+ * overlap of the send and receive buffers is cclInvalidArgument. Buffers may be
+ * NULL when their size is 0.
+ */
 
 /* recvbuff[i] = op over ranks of sendbuff[i], count elements, on every rank. */
 cclResult_t cclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
@@ -279,12 +304,14 @@ cclResult_t cclGather(const void* sendbuff, void* recvbuff, size_t count, cclDat
 cclResult_t cclScatter(const void* sendbuff, void* recvbuff, size_t count, cclDataType_t datatype,
                        int root, cclComm_t comm);
 
-/* ---- Collectives with a count per rank (MPI's v-forms) --------------------------------
+/* ---- Collectives with a count per rank (MPI's v-forms) ---------------------------------
  *
- * Counts and displacements are arrays of nranks size_t, in elements; a NULL displacement array
- * places the blocks back to back in rank order. Buffers must hold every block (exactly, when
- * packed). Every rank passes the counts MPI's forms take; ranks whose counts disagree get
- * cclInvalidUsage naming the peer (every pair of ranks compares them), never a hang. */
+ * Counts and displacements are arrays of nranks size_t, in elements; a NULL
+ * displacement array places the blocks back to back in rank order. Buffers must
+ * hold every block (exactly, when packed). Every rank passes the counts MPI's
+ * forms take; ranks whose counts disagree get cclInvalidUsage naming the peer
+ * (every pair of ranks compares them), never a hang.
+ */
 
 /* Rank k's sendbuff (recvcounts[k] elements) lands at displs[k] of every rank's recvbuff.
  * recvcounts (and displs) are the same on every rank. In place when
@@ -310,21 +337,30 @@ cclResult_t cclAlltoAllV(const void* sendbuff, const size_t* sendcounts, const s
 /* Returns once every rank of comm has called it. */
 cclResult_t cclBarrier(cclComm_t comm);
 
-/* ---- Point to point and groups ----------------------------------------------------------
+/* ---- Point to point and groups ---------------------------------------------------------
  *
- * Between cclGroupStart and cclGroupEnd (on this thread; groups nest) operations are recorded
- * and run together at the outermost cclGroupEnd: all sends and receives of a group on a
- * communicator run as one exchange, so patterns such as "send right, receive left" cannot
- * deadlock; collectives recorded in a group run first, in order. Buffers must stay valid until
- * cclGroupEnd returns. Arguments are checked when an operation is recorded; failures of the
- * exchange come from cclGroupEnd. Sends and receives with the same peer match in order, and a
- * receive must have the byte length of its send. */
+ * Between cclGroupStart and cclGroupEnd (on this thread; groups nest) operations
+ * are recorded and run together at the outermost cclGroupEnd: all sends and
+ * receives of a group on a communicator run as one exchange, so patterns such as
+ * "send right, receive left" cannot deadlock; collectives recorded in a group run
+ * first, in order. Buffers must stay valid until cclGroupEnd returns. Arguments
+ * are checked when an operation is recorded; failures of the exchange come from
+ * cclGroupEnd. Sends and receives with the same peer match in order, and a receive
+ * must have the byte length of its send.
+ */
 
+/* Sends `count` elements to `peer` (recorded when inside a group). */
 cclResult_t cclSend(const void* sendbuff, size_t count, cclDataType_t datatype, int peer,
                     cclComm_t comm);
+
+/* Receives `count` elements from `peer` (recorded when inside a group). */
 cclResult_t cclRecv(void* recvbuff, size_t count, cclDataType_t datatype, int peer,
                     cclComm_t comm);
+
+/* Starts (or nests) a group on this thread. */
 cclResult_t cclGroupStart(void);
+
+/* Ends a group; the outermost end runs what was recorded. */
 cclResult_t cclGroupEnd(void);
 
 /* Receiving from any source (MPI_ANY_SOURCE): waits until some peer's next operation toward
@@ -332,50 +368,75 @@ cclResult_t cclGroupEnd(void);
  * sends here in *bytes (bytes may be NULL); lowest rank first when several wait. Nothing is
  * received: cclRecv (or a group) naming *peer receives it next. Peers whose next operation
  * here is a collective are passed over. Not inside a group (cclInvalidUsage). After the
- * communicator's timeout with no send it fails with cclTimeout, naming what each peer announced
- * instead, and the communicator stays usable. */
+ * communicator's timeout with no send it fails with cclTimeout, naming what each peer
+ * announced instead, and the communicator stays usable. */
 cclResult_t cclProbe(int* peer, size_t* bytes, cclComm_t comm);
 
-/* ---- Non-blocking collectives -----------------------------------------------------------
+/* ---- Non-blocking collectives ----------------------------------------------------------
  *
- * Same arguments as the blocking forms plus request, which receives a handle. The operation
- * runs in the background, in issue order with every other operation on comm. THE BUFFERS MUST
- * STAY VALID AND UNTOUCHED until cclWait returns or cclTest reports done. Argument errors are
- * returned at once (and *request is NULL); failures of the operation come from cclWait or
- * cclTest. Not allowed inside a group. */
+ * Same arguments as the blocking forms plus request, which receives a handle. The
+ * operation runs in the background, in issue order with every other operation on
+ * comm. THE BUFFERS MUST STAY VALID AND UNTOUCHED until cclWait returns or cclTest
+ * reports done. Argument errors are returned at once (and *request is NULL);
+ * failures of the operation come from cclWait or cclTest. Not allowed inside a
+ * group.
+ */
 
+/* Non-blocking allreduce. */
 cclResult_t cclAllReduceAsync(const void* sendbuff, void* recvbuff, size_t count,
                               cclDataType_t datatype, cclRedOp_t op, cclComm_t comm,
                               cclRequest_t* request);
+
+/* Non-blocking broadcast. */
 cclResult_t cclBroadcastAsync(const void* sendbuff, void* recvbuff, size_t count,
                               cclDataType_t datatype, int root, cclComm_t comm,
                               cclRequest_t* request);
+
+/* Non-blocking reduce. */
 cclResult_t cclReduceAsync(const void* sendbuff, void* recvbuff, size_t count,
                            cclDataType_t datatype, cclRedOp_t op, int root, cclComm_t comm,
                            cclRequest_t* request);
+
+/* Non-blocking allgather. */
 cclResult_t cclAllGatherAsync(const void* sendbuff, void* recvbuff, size_t sendcount,
                               cclDataType_t datatype, cclComm_t comm, cclRequest_t* request);
+
+/* Non-blocking reduce-scatter. */
 cclResult_t cclReduceScatterAsync(const void* sendbuff, void* recvbuff, size_t recvcount,
                                   cclDataType_t datatype, cclRedOp_t op, cclComm_t comm,
                                   cclRequest_t* request);
+
+/* Non-blocking alltoall. */
 cclResult_t cclAlltoAllAsync(const void* sendbuff, void* recvbuff, size_t count,
                              cclDataType_t datatype, cclComm_t comm, cclRequest_t* request);
+
+/* Non-blocking gather. */
 cclResult_t cclGatherAsync(const void* sendbuff, void* recvbuff, size_t count,
                            cclDataType_t datatype, int root, cclComm_t comm,
                            cclRequest_t* request);
+
+/* Non-blocking scatter. */
 cclResult_t cclScatterAsync(const void* sendbuff, void* recvbuff, size_t count,
                             cclDataType_t datatype, int root, cclComm_t comm,
                             cclRequest_t* request);
+
+/* Non-blocking allgatherv. */
 cclResult_t cclAllGatherVAsync(const void* sendbuff, void* recvbuff, const size_t* recvcounts,
                                const size_t* displs, cclDataType_t datatype, cclComm_t comm,
                                cclRequest_t* request);
-cclResult_t cclReduceScatterVAsync(const void* sendbuff, void* recvbuff,
-                                   const size_t* recvcounts, cclDataType_t datatype,
-                                   cclRedOp_t op, cclComm_t comm, cclRequest_t* request);
+
+/* Non-blocking reduce-scatterv. */
+cclResult_t cclReduceScatterVAsync(const void* sendbuff, void* recvbuff, const size_t* recvcounts,
+                                   cclDataType_t datatype, cclRedOp_t op, cclComm_t comm,
+                                   cclRequest_t* request);
+
+/* Non-blocking alltoallv. */
 cclResult_t cclAlltoAllVAsync(const void* sendbuff, const size_t* sendcounts,
                               const size_t* sdispls, void* recvbuff, const size_t* recvcounts,
                               const size_t* rdispls, cclDataType_t datatype, cclComm_t comm,
                               cclRequest_t* request);
+
+/* Non-blocking barrier. */
 cclResult_t cclBarrierAsync(cclComm_t comm, cclRequest_t* request);
 
 /* Sets *done to 1 if the operation has finished, else 0. When done, the request is released

@@ -67,33 +67,35 @@ fn record(handle: cclComm_t, comm: Arc<Communicator>, op: Op) {
     });
 }
 
-/// Starts (or nests) a group on this thread.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclGroupStart() -> cclResult_t {
-    guard("cclGroupStart", || {
-        GROUP.with(|g| g.borrow_mut().depth += 1);
-        Ok(())
-    })
+c_fn! {
+    /// Starts (or nests) a group on this thread.
+    pub fn cclGroupStart() -> cclResult_t {
+        guard("cclGroupStart", || {
+            GROUP.with(|g| g.borrow_mut().depth += 1);
+            Ok(())
+        })
+    }
 }
 
-/// Ends a group; the outermost end runs what was recorded.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclGroupEnd() -> cclResult_t {
-    guard("cclGroupEnd", || {
-        let ops = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.depth == 0 {
-                return Err(Fail::usage("cclGroupEnd without a matching cclGroupStart"));
-            }
-            g.depth -= 1;
-            Ok(if g.depth == 0 {
-                std::mem::take(&mut g.ops)
-            } else {
-                Vec::new()
-            })
-        })?;
-        run(ops)
-    })
+c_fn! {
+    /// Ends a group; the outermost end runs what was recorded.
+    pub fn cclGroupEnd() -> cclResult_t {
+        guard("cclGroupEnd", || {
+            let ops = GROUP.with(|g| {
+                let mut g = g.borrow_mut();
+                if g.depth == 0 {
+                    return Err(Fail::usage("cclGroupEnd without a matching cclGroupStart"));
+                }
+                g.depth -= 1;
+                Ok(if g.depth == 0 {
+                    std::mem::take(&mut g.ops)
+                } else {
+                    Vec::new()
+                })
+            })?;
+            run(ops)
+        })
+    }
 }
 
 /// Runs recorded operations, per communicator; returns the first failure after trying every
@@ -180,80 +182,89 @@ fn p2p(
     Ok((c, bytes, peer))
 }
 
-/// Sends `count` elements to `peer` (recorded when inside a group).
-#[unsafe(no_mangle)]
-pub extern "C" fn cclSend(
-    sendbuff: *const c_void,
-    count: usize,
-    datatype: cclDataType_t,
-    peer: c_int,
-    comm: cclComm_t,
-) -> cclResult_t {
-    guard("cclSend", || {
-        let (c, bytes, peer) = p2p(comm, "sendbuff", sendbuff as usize, count, datatype, peer)?;
-        let buf = if bytes == 0 {
-            RawIn::empty()
-        } else {
-            // SAFETY: `p2p` checked the range is non-NULL, does not wrap and is at most
-            // `isize::MAX` bytes; the header's contract keeps it valid and unchanged until the
-            // send completes (at cclGroupEnd inside a group).
-            unsafe { RawIn::new(sendbuff.cast(), bytes) }
-        };
-        if active() {
-            record(comm, c, Op::Send(buf, peer));
-            return Ok(());
-        }
-        c.send::<u8>(buf.as_ref(), peer)?;
-        Ok(())
-    })
+c_fn! {
+    /// Sends `count` elements to `peer` (recorded when inside a group).
+    pub fn cclSend(
+        sendbuff: *const c_void,
+        count: usize,
+        datatype: cclDataType_t,
+        peer: c_int,
+        comm: cclComm_t,
+    ) -> cclResult_t {
+        guard("cclSend", || {
+            let (c, bytes, peer) = p2p(comm, "sendbuff", sendbuff as usize, count, datatype, peer)?;
+            let buf = if bytes == 0 {
+                RawIn::empty()
+            } else {
+                // SAFETY: `p2p` checked the range is non-NULL, does not wrap and is at most
+                // `isize::MAX` bytes; the header's contract keeps it valid and unchanged until the
+                // send completes (at cclGroupEnd inside a group).
+                unsafe { RawIn::new(sendbuff.cast(), bytes) }
+            };
+            if active() {
+                record(comm, c, Op::Send(buf, peer));
+                return Ok(());
+            }
+            c.send::<u8>(buf.as_ref(), peer)?;
+            Ok(())
+        })
+    }
 }
 
-/// Receives `count` elements from `peer` (recorded when inside a group).
-#[unsafe(no_mangle)]
-pub extern "C" fn cclRecv(
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: cclDataType_t,
-    peer: c_int,
-    comm: cclComm_t,
-) -> cclResult_t {
-    guard("cclRecv", || {
-        let (c, bytes, peer) = p2p(comm, "recvbuff", recvbuff as usize, count, datatype, peer)?;
-        let mut buf = if bytes == 0 {
-            OutBuf::Ours(Vec::new())
-        } else {
-            // SAFETY: `p2p` checked the range is non-NULL, does not wrap and is at most
-            // `isize::MAX` bytes; the header's contract keeps it valid, writable and used by
-            // nothing else until the receive completes (at cclGroupEnd inside a group).
-            OutBuf::Raw(unsafe { RawOut::new(recvbuff.cast(), bytes) })
-        };
-        if active() {
-            record(comm, c, Op::Recv(buf, peer));
-            return Ok(());
-        }
-        c.recv::<u8>(buf.as_mut(), peer)?;
-        Ok(())
-    })
+c_fn! {
+    /// Receives `count` elements from `peer` (recorded when inside a group).
+    pub fn cclRecv(
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: cclDataType_t,
+        peer: c_int,
+        comm: cclComm_t,
+    ) -> cclResult_t {
+        guard("cclRecv", || {
+            let (c, bytes, peer) = p2p(comm, "recvbuff", recvbuff as usize, count, datatype, peer)?;
+            let mut buf = if bytes == 0 {
+                OutBuf::Ours(Vec::new())
+            } else {
+                // SAFETY: `p2p` checked the range is non-NULL, does not wrap and is at most
+                // `isize::MAX` bytes; the header's contract keeps it valid, writable and used by
+                // nothing else until the receive completes (at cclGroupEnd inside a group).
+                OutBuf::Raw(unsafe { RawOut::new(recvbuff.cast(), bytes) })
+            };
+            if active() {
+                record(comm, c, Op::Recv(buf, peer));
+                return Ok(());
+            }
+            c.recv::<u8>(buf.as_mut(), peer)?;
+            Ok(())
+        })
+    }
 }
 
-/// Waits for a send to this rank from any peer and says which peer and how many bytes.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclProbe(peer: *mut c_int, bytes: *mut usize, comm: cclComm_t) -> cclResult_t {
-    guard("cclProbe", || {
-        let c = comm_from(comm)?;
-        if peer.is_null() {
-            return Err(Fail::arg("peer is NULL"));
-        }
-        if active() {
-            return Err(Fail::usage(
-                "cclProbe inside a group: the group's operations run at cclGroupEnd, so a probe \
-                 there could not see what they send; probe before cclGroupStart",
-            ));
-        }
-        let found = c.probe()?;
-        if !bytes.is_null() {
-            out(bytes, "bytes", found.bytes)?;
-        }
-        out(peer, "peer", found.peer as c_int)
-    })
+c_fn! {
+    /// Receiving from any source (MPI_ANY_SOURCE): waits until some peer's next operation toward
+    /// this rank is a send (alone or in a group) and stores that peer in *peer and the bytes it
+    /// sends here in *bytes (bytes may be NULL); lowest rank first when several wait. Nothing is
+    /// received: cclRecv (or a group) naming *peer receives it next. Peers whose next operation
+    /// here is a collective are passed over. Not inside a group (cclInvalidUsage). After the
+    /// communicator's timeout with no send it fails with cclTimeout, naming what each peer
+    /// announced instead, and the communicator stays usable.
+    pub fn cclProbe(peer: *mut c_int, bytes: *mut usize, comm: cclComm_t) -> cclResult_t {
+        guard("cclProbe", || {
+            let c = comm_from(comm)?;
+            if peer.is_null() {
+                return Err(Fail::arg("peer is NULL"));
+            }
+            if active() {
+                return Err(Fail::usage(
+                    "cclProbe inside a group: the group's operations run at cclGroupEnd, so a \
+                     probe there could not see what they send; probe before cclGroupStart",
+                ));
+            }
+            let found = c.probe()?;
+            if !bytes.is_null() {
+                out(bytes, "bytes", found.bytes)?;
+            }
+            out(peer, "peer", found.peer as c_int)
+        })
+    }
 }

@@ -7,14 +7,24 @@
 //! Communicators and requests cross the boundary as ids looked up in registries
 //! (`handles`), never as pointers to Rust objects, so a destroyed, forged or mixed-up handle is
 //! an error code rather than a use of freed memory.
+//!
+//! Each export is written once, inside `c_fn!`: `include/ccl.h`, the Python package's ctypes
+//! declarations and the C++ torch backend's function list are generated from the exports'
+//! signatures and doc comments (module `abi`; a unit test fails when a checked-in file is stale,
+//! `CCL_ABI_WRITE=1 cargo test -p ccl-capi --lib abi` rewrites them).
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
+// The exports' doc comments are the header's, written for C readers: `recvbuff[i]` is an
+// element, not a link.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::ffi::{c_char, c_int, c_uint};
 use std::time::Duration;
 
 use oxccl::{Communicator, Config, UniqueId};
 
+#[macro_use]
+mod abi;
 mod buffers;
 mod colls;
 mod error;
@@ -24,68 +34,89 @@ mod mem;
 mod vcolls;
 
 pub use colls::*;
-pub use group::{cclGroupEnd, cclGroupStart, cclProbe, cclRecv, cclSend};
-pub use mem::{cclCommDeregister, cclCommRegister, cclMemAlloc, cclMemFree};
+pub use group::*;
+pub use mem::*;
 pub use vcolls::*;
 
 use error::{Fail, guard, out};
 use handles::{comm_from, remove_comm};
 
-/// `cclResult_t`: NCCL's result codes (`int`-sized, like the C enum).
-pub type cclResult_t = c_int;
-pub const cclSuccess: cclResult_t = 0;
-pub const cclSystemError: cclResult_t = 2;
-pub const cclInternalError: cclResult_t = 3;
-pub const cclInvalidArgument: cclResult_t = 4;
-pub const cclInvalidUsage: cclResult_t = 5;
-pub const cclRemoteError: cclResult_t = 6;
-pub const cclInProgress: cclResult_t = 7;
-pub const cclTimeout: cclResult_t = 8;
-pub const cclRevoked: cclResult_t = 9;
-pub const cclNumResults: cclResult_t = 10;
+c_enum! {
+    /// Result codes, numbered as NCCL's ncclResult_t (1, NCCL's CUDA error, is not used).
+    pub enum cclResult_t as RESULT {
+        cclSuccess = 0,
+        /// an operating-system call failed (socket, memory, thread)
+        cclSystemError = 2,
+        /// a bug in ccl
+        cclInternalError = 3,
+        /// a value passed was out of range, NULL or malformed
+        cclInvalidArgument = 4,
+        /// the call is not allowed now (destroyed handle, failed or aborted communicator, group
+        /// misuse)
+        cclInvalidUsage = 5,
+        /// a peer failed, closed its connection or broke the protocol
+        cclRemoteError = 6,
+        /// reserved (NCCL's non-blocking initialization)
+        cclInProgress = 7,
+        /// a wait passed its deadline (CCL_TIMEOUT without progress)
+        cclTimeout = 8,
+        /// the communicator was revoked (cclCommRevoke, or a shrink): shrink it
+        cclRevoked = 9,
+        cclNumResults = 10,
+    }
+}
 
-/// `cclDataType_t`: NCCL's numbering. Taken as a plain `int` so any value can be checked.
-pub type cclDataType_t = c_int;
-pub const cclInt8: cclDataType_t = 0;
-pub const cclChar: cclDataType_t = 0;
-pub const cclUint8: cclDataType_t = 1;
-pub const cclInt32: cclDataType_t = 2;
-pub const cclInt: cclDataType_t = 2;
-pub const cclUint32: cclDataType_t = 3;
-pub const cclInt64: cclDataType_t = 4;
-pub const cclUint64: cclDataType_t = 5;
-pub const cclFloat16: cclDataType_t = 6;
-pub const cclHalf: cclDataType_t = 6;
-pub const cclFloat32: cclDataType_t = 7;
-pub const cclFloat: cclDataType_t = 7;
-pub const cclFloat64: cclDataType_t = 8;
-pub const cclDouble: cclDataType_t = 8;
-pub const cclBfloat16: cclDataType_t = 9;
-pub const cclNumTypes: cclDataType_t = 10;
+c_enum! {
+    /// Element types, numbered as NCCL's ncclDataType_t. Taken as a plain int, so that any value
+    /// can be checked.
+    pub enum cclDataType_t as DATA_TYPE {
+        cclInt8 = 0,
+        cclChar = 0,
+        cclUint8 = 1,
+        cclInt32 = 2,
+        cclInt = 2,
+        cclUint32 = 3,
+        cclInt64 = 4,
+        cclUint64 = 5,
+        cclFloat16 = 6,
+        cclHalf = 6,
+        cclFloat32 = 7,
+        cclFloat = 7,
+        cclFloat64 = 8,
+        cclDouble = 8,
+        cclBfloat16 = 9,
+        cclNumTypes = 10,
+    }
+}
 
-/// `cclRedOp_t`: NCCL's numbering, taken as a plain `int`; the bitwise operators (which NCCL
-/// lacks) follow NCCL's five.
-pub type cclRedOp_t = c_int;
-pub const cclSum: cclRedOp_t = 0;
-pub const cclProd: cclRedOp_t = 1;
-pub const cclMax: cclRedOp_t = 2;
-pub const cclMin: cclRedOp_t = 3;
-pub const cclAvg: cclRedOp_t = 4;
-pub const cclBAnd: cclRedOp_t = 5;
-pub const cclBOr: cclRedOp_t = 6;
-pub const cclBXor: cclRedOp_t = 7;
-pub const cclNumOps: cclRedOp_t = 8;
+c_enum! {
+    /// Reduction operators, numbered as NCCL's ncclRedOp_t; the bitwise ones, which NCCL lacks,
+    /// follow. Integer sum and product wrap; avg is the sum divided by the number of ranks
+    /// (integers truncate toward zero). Bitwise and, or and exclusive or are defined for the
+    /// integer types only: with a float type they are cclInvalidArgument.
+    pub enum cclRedOp_t as RED_OP {
+        cclSum = 0,
+        cclProd = 1,
+        cclMax = 2,
+        cclMin = 3,
+        cclAvg = 4,
+        cclBAnd = 5,
+        cclBOr = 6,
+        cclBXor = 7,
+        cclNumOps = 8,
+    }
+}
 
-/// `CCL_SPLIT_NOCOLOR`.
+/// cclCommSplit color of a rank that joins no new communicator.
 pub const CCL_SPLIT_NOCOLOR: c_int = -1;
-/// `CCL_UNIQUE_ID_BYTES`.
+/// Bytes of a cclUniqueId.
 pub const CCL_UNIQUE_ID_BYTES: usize = oxccl::UNIQUE_ID_BYTES;
 
-/// `cclUniqueId`: 128 opaque bytes, passed by value.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct cclUniqueId {
-    pub internal: [c_char; CCL_UNIQUE_ID_BYTES],
+c_struct! {
+    /// The token every rank of a communicator passes to cclCommInitRank.
+    pub struct cclUniqueId as UNIQUE_ID {
+        pub internal: [c_char; CCL_UNIQUE_ID_BYTES],
+    }
 }
 
 /// Target of `cclComm_t`; never dereferenced (the handle's value is a registry id).
@@ -94,7 +125,7 @@ pub struct cclUniqueId {
 pub struct cclComm {
     _opaque: [u8; 0],
 }
-/// `cclComm_t`.
+/// A communicator: an opaque handle, NULL when there is none.
 pub type cclComm_t = *mut cclComm;
 
 /// Target of `cclRequest_t`; never dereferenced.
@@ -103,26 +134,28 @@ pub type cclComm_t = *mut cclComm;
 pub struct cclRequest {
     _opaque: [u8; 0],
 }
-/// `cclRequest_t`.
+/// A non-blocking operation in flight: an opaque handle, finished by cclWait or cclTest.
 pub type cclRequest_t = *mut cclRequest;
 
-/// `cclConfig_t`: settings of one communicator for [`cclCommInitRankConfig`], shaped like
-/// NCCL's `ncclConfig_t`: `size`, `magic` and `version` come from `CCL_CONFIG_INITIALIZER`, so a
-/// library can tell which fields a caller's header had; a field left at `CCL_CONFIG_UNDEF_INT`
-/// takes its `CCL_*` variable (or default).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct cclConfig_t {
-    pub size: usize,
-    pub magic: c_uint,
-    pub version: c_uint,
-    /// Milliseconds any wait of this communicator may go without progress (`CCL_TIMEOUT`).
-    pub timeoutMs: c_int,
+c_struct! {
+    /// Settings of one communicator, for cclCommInitRankConfig (NCCL's ncclConfig_t shape).
+    /// Declare it as `cclConfig_t config = CCL_CONFIG_INITIALIZER;` and set the fields wanted: a
+    /// field left at CCL_CONFIG_UNDEF_INT takes its CCL_* variable, or its default. size, magic
+    /// and version let the library tell which fields the caller's header had; do not change
+    /// them.
+    pub struct cclConfig_t as CONFIG {
+        pub size: usize,
+        pub magic: c_uint,
+        pub version: c_uint,
+        /// Milliseconds any wait of the communicator may go without progress before it fails
+        /// with cclTimeout, as CCL_TIMEOUT (which is in seconds) does for the others.
+        pub timeoutMs: c_int,
+    }
 }
 
-/// `CCL_CONFIG_MAGIC`: marks a `cclConfig_t` made by `CCL_CONFIG_INITIALIZER`.
+/// Marks a cclConfig_t made by CCL_CONFIG_INITIALIZER.
 pub const CCL_CONFIG_MAGIC: c_uint = 0xcc1c_0f16;
-/// `CCL_CONFIG_UNDEF_INT` (`INT_MIN`): a field left to its `CCL_*` variable.
+/// INT_MIN: a field of cclConfig_t left to its CCL_* variable.
 pub const CCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
 /// The caller's `cclConfig_t` as this library's struct: `size` bytes of it, the fields past that
@@ -182,60 +215,79 @@ fn settings(config: *const cclConfig_t) -> Result<Config, Fail> {
     Ok(s)
 }
 
-/// The version as NCCL encodes it: `major * 10000 + minor * 100 + patch`.
-pub fn version_code() -> c_int {
+/// The crate's version: major, minor, patch.
+fn version_parts() -> (c_int, c_int, c_int) {
     let p = |s: &str| s.parse::<c_int>().unwrap_or(0);
-    p(env!("CARGO_PKG_VERSION_MAJOR")) * 10000
-        + p(env!("CARGO_PKG_VERSION_MINOR")) * 100
-        + p(env!("CARGO_PKG_VERSION_PATCH"))
+    (
+        p(env!("CARGO_PKG_VERSION_MAJOR")),
+        p(env!("CARGO_PKG_VERSION_MINOR")),
+        p(env!("CARGO_PKG_VERSION_PATCH")),
+    )
 }
 
-/// Writes the library's version code.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclGetVersion(version: *mut c_int) -> cclResult_t {
-    guard("cclGetVersion", || out(version, "version", version_code()))
+/// The version as NCCL encodes it: `major * 10000 + minor * 100 + patch`.
+fn version_code() -> c_int {
+    let (major, minor, patch) = version_parts();
+    major * 10000 + minor * 100 + patch
 }
 
-/// A static description of `result`.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclGetErrorString(result: cclResult_t) -> *const c_char {
-    let s: &'static [u8] = match result {
-        cclSuccess => b"no error\0",
-        cclSystemError => b"unhandled system error (socket, memory or thread failure)\0",
-        cclInternalError => b"internal error (a bug in ccl)\0",
-        cclInvalidArgument => b"invalid argument\0",
-        cclInvalidUsage => b"invalid usage\0",
-        cclRemoteError => b"remote process exited or there was a network error\0",
-        cclInProgress => b"operation in progress\0",
-        cclTimeout => b"timeout: a wait passed its deadline\0",
-        cclRevoked => b"the communicator was revoked (shrink it to go on)\0",
-        _ => b"unknown result code\0",
-    };
-    s.as_ptr().cast()
+c_fn! {
+    /// Writes CCL_VERSION_CODE of the library (which may differ from this header's).
+    pub fn cclGetVersion(version: *mut c_int) -> cclResult_t {
+        guard("cclGetVersion", || out(version, "version", version_code()))
+    }
 }
 
-/// The message of the last failed call on this thread ("" if none).
-#[unsafe(no_mangle)]
-pub extern "C" fn cclGetLastError(_comm: cclComm_t) -> *const c_char {
-    error::last_error_ptr()
-}
-
-/// Creates a unique id (and its rendezvous root in this process).
-#[unsafe(no_mangle)]
-pub extern "C" fn cclGetUniqueId(uniqueId: *mut cclUniqueId) -> cclResult_t {
-    guard("cclGetUniqueId", || {
-        if uniqueId.is_null() {
-            return Err(Fail::arg("uniqueId is NULL"));
-        }
-        let id = UniqueId::new()?;
-        let mut v = cclUniqueId {
-            internal: [0; CCL_UNIQUE_ID_BYTES],
+c_fn! {
+    /// A static description of a result code.
+    pub fn cclGetErrorString(result: cclResult_t) -> *const c_char {
+        let s: &'static [u8] = match result {
+            cclSuccess => b"no error\0",
+            cclSystemError => b"unhandled system error (socket, memory or thread failure)\0",
+            cclInternalError => b"internal error (a bug in ccl)\0",
+            cclInvalidArgument => b"invalid argument\0",
+            cclInvalidUsage => b"invalid usage\0",
+            cclRemoteError => b"remote process exited or there was a network error\0",
+            cclInProgress => b"operation in progress\0",
+            cclTimeout => b"timeout: a wait passed its deadline\0",
+            cclRevoked => b"the communicator was revoked (shrink it to go on)\0",
+            _ => b"unknown result code\0",
         };
-        for (d, s) in v.internal.iter_mut().zip(id.as_bytes()) {
-            *d = *s as c_char;
-        }
-        out(uniqueId, "uniqueId", v)
-    })
+        s.as_ptr().cast()
+    }
+}
+
+c_fn! {
+    /// The message of the last failed call on this thread, naming the function and what was wrong
+    /// (for instance "cclAllReduce: invalid argument: datatype 42 is not a cclDataType_t"); "" if
+    /// none failed yet. Successful calls leave it alone. The string stays valid until the next
+    /// failing call on this thread. comm is ignored and may be NULL (NCCL's signature).
+    pub fn cclGetLastError(_comm: cclComm_t) -> *const c_char {
+        error::last_error_ptr()
+    }
+}
+
+c_fn! {
+    /// Creates a unique id and starts its rendezvous in this process. After set-up the rendezvous
+    /// stays on as the job's monitor (failure notices, culprits of hangs, shrink), so this process
+    /// should outlive the communicator's ranks. The root listens on CCL_SOCKET_IFNAME (default: the
+    /// first non-loopback interface; CCL_SOCKET_IFNAME="=lo" keeps a job on one host on loopback).
+    /// Pass the id to every rank.
+    pub fn cclGetUniqueId(uniqueId: *mut cclUniqueId) -> cclResult_t {
+        guard("cclGetUniqueId", || {
+            if uniqueId.is_null() {
+                return Err(Fail::arg("uniqueId is NULL"));
+            }
+            let id = UniqueId::new()?;
+            let mut v = cclUniqueId {
+                internal: [0; CCL_UNIQUE_ID_BYTES],
+            };
+            for (d, s) in v.internal.iter_mut().zip(id.as_bytes()) {
+                *d = *s as c_char;
+            }
+            out(uniqueId, "uniqueId", v)
+        })
+    }
 }
 
 /// Publishes a new communicator through `comm`.
@@ -244,31 +296,36 @@ fn publish(comm: *mut cclComm_t, name: &str, c: Communicator) -> Result<(), Fail
     out(comm, name, h)
 }
 
-/// Joins a communicator by unique id.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommInitRank(
-    comm: *mut cclComm_t,
-    nranks: c_int,
-    commId: cclUniqueId,
-    rank: c_int,
-) -> cclResult_t {
-    guard("cclCommInitRank", || {
-        init_rank(comm, nranks, commId, rank, std::ptr::null())
-    })
+c_fn! {
+    /// Joins the communicator of commId as rank of nranks; blocks until every rank has joined
+    /// (or CCL_TIMEOUT passes). Settings come from CCL_* environment variables.
+    pub fn cclCommInitRank(
+        comm: *mut cclComm_t,
+        nranks: c_int,
+        commId: cclUniqueId,
+        rank: c_int,
+    ) -> cclResult_t {
+        guard("cclCommInitRank", || {
+            init_rank(comm, nranks, commId, rank, std::ptr::null())
+        })
+    }
 }
 
-/// Joins a communicator by unique id with the settings of `config` (NULL: as cclCommInitRank).
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommInitRankConfig(
-    comm: *mut cclComm_t,
-    nranks: c_int,
-    commId: cclUniqueId,
-    rank: c_int,
-    config: *mut cclConfig_t,
-) -> cclResult_t {
-    guard("cclCommInitRankConfig", || {
-        init_rank(comm, nranks, commId, rank, config)
-    })
+c_fn! {
+    /// cclCommInitRank with the settings of config (see cclConfig_t) on top of the CCL_* variables;
+    /// config may be NULL. A config with a wrong size or magic, or a timeoutMs that is not
+    /// positive, is cclInvalidArgument.
+    pub fn cclCommInitRankConfig(
+        comm: *mut cclComm_t,
+        nranks: c_int,
+        commId: cclUniqueId,
+        rank: c_int,
+        config: *mut cclConfig_t,
+    ) -> cclResult_t {
+        guard("cclCommInitRankConfig", || {
+            init_rank(comm, nranks, commId, rank, config)
+        })
+    }
 }
 
 /// cclCommInitRank and cclCommInitRankConfig: checks, then joins.
@@ -297,66 +354,73 @@ fn init_rank(
     publish(comm, "comm", c)
 }
 
-/// Joins the job described by launcher variables.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommInitFromEnv(comm: *mut cclComm_t) -> cclResult_t {
-    guard("cclCommInitFromEnv", || {
-        if comm.is_null() {
-            return Err(Fail::arg("comm is NULL"));
-        }
-        let c = Communicator::from_env()?;
-        publish(comm, "comm", c)
-    })
+c_fn! {
+    /// Joins the job described by launcher variables (torchrun, mpirun, srun or CCL_RANK,
+    /// CCL_WORLD_SIZE and CCL_UNIQUE_ID / CCL_COMM_ID / MASTER_ADDR).
+    pub fn cclCommInitFromEnv(comm: *mut cclComm_t) -> cclResult_t {
+        guard("cclCommInitFromEnv", || {
+            if comm.is_null() {
+                return Err(Fail::arg("comm is NULL"));
+            }
+            let c = Communicator::from_env()?;
+            publish(comm, "comm", c)
+        })
+    }
 }
 
-/// Splits `comm` by color and key.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommSplit(
-    comm: cclComm_t,
-    color: c_int,
-    key: c_int,
-    newcomm: *mut cclComm_t,
-    config: *mut cclConfig_t,
-) -> cclResult_t {
-    guard("cclCommSplit", || {
-        let c = comm_from(comm)?;
-        if newcomm.is_null() {
-            return Err(Fail::arg("newcomm is NULL"));
-        }
-        if !config.is_null() {
-            return Err(Fail::arg(
-                "config must be NULL (a split communicator has its parent's settings)",
-            ));
-        }
-        let color = match color {
-            CCL_SPLIT_NOCOLOR => None,
-            c if c >= 0 => Some(c as u32),
-            c => {
+c_fn! {
+    /// Collective over comm: ranks with the same color form a new communicator, ordered by key then
+    /// by their rank in comm. A rank passing CCL_SPLIT_NOCOLOR takes part and gets *newcomm = NULL.
+    /// config must be NULL: the new communicator has comm's settings.
+    pub fn cclCommSplit(
+        comm: cclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut cclComm_t,
+        config: *mut cclConfig_t,
+    ) -> cclResult_t {
+        guard("cclCommSplit", || {
+            let c = comm_from(comm)?;
+            if newcomm.is_null() {
+                return Err(Fail::arg("newcomm is NULL"));
+            }
+            if !config.is_null() {
+                return Err(Fail::arg(
+                    "config must be NULL (a split communicator has its parent's settings)",
+                ));
+            }
+            let color = match color {
+                CCL_SPLIT_NOCOLOR => None,
+                c if c >= 0 => Some(c as u32),
+                c => {
+                    return Err(Fail::arg(format!(
+                        "color {c} is negative (use a color >= 0 or CCL_SPLIT_NOCOLOR)"
+                    )));
+                }
+            };
+            match c.split(color, i64::from(key))? {
+                Some(n) => publish(newcomm, "newcomm", n),
+                None => out(newcomm, "newcomm", std::ptr::null_mut()),
+            }
+        })
+    }
+}
+
+c_fn! {
+    /// Revokes comm on every rank: pending and later operations fail with cclRevoked, here at once
+    /// and on the other ranks within milliseconds. revokeFlags must be 0.
+    pub fn cclCommRevoke(comm: cclComm_t, revokeFlags: c_int) -> cclResult_t {
+        guard("cclCommRevoke", || {
+            let c = comm_from(comm)?;
+            if revokeFlags != 0 {
                 return Err(Fail::arg(format!(
-                    "color {c} is negative (use a color >= 0 or CCL_SPLIT_NOCOLOR)"
+                    "revokeFlags is {revokeFlags}, must be 0"
                 )));
             }
-        };
-        match c.split(color, i64::from(key))? {
-            Some(n) => publish(newcomm, "newcomm", n),
-            None => out(newcomm, "newcomm", std::ptr::null_mut()),
-        }
-    })
-}
-
-/// Revokes `comm` on every rank.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommRevoke(comm: cclComm_t, revokeFlags: c_int) -> cclResult_t {
-    guard("cclCommRevoke", || {
-        let c = comm_from(comm)?;
-        if revokeFlags != 0 {
-            return Err(Fail::arg(format!(
-                "revokeFlags is {revokeFlags}, must be 0"
-            )));
-        }
-        c.revoke();
-        Ok(())
-    })
+            c.revoke();
+            Ok(())
+        })
+    }
 }
 
 /// Writes the first `room` of `vals` to `p` (non-NULL when `room > 0`, checked by the caller).
@@ -382,175 +446,192 @@ fn read_uid(p: *const cclUniqueId) -> cclUniqueId {
     unsafe { std::ptr::read(p) }
 }
 
-/// The ranks the job's root has reported failed or dead.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommGetFailedRanks(
-    comm: cclComm_t,
-    ranks: *mut c_int,
-    maxRanks: c_int,
-    count: *mut c_int,
-) -> cclResult_t {
-    guard("cclCommGetFailedRanks", || {
-        let c = comm_from(comm)?;
-        let failed = c.failed_ranks();
-        let room = usize::try_from(maxRanks)
-            .map_err(|_| Fail::arg(format!("maxRanks is {maxRanks}, must be >= 0")))?;
-        if room > 0 && ranks.is_null() {
-            return Err(Fail::arg(format!("ranks is NULL with maxRanks {room}")));
-        }
-        write_ints(ranks, room, &failed);
-        out(count, "count", failed.len() as c_int)
-    })
+c_fn! {
+    /// The ranks the job's rendezvous has reported failed or dead so far, in rank order: the first
+    /// min(count, maxRanks) go to ranks; *count is how many there are.
+    pub fn cclCommGetFailedRanks(
+        comm: cclComm_t,
+        ranks: *mut c_int,
+        maxRanks: c_int,
+        count: *mut c_int,
+    ) -> cclResult_t {
+        guard("cclCommGetFailedRanks", || {
+            let c = comm_from(comm)?;
+            let failed = c.failed_ranks();
+            let room = usize::try_from(maxRanks)
+                .map_err(|_| Fail::arg(format!("maxRanks is {maxRanks}, must be >= 0")))?;
+            if room > 0 && ranks.is_null() {
+                return Err(Fail::arg(format!("ranks is NULL with maxRanks {room}")));
+            }
+            write_ints(ranks, room, &failed);
+            out(count, "count", failed.len() as c_int)
+        })
+    }
 }
 
-/// The survivors' communicator, without the excluded ranks and the dead.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommShrink(
-    comm: cclComm_t,
-    excludeRanksList: *const c_int,
-    excludeRanksCount: c_int,
-    newcomm: *mut cclComm_t,
-    config: *mut cclConfig_t,
-    shrinkFlags: c_int,
-) -> cclResult_t {
-    guard("cclCommShrink", || {
-        let c = comm_from(comm)?;
-        if newcomm.is_null() {
-            return Err(Fail::arg("newcomm is NULL"));
-        }
-        if !config.is_null() {
-            return Err(Fail::arg(
-                "config must be NULL (a shrunk communicator has its parent's settings)",
-            ));
-        }
-        if shrinkFlags != 0 {
-            return Err(Fail::arg(format!(
-                "shrinkFlags is {shrinkFlags}, must be 0"
-            )));
-        }
-        let n = usize::try_from(excludeRanksCount).map_err(|_| {
-            Fail::arg(format!(
-                "excludeRanksCount is {excludeRanksCount}, must be >= 0"
-            ))
-        })?;
-        let exclude: Vec<usize> = if n == 0 {
-            Vec::new()
-        } else {
-            if excludeRanksList.is_null() {
+c_fn! {
+    /// The survivors of comm: every rank still alive that calls it within CCL_TIMEOUT, minus the
+    /// ranks in excludeRanksList (the union over callers), numbered densely in their old order. A
+    /// rank dying during the shrink is left out by a further round. An excluded caller gets
+    /// cclRevoked. Revokes comm everywhere. config must be NULL, shrinkFlags 0. Needs the process
+    /// that made the unique id (it decides who survives) to be alive.
+    pub fn cclCommShrink(
+        comm: cclComm_t,
+        excludeRanksList: *const c_int,
+        excludeRanksCount: c_int,
+        newcomm: *mut cclComm_t,
+        config: *mut cclConfig_t,
+        shrinkFlags: c_int,
+    ) -> cclResult_t {
+        guard("cclCommShrink", || {
+            let c = comm_from(comm)?;
+            if newcomm.is_null() {
+                return Err(Fail::arg("newcomm is NULL"));
+            }
+            if !config.is_null() {
+                return Err(Fail::arg(
+                    "config must be NULL (a shrunk communicator has its parent's settings)",
+                ));
+            }
+            if shrinkFlags != 0 {
                 return Err(Fail::arg(format!(
-                    "excludeRanksList is NULL with {n} entries"
+                    "shrinkFlags is {shrinkFlags}, must be 0"
                 )));
             }
-            if n > c.size() {
+            let n = usize::try_from(excludeRanksCount).map_err(|_| {
+                Fail::arg(format!(
+                    "excludeRanksCount is {excludeRanksCount}, must be >= 0"
+                ))
+            })?;
+            let exclude: Vec<usize> = if n == 0 {
+                Vec::new()
+            } else {
+                if excludeRanksList.is_null() {
+                    return Err(Fail::arg(format!(
+                        "excludeRanksList is NULL with {n} entries"
+                    )));
+                }
+                if n > c.size() {
+                    return Err(Fail::arg(format!(
+                        "excludeRanksCount {n} exceeds the communicator's {} ranks",
+                        c.size()
+                    )));
+                }
+                read_ints(excludeRanksList, n)
+                    .iter()
+                    .map(|&r| {
+                        usize::try_from(r)
+                            .map_err(|_| Fail::arg(format!("excludeRanksList holds rank {r}")))
+                    })
+                    .collect::<Result<_, _>>()?
+            };
+            let s = c.shrink(&exclude)?;
+            publish(newcomm, "newcomm", s)
+        })
+    }
+}
+
+c_fn! {
+    /// A communicator of nRanks: the ranks of comm keep their ranks (they pass comm and rank -1,
+    /// and config NULL); new processes pass comm NULL and their rank (>= comm's size). Every party
+    /// passes the same uniqueId, made with cclGetUniqueId by one rank of comm.
+    pub fn cclCommGrow(
+        comm: cclComm_t,
+        nRanks: c_int,
+        uniqueId: *const cclUniqueId,
+        rank: c_int,
+        newcomm: *mut cclComm_t,
+        config: *mut cclConfig_t,
+    ) -> cclResult_t {
+        guard("cclCommGrow", || {
+            if uniqueId.is_null() {
+                return Err(Fail::arg("uniqueId is NULL"));
+            }
+            let uid = read_uid(uniqueId);
+            if comm.is_null() {
+                return init_rank(newcomm, nRanks, uid, rank, config);
+            }
+            let c = comm_from(comm)?;
+            if newcomm.is_null() {
+                return Err(Fail::arg("newcomm is NULL"));
+            }
+            if !config.is_null() {
+                return Err(Fail::arg(
+                    "config must be NULL for an existing rank (it keeps its communicator's \
+                     settings)",
+                ));
+            }
+            if rank != -1 && rank as i64 != c.rank() as i64 {
                 return Err(Fail::arg(format!(
-                    "excludeRanksCount {n} exceeds the communicator's {} ranks",
-                    c.size()
+                    "rank is {rank} on existing rank {}: pass -1 (an existing rank keeps its rank)",
+                    c.rank()
                 )));
             }
-            read_ints(excludeRanksList, n)
-                .iter()
-                .map(|&r| {
-                    usize::try_from(r)
-                        .map_err(|_| Fail::arg(format!("excludeRanksList holds rank {r}")))
-                })
-                .collect::<Result<_, _>>()?
-        };
-        let s = c.shrink(&exclude)?;
-        publish(newcomm, "newcomm", s)
-    })
+            let new_size = usize::try_from(nRanks)
+                .map_err(|_| Fail::arg(format!("nRanks is {nRanks}, must be positive")))?;
+            let bytes: Vec<u8> = uid.internal.iter().map(|&b| b as u8).collect();
+            let id = UniqueId::from_bytes(&bytes)?;
+            let g = c.grow(&id, new_size)?;
+            publish(newcomm, "newcomm", g)
+        })
+    }
 }
 
-/// A larger communicator: existing ranks pass `comm`, new processes pass NULL and their rank.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommGrow(
-    comm: cclComm_t,
-    nRanks: c_int,
-    uniqueId: *const cclUniqueId,
-    rank: c_int,
-    newcomm: *mut cclComm_t,
-    config: *mut cclConfig_t,
-) -> cclResult_t {
-    guard("cclCommGrow", || {
-        if uniqueId.is_null() {
-            return Err(Fail::arg("uniqueId is NULL"));
-        }
-        let uid = read_uid(uniqueId);
-        if comm.is_null() {
-            return init_rank(newcomm, nRanks, uid, rank, config);
-        }
-        let c = comm_from(comm)?;
-        if newcomm.is_null() {
-            return Err(Fail::arg("newcomm is NULL"));
-        }
-        if !config.is_null() {
-            return Err(Fail::arg(
-                "config must be NULL for an existing rank (it keeps its communicator's settings)",
-            ));
-        }
-        if rank != -1 && rank as i64 != c.rank() as i64 {
-            return Err(Fail::arg(format!(
-                "rank is {rank} on existing rank {}: pass -1 (an existing rank keeps its rank)",
-                c.rank()
-            )));
-        }
-        let new_size = usize::try_from(nRanks)
-            .map_err(|_| Fail::arg(format!("nRanks is {nRanks}, must be positive")))?;
-        let bytes: Vec<u8> = uid.internal.iter().map(|&b| b as u8).collect();
-        let id = UniqueId::from_bytes(&bytes)?;
-        let g = c.grow(&id, new_size)?;
-        publish(newcomm, "newcomm", g)
-    })
+c_fn! {
+    /// Finishes the operations already issued on comm, then frees it. The handle is invalid
+    /// afterwards: later calls with it return cclInvalidUsage.
+    pub fn cclCommDestroy(comm: cclComm_t) -> cclResult_t {
+        guard("cclCommDestroy", || {
+            // Dropping the last reference finishes what was issued; a thread still inside a call
+            // holds its own reference and the communicator goes when that call returns.
+            drop(remove_comm(comm)?);
+            Ok(())
+        })
+    }
 }
 
-/// Finishes issued operations and frees the communicator.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommDestroy(comm: cclComm_t) -> cclResult_t {
-    guard("cclCommDestroy", || {
-        // Dropping the last reference finishes what was issued; a thread still inside a call
-        // holds its own reference and the communicator goes when that call returns.
-        drop(remove_comm(comm)?);
-        Ok(())
-    })
+c_fn! {
+    /// Fails comm at once, ending every wait on it (also on other threads), then frees it.
+    pub fn cclCommAbort(comm: cclComm_t) -> cclResult_t {
+        guard("cclCommAbort", || {
+            let c = remove_comm(comm)?;
+            c.abort();
+            drop(c);
+            Ok(())
+        })
+    }
 }
 
-/// Aborts and frees the communicator.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommAbort(comm: cclComm_t) -> cclResult_t {
-    guard("cclCommAbort", || {
-        let c = remove_comm(comm)?;
-        c.abort();
-        drop(c);
-        Ok(())
-    })
+c_fn! {
+    /// The error comm has failed with (sticky: every later operation returns it), or cclSuccess.
+    pub fn cclCommGetAsyncError(
+        comm: cclComm_t,
+        asyncError: *mut cclResult_t,
+    ) -> cclResult_t {
+        guard("cclCommGetAsyncError", || {
+            let c = comm_from(comm)?;
+            let code = c.error().map_or(cclSuccess, |e| error::code_of(&e));
+            out(asyncError, "asyncError", code)
+        })
+    }
 }
 
-/// The communicator's sticky error, or success.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommGetAsyncError(
-    comm: cclComm_t,
-    asyncError: *mut cclResult_t,
-) -> cclResult_t {
-    guard("cclCommGetAsyncError", || {
-        let c = comm_from(comm)?;
-        let code = c.error().map_or(cclSuccess, |e| error::code_of(&e));
-        out(asyncError, "asyncError", code)
-    })
+c_fn! {
+    /// Number of ranks of comm.
+    pub fn cclCommCount(comm: cclComm_t, count: *mut c_int) -> cclResult_t {
+        guard("cclCommCount", || {
+            let c = comm_from(comm)?;
+            out(count, "count", c.size() as c_int)
+        })
+    }
 }
 
-/// Number of ranks.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommCount(comm: cclComm_t, count: *mut c_int) -> cclResult_t {
-    guard("cclCommCount", || {
-        let c = comm_from(comm)?;
-        out(count, "count", c.size() as c_int)
-    })
-}
-
-/// This process's rank.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclCommUserRank(comm: cclComm_t, rank: *mut c_int) -> cclResult_t {
-    guard("cclCommUserRank", || {
-        let c = comm_from(comm)?;
-        out(rank, "rank", c.rank() as c_int)
-    })
+c_fn! {
+    /// This process's rank in comm.
+    pub fn cclCommUserRank(comm: cclComm_t, rank: *mut c_int) -> cclResult_t {
+        guard("cclCommUserRank", || {
+            let c = comm_from(comm)?;
+            out(rank, "rank", c.rank() as c_int)
+        })
+    }
 }

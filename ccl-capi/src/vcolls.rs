@@ -247,109 +247,121 @@ fn nonblocking(
     })
 }
 
-/// Allgather with a count per rank.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclAllGatherV(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcounts: *const usize,
-    displs: *const usize,
-    datatype: cclDataType_t,
-    comm: cclComm_t,
-) -> cclResult_t {
-    let raw = Raw::AllGatherV { recvcounts, displs };
-    blocking("cclAllGatherV", raw, sendbuff, recvbuff, datatype, 0, comm)
+c_fn! {
+    /// Rank k's sendbuff (recvcounts[k] elements) lands at displs[k] of every rank's recvbuff.
+    /// recvcounts (and displs) are the same on every rank. In place when
+    /// sendbuff == recvbuff + displs[rank] * size.
+    pub fn cclAllGatherV(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcounts: *const usize,
+        displs: *const usize,
+        datatype: cclDataType_t,
+        comm: cclComm_t,
+    ) -> cclResult_t {
+        let raw = Raw::AllGatherV { recvcounts, displs };
+        blocking("cclAllGatherV", raw, sendbuff, recvbuff, datatype, 0, comm)
+    }
 }
 
-/// Reduce-scatter with a count per rank.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclReduceScatterV(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcounts: *const usize,
-    datatype: cclDataType_t,
-    op: cclRedOp_t,
-    comm: cclComm_t,
-) -> cclResult_t {
-    let raw = Raw::ReduceScatterV { recvcounts };
-    let n = "cclReduceScatterV";
-    blocking(n, raw, sendbuff, recvbuff, datatype, op, comm)
+c_fn! {
+    /// sendbuff holds recvcounts[k] elements for each rank k, back to back; rank r's recvbuff
+    /// (recvcounts[r] elements) receives the reduction of every rank's block r. recvcounts is the
+    /// same on every rank. In place when recvbuff == sendbuff + (recvcounts[0] + ... +
+    /// recvcounts[rank-1]) * size: the result lands in this rank's block of sendbuff.
+    pub fn cclReduceScatterV(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcounts: *const usize,
+        datatype: cclDataType_t,
+        op: cclRedOp_t,
+        comm: cclComm_t,
+    ) -> cclResult_t {
+        let raw = Raw::ReduceScatterV { recvcounts };
+        let n = "cclReduceScatterV";
+        blocking(n, raw, sendbuff, recvbuff, datatype, op, comm)
+    }
 }
 
-/// Alltoall with a count per pair of ranks.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn cclAlltoAllV(
-    sendbuff: *const c_void,
-    sendcounts: *const usize,
-    sdispls: *const usize,
-    recvbuff: *mut c_void,
-    recvcounts: *const usize,
-    rdispls: *const usize,
-    datatype: cclDataType_t,
-    comm: cclComm_t,
-) -> cclResult_t {
-    let raw = Raw::AllToAllV {
-        sendcounts,
-        sdispls,
-        recvcounts,
-        rdispls,
-    };
-    blocking("cclAlltoAllV", raw, sendbuff, recvbuff, datatype, 0, comm)
+c_fn! {
+    /// sendcounts[k] elements at sdispls[k] of sendbuff go to rank k; recvcounts[k] elements from
+    /// rank k land at rdispls[k] of recvbuff. Rank k's recvcounts[rank] must equal this rank's
+    /// sendcounts[k]. In place when sendbuff == recvbuff: the receive blocks are also what is sent,
+    /// and sendcounts and sdispls are ignored (may be NULL).
+    pub fn cclAlltoAllV(
+        sendbuff: *const c_void,
+        sendcounts: *const usize,
+        sdispls: *const usize,
+        recvbuff: *mut c_void,
+        recvcounts: *const usize,
+        rdispls: *const usize,
+        datatype: cclDataType_t,
+        comm: cclComm_t,
+    ) -> cclResult_t {
+        let raw = Raw::AllToAllV {
+            sendcounts,
+            sdispls,
+            recvcounts,
+            rdispls,
+        };
+        blocking("cclAlltoAllV", raw, sendbuff, recvbuff, datatype, 0, comm)
+    }
 }
 
-/// Non-blocking allgatherv.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclAllGatherVAsync(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcounts: *const usize,
-    displs: *const usize,
-    datatype: cclDataType_t,
-    comm: cclComm_t,
-    request: *mut cclRequest_t,
-) -> cclResult_t {
-    let raw = Raw::AllGatherV { recvcounts, displs };
-    let n = "cclAllGatherVAsync";
-    nonblocking(n, raw, sendbuff, recvbuff, datatype, 0, comm, request)
+c_fn! {
+    /// Non-blocking allgatherv.
+    pub fn cclAllGatherVAsync(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcounts: *const usize,
+        displs: *const usize,
+        datatype: cclDataType_t,
+        comm: cclComm_t,
+        request: *mut cclRequest_t,
+    ) -> cclResult_t {
+        let raw = Raw::AllGatherV { recvcounts, displs };
+        let n = "cclAllGatherVAsync";
+        nonblocking(n, raw, sendbuff, recvbuff, datatype, 0, comm, request)
+    }
 }
 
-/// Non-blocking reduce-scatterv.
-#[unsafe(no_mangle)]
-pub extern "C" fn cclReduceScatterVAsync(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcounts: *const usize,
-    datatype: cclDataType_t,
-    op: cclRedOp_t,
-    comm: cclComm_t,
-    request: *mut cclRequest_t,
-) -> cclResult_t {
-    let raw = Raw::ReduceScatterV { recvcounts };
-    let n = "cclReduceScatterVAsync";
-    nonblocking(n, raw, sendbuff, recvbuff, datatype, op, comm, request)
+c_fn! {
+    /// Non-blocking reduce-scatterv.
+    pub fn cclReduceScatterVAsync(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcounts: *const usize,
+        datatype: cclDataType_t,
+        op: cclRedOp_t,
+        comm: cclComm_t,
+        request: *mut cclRequest_t,
+    ) -> cclResult_t {
+        let raw = Raw::ReduceScatterV { recvcounts };
+        let n = "cclReduceScatterVAsync";
+        nonblocking(n, raw, sendbuff, recvbuff, datatype, op, comm, request)
+    }
 }
 
-/// Non-blocking alltoallv.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub extern "C" fn cclAlltoAllVAsync(
-    sendbuff: *const c_void,
-    sendcounts: *const usize,
-    sdispls: *const usize,
-    recvbuff: *mut c_void,
-    recvcounts: *const usize,
-    rdispls: *const usize,
-    datatype: cclDataType_t,
-    comm: cclComm_t,
-    request: *mut cclRequest_t,
-) -> cclResult_t {
-    let raw = Raw::AllToAllV {
-        sendcounts,
-        sdispls,
-        recvcounts,
-        rdispls,
-    };
-    let n = "cclAlltoAllVAsync";
-    nonblocking(n, raw, sendbuff, recvbuff, datatype, 0, comm, request)
+c_fn! {
+    /// Non-blocking alltoallv.
+    pub fn cclAlltoAllVAsync(
+        sendbuff: *const c_void,
+        sendcounts: *const usize,
+        sdispls: *const usize,
+        recvbuff: *mut c_void,
+        recvcounts: *const usize,
+        rdispls: *const usize,
+        datatype: cclDataType_t,
+        comm: cclComm_t,
+        request: *mut cclRequest_t,
+    ) -> cclResult_t {
+        let raw = Raw::AllToAllV {
+            sendcounts,
+            sdispls,
+            recvcounts,
+            rdispls,
+        };
+        let n = "cclAlltoAllVAsync";
+        nonblocking(n, raw, sendbuff, recvbuff, datatype, 0, comm, request)
+    }
 }

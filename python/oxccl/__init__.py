@@ -40,6 +40,7 @@ import threading
 
 import numpy as np
 
+from . import _abi as _a
 from . import _lib as _l
 
 _lib = _l.load()
@@ -150,7 +151,7 @@ def get_unique_id():
     until every rank has joined; the rendezvous then stays on as the job's monitor (it passes
     failures on and agrees on a shrink), so keep this process alive while the communicator is
     used. Pass the id to every rank's ``Communicator(rank, size, uid)``."""
-    uid = _l.UniqueIdStruct()
+    uid = _a.UniqueIdStruct()
     _check(_lib.cclGetUniqueId(ctypes.byref(uid)))
     return bytes(uid.internal)
 
@@ -320,9 +321,9 @@ def _uid_struct(uid):
     if isinstance(uid, str):
         uid = bytes.fromhex(uid)
     uid = bytes(uid)
-    if len(uid) != _l.UNIQUE_ID_BYTES:
-        raise _invalid(f"a unique id has {_l.UNIQUE_ID_BYTES} bytes, got {len(uid)}")
-    return _l.UniqueIdStruct.from_buffer_copy(uid)
+    if len(uid) != _a.UNIQUE_ID_BYTES:
+        raise _invalid(f"a unique id has {_a.UNIQUE_ID_BYTES} bytes, got {len(uid)}")
+    return _a.UniqueIdStruct.from_buffer_copy(uid)
 
 
 def _timeout_ms(timeout):

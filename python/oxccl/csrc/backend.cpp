@@ -12,6 +12,7 @@
 // - isend/irecv are recorded and run as one library group (class P2P).
 
 #include "backend.hpp"
+#include "ccl_functions.hpp"
 
 #include <dlfcn.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -25,19 +26,6 @@
 
 namespace oxccl_torch {
 namespace {
-
-#define CCL_FUNCTIONS(X)                                                                   \
-  X(cclGetErrorString)                                                                     \
-  X(cclGetLastError) X(cclGetUniqueId) X(cclCommInitRankConfig) X(cclCommDestroy)          \
-      X(cclCommSplit)                                                                      \
-      X(cclCommAbort) X(cclAllReduce) X(cclAllReduceAsync) X(cclBroadcast)                 \
-          X(cclBroadcastAsync) X(cclReduce) X(cclReduceAsync) X(cclAllGather)              \
-              X(cclAllGatherAsync) X(cclReduceScatterAsync) X(cclReduceScatterVAsync)      \
-                  X(cclAlltoAllAsync) X(cclGatherAsync) X(cclScatterAsync)                 \
-                      X(cclAllGatherVAsync) X(cclAlltoAllVAsync) X(cclBarrier)             \
-                          X(cclBarrierAsync) X(cclSend) X(cclRecv) X(cclGroupStart)        \
-                              X(cclGroupEnd) X(cclWait) X(cclProbe) X(cclCommShrink)     \
-                                  X(cclCommRevoke) X(cclCommUserRank) X(cclCommCount)
 
 // The library's functions, looked up in the libccl.so the Python package loaded (not linked:
 // CCL_LIBRARY may name another build, and the package's Communicator must see the same
