@@ -44,10 +44,10 @@ const LOG_SUBSYS: ccl_core::log::Subsys = ccl_core::log::Subsys::Bootstrap;
 mod id;
 mod monitor;
 pub mod rendezvous;
-mod timing;
+pub mod timing;
 pub mod wire;
 
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
-pub use monitor::{GATHER, Monitor, live_query, root_lines, state_bytes};
+pub use monitor::{Monitor, live_query, root_lines, state_bytes};
 pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, env, root_is_local};
 pub use wire::Notice;

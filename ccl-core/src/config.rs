@@ -101,6 +101,9 @@ pub struct Config {
     pub trace_dir: Option<String>,
     /// `CCL_TRACE_TORCH_FILE`: path prefix of dumps in PyTorch's flight-recorder format.
     pub trace_torch_file: Option<String>,
+    /// `CCL_CONTROL_SCALE`: the factor on the control plane's fixed deadlines (the bootstrap
+    /// reads it itself, once per process; here it is checked when a communicator starts).
+    pub control_scale: f64,
     /// `CCL_SLOW_WINDOW`
     pub slow_window: usize,
     /// `CCL_SLOW_MS`
@@ -299,6 +302,7 @@ impl Config {
             },
             trace_dir: get("CCL_TRACE_DIR"),
             trace_torch_file: get("CCL_TRACE_TORCH_FILE"),
+            control_scale: parse_scale("CCL_CONTROL_SCALE", &req("CCL_CONTROL_SCALE"))?,
             slow_window: parse_size("CCL_SLOW_WINDOW", &req("CCL_SLOW_WINDOW"), 1)?,
             slow_ms: parse_num("CCL_SLOW_MS", &req("CCL_SLOW_MS"))?,
             slow_report: Duration::from_secs(parse_num(
@@ -421,6 +425,16 @@ pub fn parse_in(name: &str, v: &str, lo: u64, hi: u64) -> Result<u64> {
         )));
     }
     Ok(n)
+}
+
+/// Parses `CCL_CONTROL_SCALE`: a factor from 0.25 to 100 for the control plane's deadlines.
+pub fn parse_scale(name: &str, v: &str) -> Result<f64> {
+    match v.trim().parse::<f64>() {
+        Ok(x) if (0.25..=100.0).contains(&x) => Ok(x),
+        _ => Err(Error::invalid_argument(format!(
+            "{name}='{v}' is not a factor from 0.25 to 100"
+        ))),
+    }
 }
 
 /// Parses seconds (fractions allowed) into a Duration; must be positive and finite.

@@ -21,7 +21,7 @@
 //! unique id (a launcher, or the application's rank 0). When that process dies, a standby rank
 //! outside it takes the monitor over and `shrink` goes through it (see `ccl_bootstrap`).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ccl_core::ErrorKind;
 use ccl_core::ccl_warn;
@@ -76,7 +76,9 @@ impl Communicator {
         for _ in 0..n {
             // The root decides by its own timeout after the first request; waiting twice that
             // (and a margin) covers a root on a loaded machine and a request that came late.
-            let deadline = Instant::now() + 2 * self.config().timeout + Duration::from_secs(5);
+            let deadline = Instant::now()
+                + 2 * self.config().timeout
+                + ccl_bootstrap::timing::RECOVERY_SLACK.get();
             let (members, id) = self.engine.peers.shrink_agree(exclude, deadline)?;
             let Some(new_rank) = members.iter().position(|&r| r == me) else {
                 return Err(Error::new(

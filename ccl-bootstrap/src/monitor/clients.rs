@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::root::{Client, Link, Watch};
 use crate::LOG_SUBSYS;
-use crate::timing::CLIENT_GRACE;
+use crate::timing::{CLIENT_GRACE, ERROR_WORD, LINE_WRITE};
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::{ccl_trace, ccl_warn};
 use ccl_diag::verdict as diag;
@@ -51,7 +51,7 @@ impl Watch<'_> {
                 let _ = wire::write_frame(
                     &mut s,
                     &Frame::error(&why),
-                    Instant::now() + Duration::from_millis(500),
+                    Instant::now() + LINE_WRITE.get(),
                 );
                 return;
             }
@@ -114,7 +114,7 @@ impl Watch<'_> {
                         stream: s,
                         from,
                         buf: Vec::new(),
-                        by: Instant::now() + CLIENT_GRACE,
+                        by: Instant::now() + CLIENT_GRACE.get(),
                     });
                 }
                 Ok(_) => {}
@@ -173,7 +173,7 @@ impl Watch<'_> {
             let text = diag::live_report(&views, self.ranks.len());
             let mut s = c.stream;
             let _ = s.set_nonblocking(false);
-            let by = Instant::now() + Duration::from_secs(2);
+            let by = Instant::now() + ERROR_WORD.get();
             let _ = wire::write_frame(
                 &mut s,
                 &Frame::new(FrameKind::Report, text.into_bytes()),

@@ -33,17 +33,17 @@ impl Relay {
         let down = wire::envelope(
             FrameKind::Down,
             wire::ALL,
-            &wire::digest_query(id, budget.saturating_sub(wire::HOP)),
+            &wire::digest_query(id, budget.saturating_sub(wire::HOP.get())),
         );
         for (_, c) in &self.children {
             c.send(&down);
         }
         let now = Instant::now();
         self.recent_all.retain(|(_, by)| *by > now);
-        self.recent_all.push((down, now + UNJOINED_GRACE));
+        self.recent_all.push((down, now + UNJOINED_GRACE.get()));
         self.gathering = Some(Gathering {
             id,
-            by: now + budget.saturating_sub(wire::HOP / 2),
+            by: now + budget.saturating_sub(wire::HOP.get() / 2),
             acc: self.s.own_digest().unwrap_or_default(),
             waiting: self.children.iter().map(|(r, _)| *r).collect(),
         });
@@ -108,7 +108,7 @@ impl Relay {
             Some((_, line)) => line.send(&f),
             None => self
                 .unjoined
-                .push((target, f, Instant::now() + UNJOINED_GRACE)),
+                .push((target, f, Instant::now() + UNJOINED_GRACE.get())),
         }
     }
 
@@ -133,7 +133,7 @@ impl Relay {
         if let Some(l) = &self.listener {
             while let Ok((s, _)) = l.accept() {
                 self.joiners
-                    .push((Line::new(s), Instant::now() + JOIN_GRACE));
+                    .push((Line::new(s), Instant::now() + JOIN_GRACE.get()));
             }
         }
         let now = Instant::now();

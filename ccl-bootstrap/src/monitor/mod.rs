@@ -43,7 +43,7 @@ mod tests;
 pub use clients::live_query;
 pub use lines::root_lines;
 pub use rank::Monitor;
-pub use verdict::{GATHER, state_bytes};
+pub use verdict::state_bytes;
 
 // What the rendezvous hands its connections over to, on the root's side and on a rank's.
 pub(crate) use recovery::Abandon;

@@ -339,7 +339,7 @@ impl Drop for Monitor {
                 .is_some_and(|sb| !sb.ranks.is_empty() && sb.with_root.contains(&self.shared.rank))
                 && self.poll().is_none()
                 && self.revoked().is_none();
-            let until = Instant::now() + BYE_HEARD;
+            let until = Instant::now() + BYE_HEARD.get();
             while here
                 && !self.shared.bye_heard.load(Ordering::Acquire)
                 && !self.root_gone()

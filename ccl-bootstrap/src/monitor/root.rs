@@ -19,7 +19,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::tree::Tree;
 use crate::LOG_SUBSYS;
-use crate::timing::{ADOPT_GRACE, REUSE};
+use crate::timing::{ADOPT_GRACE, LINE_WRITE, REUSE};
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::{ccl_trace, ccl_warn};
 
@@ -102,7 +102,7 @@ impl Link {
     }
 
     pub(super) fn send(&mut self, f: &Frame) {
-        let by = Instant::now() + Duration::from_millis(500);
+        let by = Instant::now() + LINE_WRITE.get();
         let _ = self.stream.set_nonblocking(false);
         let _ = wire::write_frame(&mut self.stream, f, by);
         let _ = self.stream.set_nonblocking(true);
@@ -222,7 +222,7 @@ impl<'a> Watch<'a> {
             query_id: 0,
             recovery: super::recovery::Recovery::new(n, addr, timeout, spawn_root),
             standby,
-            adopt_grace: ADOPT_GRACE,
+            adopt_grace: ADOPT_GRACE.get(),
             took_over: None,
             ending: false,
         };
@@ -291,7 +291,7 @@ impl Watch<'_> {
             for (r, preamble) in requests {
                 // Ranks stuck together ask together: one gathering answers them all.
                 let (line, _) = match &self.recent {
-                    Some((t, v)) if t.elapsed() < REUSE => v.clone(),
+                    Some((t, v)) if t.elapsed() < REUSE.get() => v.clone(),
                     _ => self.judge(),
                 };
                 let text = format!("{preamble}: {line}");

@@ -12,6 +12,7 @@ use nix::sys::eventfd::EventFd;
 
 use super::tree::Tree;
 use crate::LOG_SUBSYS;
+use crate::timing::LINE_WRITE;
 use crate::wire::{self, Frame, FrameKind, Notice};
 use ccl_core::error::ErrorKind;
 use ccl_core::{ccl_trace, ccl_warn};
@@ -290,7 +291,7 @@ impl Shared {
 /// hang on one line).
 pub(crate) fn write_within(s: &TcpStream, bytes: &[u8]) {
     use std::io::Write;
-    let until = Instant::now() + Duration::from_millis(500);
+    let until = Instant::now() + LINE_WRITE.get();
     let mut off = 0;
     while off < bytes.len() && Instant::now() < until {
         match (&*s).write(&bytes[off..]) {

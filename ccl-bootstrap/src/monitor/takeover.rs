@@ -122,7 +122,7 @@ impl<'a> Watch<'a> {
                     stream,
                     from,
                     buf,
-                    by: now + CLIENT_GRACE,
+                    by: now + CLIENT_GRACE.get(),
                 })
             })
             .collect();
@@ -146,7 +146,7 @@ impl<'a> Watch<'a> {
             query_id: 0,
             recovery: super::recovery::Recovery::new(n, addr, t.timeout, t.spawn_root),
             standby,
-            adopt_grace: ADOPT_GRACE.min(t.timeout),
+            adopt_grace: ADOPT_GRACE.get().min(t.timeout),
             took_over: Some(t.rank),
             ending,
         }
@@ -251,7 +251,7 @@ impl Relay {
         let until = Instant::now() + self.s.timeout;
         let what = || format!("monitor: joining standby rank {c} at {addr}");
         let mut s = loop {
-            let by = (Instant::now() + CONNECT_GRACE).min(until);
+            let by = (Instant::now() + CONNECT_GRACE.get()).min(until);
             let joined = ccl_core::net::connect_to_listening(addr, by, &what).and_then(|mut s| {
                 let _ = s.set_nodelay(true);
                 wire::write_frame(&mut s, &join.encode(), by)?;

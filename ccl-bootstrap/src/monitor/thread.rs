@@ -109,7 +109,7 @@ impl Relay {
                 // revocation, a shrink's answer) still reaches them; then their lines close
                 // with this thread, and they join the root.
                 let _ = self.s.stop.read();
-                linger = Some(Instant::now() + LINGER);
+                linger = Some(Instant::now() + LINGER.get());
                 self.leaving = true;
                 #[cfg(test)]
                 if self.s.vanished.load(Ordering::Acquire) {
@@ -216,7 +216,7 @@ impl Relay {
                     }
                     let now = Instant::now();
                     self.recent_all.retain(|(_, by)| *by > now);
-                    self.recent_all.push((f, now + UNJOINED_GRACE));
+                    self.recent_all.push((f, now + UNJOINED_GRACE.get()));
                     self.s.handle(inner);
                 } else if target as usize == self.s.rank {
                     self.s.handle(inner);
@@ -290,7 +290,7 @@ impl Relay {
 
     /// A new monitor line to `addr`, on which this rank has said who it is.
     fn join(&self, addr: std::net::SocketAddr, what: &str) -> Option<Line> {
-        let by = Instant::now() + CONNECT_GRACE;
+        let by = Instant::now() + CONNECT_GRACE.get();
         let describe = || format!("monitor: joining {what} at {addr}");
         let joined = ccl_core::net::connect_to_listening(addr, by, &describe).and_then(|mut s| {
             let _ = s.set_nodelay(true);

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use super::root::Watch;
 use crate::LOG_SUBSYS;
-pub use crate::timing::GATHER;
+use crate::timing::GATHER;
 use crate::wire::{self, Frame, FrameKind};
 use ccl_core::ccl_warn;
 use ccl_diag::digest::{Digest, Ranges};
@@ -121,8 +121,11 @@ impl Watch<'_> {
     fn digest(&mut self) -> Digest {
         self.query_id = self.query_id.wrapping_add(1);
         let id = self.query_id;
-        self.broadcast(&wire::digest_query(id, GATHER.saturating_sub(wire::HOP)));
-        let until = Instant::now() + GATHER;
+        self.broadcast(&wire::digest_query(
+            id,
+            GATHER.get().saturating_sub(wire::HOP.get()),
+        ));
+        let until = Instant::now() + GATHER.get();
         let mut acc = Digest::default();
         loop {
             self.pump();
@@ -199,7 +202,7 @@ impl Watch<'_> {
             }
         };
         let mut views: Vec<Option<RankView>> = vec![None; targets.len()];
-        let until = Instant::now() + GATHER;
+        let until = Instant::now() + GATHER.get();
         let tag = id.to_le_bytes();
         loop {
             self.pump();

@@ -24,6 +24,7 @@ use super::rank::{Bootstrap, check_rank};
 use super::root::Root;
 use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
+use crate::timing::{JOIN_ATTEMPT_MAX, JOIN_ATTEMPT_MIN};
 use ccl_core::ccl_info;
 use ccl_core::config::Config;
 use ccl_core::error::{Error, ErrorKind, Result};
@@ -410,8 +411,7 @@ fn file_rendezvous(path: &PathBuf, rank: usize, size: usize, cfg: &Config) -> Re
                 &id,
                 rank,
                 size,
-                left.min(Duration::from_secs(3))
-                    .max(Duration::from_millis(100)),
+                left.min(JOIN_ATTEMPT_MAX.get()).max(JOIN_ATTEMPT_MIN.get()),
             ) {
                 Ok(b) => return Ok(b),
                 Err(e) if e.kind() == ErrorKind::Timeout => last_err = Some(e),

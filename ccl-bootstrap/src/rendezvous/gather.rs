@@ -27,7 +27,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::LOG_SUBSYS;
-use crate::timing::ASK_GRACE;
+use crate::timing::{ASK_GRACE, ERROR_WORD, PEER_ERROR, ROOT_WORD};
 use crate::wire::{self, Block, Frame, FrameKind, GatherAsk};
 use ccl_core::error::{Error, ErrorKind, Result};
 use ccl_core::{ccl_trace, ccl_warn};
@@ -419,7 +419,7 @@ impl Server {
                         inbox: Vec::new(),
                         ask: None,
                         out: None,
-                        deadline: Instant::now() + ASK_GRACE,
+                        deadline: Instant::now() + ASK_GRACE.get(),
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -444,7 +444,7 @@ impl Conn {
                     let _ = wire::write_frame(
                         &mut self.s,
                         &Frame::error(&why),
-                        Instant::now() + Duration::from_millis(100),
+                        Instant::now() + PEER_ERROR.get(),
                     );
                     return false;
                 }
@@ -555,7 +555,7 @@ fn wait_readable(
 
 /// What the root said when it spoke during an allgather (it fails the job), or that it closed.
 fn root_error(root: &mut TcpStream, deadline: Instant) -> Error {
-    let by = deadline.min(Instant::now() + Duration::from_secs(2));
+    let by = deadline.min(Instant::now() + ERROR_WORD.get());
     match wire::read_frame(root, by, &|| "the bootstrap root".to_string()) {
         Ok(f) if f.kind == FrameKind::Error => Error::remote(format!(
             "bootstrap root: {}",
@@ -572,14 +572,15 @@ fn root_error(root: &mut TcpStream, deadline: Instant) -> Error {
 }
 
 /// A partner that fails mid-step most likely left because the root failed the job, whose
-/// message names the cause: prefer it to `e` when it comes within a second.
+/// message names the cause: prefer it to `e` when it comes within `ROOT_WORD`.
 fn root_word(root: &mut TcpStream, e: Error, rank: usize) -> Error {
     if e.message().contains("bootstrap root") {
         return e;
     }
     let mut fds = [PollFd::new(root.as_fd(), PollFlags::POLLIN)];
-    if nix::poll::poll(&mut fds, PollTimeout::from(1000u16)).unwrap_or(0) > 0 {
-        return root_error(root, Instant::now() + Duration::from_secs(2)).rank(rank);
+    let wait = u16::try_from(ROOT_WORD.get().as_millis()).unwrap_or(u16::MAX);
+    if nix::poll::poll(&mut fds, PollTimeout::from(wait)).unwrap_or(0) > 0 {
+        return root_error(root, Instant::now() + ERROR_WORD.get()).rank(rank);
     }
     e
 }

@@ -17,6 +17,7 @@ use super::gather::Gather;
 use super::root::{Root, root_is_local};
 use crate::id::UniqueId;
 use crate::monitor::{Monitor, Recovery, Relay, Shared, Tree};
+use crate::timing::{ERROR_WORD, FRAME_WRITE, ROOT_FIRST};
 use crate::wire::{self, Frame, FrameKind, MAX_RANKS};
 
 /// A rank's connection to the root.
@@ -73,7 +74,7 @@ impl Bootstrap {
         let started = Instant::now();
         let root = id.root_addr();
         // Give the root's own deadline (which names the missing ranks) the chance to fire first.
-        let deadline = Instant::now() + timeout + Duration::from_secs(2);
+        let deadline = Instant::now() + timeout + ROOT_FIRST.get();
         let what = || format!("bootstrap: joining the rendezvous at {root}");
         let by = Instant::now() + timeout;
         let mut stream = if running {
@@ -198,7 +199,7 @@ impl Bootstrap {
     /// Every rank contributes `data`; returns all contributions in rank order. The records
     /// travel among the ranks (see `gather`), not through the root.
     pub fn allgather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let deadline = Instant::now() + self.timeout + Duration::from_secs(2);
+        let deadline = Instant::now() + self.timeout + ROOT_FIRST.get();
         let round = self.round;
         self.round += 1;
         if let Some(e) = &self.broken {
@@ -227,7 +228,7 @@ impl Bootstrap {
     /// Waits until the ranks that need this rank's allgather blocks have them: its listener
     /// closes after that.
     pub(crate) fn settle(&mut self) -> Result<()> {
-        let deadline = Instant::now() + self.timeout + Duration::from_secs(2);
+        let deadline = Instant::now() + self.timeout + ROOT_FIRST.get();
         let Some(g) = self.gather.take() else {
             return Ok(());
         };
@@ -240,7 +241,7 @@ impl Bootstrap {
     fn tell_root(&mut self, e: &Error) {
         if !e.message().starts_with("bootstrap root") && !e.message().contains("the bootstrap root")
         {
-            let by = Instant::now() + Duration::from_secs(2);
+            let by = Instant::now() + ERROR_WORD.get();
             let _ = wire::write_frame(&mut self.stream, &Frame::error(&e.to_string()), by);
         }
     }
@@ -260,7 +261,7 @@ impl Bootstrap {
             return Ok(());
         }
         self.done = true;
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + FRAME_WRITE.get();
         wire::write_frame(
             &mut self.stream,
             &Frame::new(FrameKind::Bye, Vec::new()),
@@ -295,7 +296,7 @@ impl Bootstrap {
                 .map_err(|e| sys("monitor listener", e))?,
             host: ccl_core::log::hostname().to_string(),
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + FRAME_WRITE.get();
         wire::write_frame(&mut self.stream, &me.encode(), deadline).map_err(|e| e.rank(rank))?;
         self.done = true;
         self.stream

@@ -17,7 +17,7 @@ use super::gather::list_ranks;
 use crate::LOG_SUBSYS;
 use crate::id::{UniqueId, random_secret};
 use crate::monitor::{self, Tree};
-use crate::timing::HELLO_GRACE;
+use crate::timing::{ERROR_WORD, HELLO_GRACE};
 use crate::wire::{self, Frame, FrameKind, MAX_RANKS};
 
 /// Ids whose root runs in this process: making one starts its root.
@@ -241,7 +241,7 @@ impl Root {
     fn hello(&self, s: &mut TcpStream, from: SocketAddr, deadline: Instant) -> Option<wire::Hello> {
         let _ = s.set_nonblocking(false);
         let _ = s.set_nodelay(true);
-        let hello_by = (Instant::now() + HELLO_GRACE).min(deadline);
+        let hello_by = (Instant::now() + HELLO_GRACE.get()).min(deadline);
         let h = wire::read_frame(s, hello_by, &|| format!("hello from {from}"))
             .map_err(|e| e.to_string())
             .and_then(|f| wire::Hello::decode(&f).map_err(|why| why.to_string()));
@@ -463,7 +463,7 @@ fn missing_ranks(ranks: &[Option<TcpStream>], size: usize) -> String {
 
 fn broadcast_error(ranks: &mut [Option<TcpStream>], msg: &str) {
     let f = Frame::error(msg);
-    let by = Instant::now() + Duration::from_secs(2);
+    let by = Instant::now() + ERROR_WORD.get();
     for s in ranks.iter_mut().flatten() {
         let _ = wire::write_frame(s, &f, by);
     }
@@ -471,7 +471,7 @@ fn broadcast_error(ranks: &mut [Option<TcpStream>], msg: &str) {
 
 fn broadcast_error_streams(streams: &mut [TcpStream], msg: &str) {
     let f = Frame::error(msg);
-    let by = Instant::now() + Duration::from_secs(2);
+    let by = Instant::now() + ERROR_WORD.get();
     for s in streams.iter_mut() {
         let _ = wire::write_frame(s, &f, by);
     }

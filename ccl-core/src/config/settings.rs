@@ -34,6 +34,11 @@ pub const SETTINGS: &[Setting] = &[
         help: "seconds any blocking wait may go without progress before it fails with a timeout naming the peer",
     },
     Setting {
+        name: "CCL_CONTROL_SCALE",
+        default: "1",
+        help: "factor (0.25 to 100) on every fixed deadline of the rendezvous and job monitor (100 ms to 10 s); raise it on a host so loaded that they miss",
+    },
+    Setting {
         name: "CCL_TRACE_BUFFER",
         default: "1000",
         help: "operations the flight recorder keeps per communicator (0 = none)",

@@ -3,12 +3,7 @@
 
 use super::*;
 
-/// A root that has not acknowledged a failure report within this is taken to be stopped.
-pub(super) const ROOT_SILENT: Duration = Duration::from_millis(1500);
-
-/// Beyond the root's gathering deadline, what passing the verdict on may take on a loaded
-/// machine.
-pub(super) const VERDICT_SLACK: Duration = Duration::from_millis(1500);
+use ccl_bootstrap::timing::{GATHER, ROOT_SILENT, VERDICT_SLACK};
 
 /// The peer a failure report blames: one this rank saw leave or waited for in vain (a remote
 /// error, a timeout). A disagreement (invalid usage, such as settings that differ) is both
@@ -159,10 +154,10 @@ impl Peers {
         // The root acknowledges a report at once and gathers the verdict within GATHER; a root
         // that does not even acknowledge is stopped or hung itself. A peer that closed its
         // connection (Remote) was seen by the others too: some rank's report is on its way.
-        let notice = m.wait(ROOT_SILENT).or_else(|| {
+        let notice = m.wait(ROOT_SILENT.get()).or_else(|| {
             let alive = m.acks() > acks || e.kind() == ErrorKind::Remote;
             if alive && !m.root_gone() {
-                m.wait(ccl_bootstrap::GATHER + VERDICT_SLACK)
+                m.wait(GATHER.get() + VERDICT_SLACK.get())
             } else if !m.root_gone() && root_host.is_some_and(|h| self.runs_unstopped_here(h)) {
                 // The monitor's process runs on this host and is not stopped: it is slow (a
                 // loaded or emulated machine), not the culprit. Its verdict is worth the wait.
@@ -227,7 +222,7 @@ impl Peers {
                     e.kind(),
                     format!(
                         "the job's monitor did not acknowledge this rank's report within {:.1} s: this rank reports through {}, its hub, to the rendezvous {root}, and one of the two is stopped or hung; {}",
-                        ROOT_SILENT.as_secs_f64(),
+                        ROOT_SILENT.get().as_secs_f64(),
                         self.who(h),
                         e.message()
                     ),
@@ -244,7 +239,7 @@ impl Peers {
                     format!(
                         "verdict: the job is stuck behind {}, which does not answer (stopped, or its process is hung): the job's monitor runs in its process and did not acknowledge this rank's report within {:.1} s; {}",
                         self.who(h),
-                        ROOT_SILENT.as_secs_f64(),
+                        ROOT_SILENT.get().as_secs_f64(),
                         e.message()
                     ),
                 )
