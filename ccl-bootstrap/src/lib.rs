@@ -48,6 +48,6 @@ pub mod timing;
 pub mod wire;
 
 pub use id::{UNIQUE_ID_BYTES, UniqueId, random_secret};
-pub use monitor::{Monitor, live_query, root_lines, state_bytes};
+pub use monitor::{Conclusion, Monitor, Seen, live_query, root_lines, state_bytes};
 pub use rendezvous::{Bootstrap, MAX_RANKS, check_rank, env, root_is_local};
 pub use wire::Notice;

@@ -7,6 +7,8 @@
 //!   `ccl-trace` reads, what the live monitor receives.
 //! - [`view`]: one rank's view of itself (what it answers the job's monitor).
 //! - [`verdict`]: from every rank's view, which rank (or link) the job waits for, in one line.
+//! - [`culprit`]: the sentences that name a culprit when no verdict could be gathered (the
+//!   monitor's process died or is silent), shared by every crate that finds such a case.
 //! - [`digest`]: the same analysis's input summed up, so that a monitor tree merges it hub by
 //!   hub instead of gathering every rank's view in one place.
 //! - [`report`]: the report `ccl-trace DIR` prints over a directory of dumps.
@@ -48,6 +50,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chrome;
+pub mod culprit;
 pub mod digest;
 pub mod dump;
 pub mod recorder;

@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
+use crate::culprit;
 use crate::digest::{Digest, Lead, Link, MOVING_US, Ranges, stuck_link};
 use crate::dump::Op;
 use crate::recorder::State;
@@ -300,13 +301,9 @@ impl Verdict {
             (Culprit::Ranks(set), _) if set.len() == 1 => {
                 let c = *set.iter().next().expect("one");
                 let why = match view(c).map(|v| v.presence) {
-                    Some(Presence::Dead) => ", which died (its process ended)".to_string(),
-                    Some(Presence::Silent) => {
-                        ", which does not answer (stopped, or its process is hung)".to_string()
-                    }
-                    Some(Presence::NoDump) | None => {
-                        ", which left no state (stopped, killed, or stuck outside ccl)".to_string()
-                    }
+                    Some(Presence::Dead) => format!(", {}", culprit::DIED),
+                    Some(Presence::Silent) => format!(", {}", culprit::SILENT),
+                    Some(Presence::NoDump) | None => format!(", {}", culprit::NO_STATE),
                     Some(Presence::Answered) => self.inside_or_not(view(c).expect("some")),
                 };
                 format!(

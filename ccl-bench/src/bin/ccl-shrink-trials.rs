@@ -16,7 +16,7 @@
 //! to `DIR/seed-S-rank-R.log`.
 #![forbid(unsafe_code)]
 
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -225,6 +225,32 @@ type Drain = (
     std::thread::JoinHandle<String>,
 );
 
+/// The line a rank prints once it has joined its communicator.
+const READY: &str = "joined";
+
+/// Reads a rank's output to its end on a thread of its own; with `ready`, passes the rank on
+/// when it prints [`READY`] (that line is not kept).
+fn drain(
+    p: Option<Box<dyn Read + Send>>,
+    ready: Option<(usize, std::sync::mpsc::Sender<usize>)>,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let Some(p) = p else { return s };
+        for line in std::io::BufReader::new(p).lines() {
+            let Ok(line) = line else { break };
+            match &ready {
+                Some((r, tx)) if line == READY => drop(tx.send(*r)),
+                _ => {
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+            }
+        }
+        s
+    })
+}
+
 /// Waits for every rank until `deadline` (then kills it): per rank, its exit status, output
 /// and log (kept in `SHRINK_TRIAL_LOGS` when set).
 fn finish(
@@ -274,27 +300,44 @@ fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, Strin
     let seed = rng.next() | 1;
     let mut kids = Vec::new();
     // Each rank's output is read as it comes: a rank that logs more than a pipe holds must not
-    // block on it.
+    // block on it. Its first line says it has joined (`READY`), which the kill waits for.
     let mut drains: Vec<Drain> = Vec::new();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     for r in 0..n {
         let mut k = spawn(o, &meet, r, n, seed).map_err(|e| format!("spawning rank {r}: {e}"))?;
-        let drain = |p: Option<Box<dyn Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut s = String::new();
-                if let Some(mut p) = p {
-                    let _ = p.read_to_string(&mut s);
-                }
-                s
-            })
-        };
-        drains.push((
-            drain(k.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
-            drain(k.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
-        ));
+        let out = k.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>);
+        let err = k.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>);
+        drains.push((drain(out, Some((r, ready_tx.clone()))), drain(err, None)));
         kids.push(k);
     }
-    // Random time into the collectives: set-up takes a few hundred ms on a loaded machine.
-    std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
+    drop(ready_tx);
+    // Every rank joined (on a loaded machine set-up alone can take seconds: a kill during it
+    // would test set-up, not recovery), then a random time into the collectives.
+    let joined_by = Instant::now() + cfg.timeout;
+    let mut joined = vec![false; n];
+    while joined.iter().any(|j| !j) {
+        let left = joined_by.saturating_duration_since(Instant::now());
+        match ready_rx.recv_timeout(left) {
+            Ok(r) => joined[r] = true,
+            Err(_) => {
+                for k in &mut kids {
+                    let _ = k.kill();
+                }
+                let missing: Vec<usize> = (0..n).filter(|&r| !joined[r]).collect();
+                let outs = finish(kids, drains, Instant::now(), seed)?;
+                let why: Vec<String> = missing
+                    .iter()
+                    .map(|&r| format!("rank {r}: {}", outs[r].3.trim()))
+                    .collect();
+                return Err(format!(
+                    "ranks {missing:?} did not join within {} s: {}",
+                    cfg.timeout.as_secs(),
+                    why.join("; ")
+                ));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(rng.below(700)));
     let drawn = rng.below(n as u64) as usize;
     let victim = o.victim.unwrap_or(drawn);
     let kill_ns = now_ns();
@@ -382,6 +425,7 @@ fn worker(seed: u64) -> ExitCode {
 
 fn work(seed: u64) -> Result<String, String> {
     let comm = Communicator::from_env().map_err(|e| format!("init: {e}"))?;
+    println!("{READY}");
     let orig = comm.rank();
     let mut rng = Rng(seed);
     let started = Instant::now();

@@ -17,13 +17,16 @@
 //! - `thread`: the rank's monitor thread and its line up the tree;
 //! - `hub`: what that thread does as a hub for the ranks below it;
 //! - `shared`: what the rank's threads and its monitor thread share, and how a frame from the
-//!   root is handled.
+//!   root is handled;
+//! - `conclude`: what a rank concludes when a peer failed or a wait timed out (the monitor's
+//!   notice, a revocation, or whom to blame for the monitor's silence).
 //!
 //! Both sides: `tree`, the shape of the monitor tree (arithmetic on the size and the fan-out);
 //! `takeover`, how the monitor survives its process's death (the standbys the root names, a
 //! rank's failover to them, the watch a standby runs).
 
 mod clients;
+mod conclude;
 mod hub;
 mod lines;
 mod rank;
@@ -41,6 +44,7 @@ pub(crate) mod hooks;
 mod tests;
 
 pub use clients::live_query;
+pub use conclude::{Conclusion, Seen};
 pub use lines::root_lines;
 pub use rank::Monitor;
 pub use verdict::state_bytes;

@@ -106,10 +106,8 @@ impl<'a> Watch<'a> {
         // The death that moved the monitor is the job's first failure; without one (the root's
         // process ended after its ranks left) the first failure gets a verdict of its own.
         let verdict = culprit.map(|d| {
-            let line = format!(
-                "the job is stuck behind rank {d} ({}:{}), which died, and the job's monitor with it (it ran in its process); rank {} took the monitor over",
-                ranks[d].host, ranks[d].pid, t.rank
-            );
+            let dead = format!("rank {d} ({}:{})", ranks[d].host, ranks[d].pid);
+            let line = ccl_diag::culprit::died_with_monitor(&dead, t.rank);
             (line, Some(d))
         });
         let clients = t

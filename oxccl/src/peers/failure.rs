@@ -3,7 +3,9 @@
 
 use super::*;
 
-use ccl_bootstrap::timing::{GATHER, ROOT_SILENT, VERDICT_SLACK};
+use ccl_bootstrap::timing::ROOT_SILENT;
+use ccl_bootstrap::{Conclusion, Seen};
+use ccl_diag::culprit::{self, verdict_prefix};
 
 /// The peer a failure report blames: one this rank saw leave or waited for in vain (a remote
 /// error, a timeout). A disagreement (invalid usage, such as settings that differ) is both
@@ -11,15 +13,6 @@ use ccl_bootstrap::timing::{GATHER, ROOT_SILENT, VERDICT_SLACK};
 pub(crate) fn blamed_peer(e: &Error) -> Option<usize> {
     e.peer_id()
         .filter(|_| matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout))
-}
-
-/// `verdict: ...; ` before a message, when there is a verdict.
-pub(super) fn verdict_prefix(v: &str) -> String {
-    if v.is_empty() {
-        String::new()
-    } else {
-        format!("verdict: {v}; ")
-    }
 }
 
 /// How long an operation may run before the early warning (`None`: never): `CCL_LATE_WARN_MS`
@@ -129,11 +122,8 @@ impl Peers {
     /// real failure (in a ring, rank 0 sees rank 3 close because rank 3 saw rank 2 die). Reports
     /// this rank's own failure to the job's monitor, waits (with deadlines) for its notice of
     /// the first failure, which carries the monitor's verdict on which rank the job waits for,
-    /// and puts that verdict first in the error, with what was seen here.
-    ///
-    /// Not split, though over 100 lines: its last `match` is the one table of what a rank
-    /// concludes from a notice, a revocation, a root that ended, or silence (from the root or
-    /// from its hub), and every arm reads the same waits made just above it.
+    /// and puts that verdict first in the error, with what was seen here. Which case applies is
+    /// the monitor's table (`Monitor::conclude`); this writes the error for each.
     pub(crate) fn explain(&self, e: Error) -> Error {
         if !matches!(e.kind(), ErrorKind::Remote | ErrorKind::Timeout) {
             return e;
@@ -143,41 +133,20 @@ impl Peers {
             return first;
         }
         let Some(m) = &self.monitor else { return e };
-        // The rank whose process runs the monitor: the first root's, or the one that took over.
-        let root_host = m.moved_to().or(self.root_host);
-        // A timeout is this rank's own failure: the monitor needs it to start the verdict.
-        let reported = e.kind() == ErrorKind::Timeout;
-        if reported {
-            m.report(&e.to_string(), blamed_peer(&e));
-        }
-        let acks = m.acks();
-        // The root acknowledges a report at once and gathers the verdict within GATHER; a root
-        // that does not even acknowledge is stopped or hung itself. A peer that closed its
-        // connection (Remote) was seen by the others too: some rank's report is on its way.
-        let notice = m.wait(ROOT_SILENT.get()).or_else(|| {
-            let alive = m.acks() > acks || e.kind() == ErrorKind::Remote;
-            if alive && !m.root_gone() {
-                m.wait(GATHER.get() + VERDICT_SLACK.get())
-            } else if !m.root_gone() && root_host.is_some_and(|h| self.runs_unstopped_here(h)) {
-                // The monitor's process runs on this host and is not stopped: it is slow (a
-                // loaded or emulated machine), not the culprit. Its verdict is worth the wait.
-                m.wait(self.config.timeout)
-            } else {
-                None
-            }
-        });
-        // A peer that returned from a revoked communicator and closed is no failure of its own.
-        if notice.is_none()
-            && let Some(n) = m.revoked()
-        {
-            return Error::new(
-                ErrorKind::Revoked,
-                format!("{} (seen here as: {})", n.message, e.message()),
-            )
-            .rank(self.rank);
-        }
-        match notice {
-            Some(n) if n.rank == self.rank => Error::new(
+        let message = e.to_string();
+        let unstopped = |r: usize| self.runs_unstopped_here(r);
+        let seen = Seen {
+            timed_out: e.kind() == ErrorKind::Timeout,
+            message: &message,
+            blamed: blamed_peer(&e),
+            rank: self.rank,
+            first_root: self.root_host,
+            timeout: self.config.timeout,
+            runs_unstopped_here: &unstopped,
+        };
+        let silent_s = ROOT_SILENT.get().as_secs_f64();
+        match m.conclude(&seen) {
+            Conclusion::Notice(n) if n.rank == self.rank => Error::new(
                 e.kind(),
                 format!("{}{}", verdict_prefix(&n.verdict), e.message()),
             )
@@ -190,7 +159,7 @@ impl Peers {
             ),
             // Even a notice from the neighbour that closed carries its own cause, which leads on
             // to the rank that failed first.
-            Some(n) => {
+            Conclusion::Notice(n) => {
                 let first = self.notice_error(&n);
                 Error::remote(format!(
                     "{} (seen here as: {})",
@@ -200,53 +169,32 @@ impl Peers {
                 .rank(self.rank)
                 .peer(first.peer_id().unwrap_or(n.rank))
             }
-            // No notice can come when the root itself went: then the rank running it ended.
-            None if m.root_gone() && root_host.is_some_and(|h| h != self.rank) => {
-                let h = root_host.expect("checked");
-                Error::remote(format!(
-                    "verdict: the job is stuck behind {}, which died (its process ended: the job's rendezvous, which it ran, closed); seen here as: {}",
-                    self.who(h),
-                    e.message()
-                ))
-                .rank(self.rank)
-                .peer(h)
+            // A peer that returned from a revoked communicator and closed is no failure of its
+            // own.
+            Conclusion::Revoked(n) => Error::new(
+                ErrorKind::Revoked,
+                format!("{} (seen here as: {})", n.message, e.message()),
+            )
+            .rank(self.rank),
+            Conclusion::RootDied { root } => {
+                Error::remote(culprit::root_died(&self.who(root), e.message()))
+                    .rank(self.rank)
+                    .peer(root)
             }
-            // Through a hub of the monitor tree, silence has two suspects.
-            None if reported && m.acks() == acks && m.hub().is_some() => {
-                let h = m.hub().expect("checked");
-                let root = root_host.map_or_else(
+            Conclusion::HubOrRootSilent { hub, root } => {
+                let root = root.map_or_else(
                     || format!("at {}", m.root()),
                     |r| format!("in {}'s process", self.who(r)),
                 );
-                Error::new(
-                    e.kind(),
-                    format!(
-                        "the job's monitor did not acknowledge this rank's report within {:.1} s: this rank reports through {}, its hub, to the rendezvous {root}, and one of the two is stopped or hung; {}",
-                        ROOT_SILENT.get().as_secs_f64(),
-                        self.who(h),
-                        e.message()
-                    ),
-                )
-                .rank(self.rank)
-                .peer(h)
+                let text =
+                    culprit::hub_or_root_silent(&self.who(hub), &root, silent_s, e.message());
+                Error::new(e.kind(), text).rank(self.rank).peer(hub)
             }
-            // Silence blames the root only when it had something to answer: a peer that left
-            // cleanly (it said goodbye) gives the root no failure to announce.
-            None if reported && m.acks() == acks && root_host.is_some_and(|h| h != self.rank) => {
-                let h = root_host.expect("checked");
-                Error::new(
-                    e.kind(),
-                    format!(
-                        "verdict: the job is stuck behind {}, which does not answer (stopped, or its process is hung): the job's monitor runs in its process and did not acknowledge this rank's report within {:.1} s; {}",
-                        self.who(h),
-                        ROOT_SILENT.get().as_secs_f64(),
-                        e.message()
-                    ),
-                )
-                .rank(self.rank)
-                .peer(h)
+            Conclusion::RootSilent { root } => {
+                let text = culprit::root_silent(&self.who(root), silent_s, e.message());
+                Error::new(e.kind(), text).rank(self.rank).peer(root)
             }
-            None => e,
+            Conclusion::Nothing => e,
         }
     }
 
