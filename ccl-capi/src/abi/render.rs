@@ -285,8 +285,8 @@ const HEADER_TOP: &str = "\
  * Shaped like NCCL's nccl.h, so code written for NCCL ports by renaming (nccl -> ccl, NCCL ->
  * CCL) and dropping the CUDA stream argument: buffers are ordinary host memory and blocking
  * calls return when the operation is complete on this rank. Link with -lccl (libccl.so or
- * libccl.a; the static library also needs -libverbs -lrdmacm -lpthread -ldl -lm
- * when built with the verbs transport, the default).
+ * libccl.a; the static library also needs -lpthread -ldl -lm, which C libraries since glibc
+ * 2.34 hold themselves; no verbs library: the verbs transport opens libibverbs at run time).
  *
  * Every function checks its arguments and never lets a failure cross into the caller: NULL
  * pointers where a pointer is needed, counts whose buffers would not fit the address space,
