@@ -332,12 +332,15 @@ impl Drop for Monitor {
         if self.bye {
             self.shared.send(&Frame::new(FrameKind::Bye, Vec::new()));
             // The monitor runs in this process: it dies with it, maybe right after this. The
-            // others must know that this rank had left first, or they would name it dead.
-            // A communicator that failed or was revoked gives that wait no purpose.
+            // others must know that this rank had left first, or they would name it dead. After
+            // a failure the wait matters as much: the monitor takes the goodbye after the
+            // failure's notices, and a process that ended first would keep them from the
+            // others (who would then take the monitor over and name this rank the culprit). A
+            // revoked communicator (a shrink's old one) gives the wait no purpose: its
+            // survivors have agreed already, and the new communicator must not wait for it.
             let here = self
                 .standby()
                 .is_some_and(|sb| !sb.ranks.is_empty() && sb.with_root.contains(&self.shared.rank))
-                && self.poll().is_none()
                 && self.revoked().is_none();
             let until = Instant::now() + BYE_HEARD.get();
             while here
