@@ -285,8 +285,9 @@ fn finish(
 
 /// One trial: start the ranks, kill one or two, check every survivor's report.
 ///
-/// Not split, though just over 100 lines: it reads as the trial's script (start, kill, wait,
-/// judge), and its checks share the kill's time and victims with the steps above them.
+/// Not split, though 120 lines: it reads as the trial's script (start, wait until every rank
+/// joined, kill, wait, judge), and its checks share the kill's time and victims with the steps
+/// above them.
 fn trial(o: &Opts, rng: &mut Rng, n: usize, second: bool) -> Result<Trial, String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
     cfg.timeout = Duration::from_secs(o.timeout_s);

@@ -30,6 +30,8 @@ fn text(name: &'static str, c: &str, doc: &'static [&'static str]) -> Item {
 }
 
 /// Everything `include/ccl.h` declares, in its order.
+// Long (185 lines): it is the header's table of contents, one entry per item; split, the order
+// of the header would be spread over several functions.
 pub(super) fn layout() -> Vec<Item> {
     macro_rules! f {
         ($name:ident) => {
