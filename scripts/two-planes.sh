@@ -12,6 +12,8 @@
 #   drop   plane 0 (the rendezvous plane) dropping every packet (nft) for CUT seconds
 #   half   plane 1 throttled to half its rate mid-loop
 #   flaps  plane 1 cut and restored FLAPS times in a row (down 1 s, up 1 s)
+#   reset  plane 1's sockets destroyed in A (ss -K: an error at both ends, not a silent cut)
+#          RESETS times, 2 s apart: each time the plane's socket is made again
 # and reports, from the iteration times and the logs: two planes against one, how long a cut
 # caused, busbw while a plane was out against one plane's, how long after a plane returned
 # its share came back, the half-rate time against healthy. Fails when any rank fails or any
@@ -19,7 +21,8 @@
 #
 # Needs root (ip netns, tc, nft; nftables is installed if missing); exits 77 (skipped) without.
 # Usage: scripts/two-planes.sh [--quick]   (--quick: 16 MiB, short phases, 5 flaps: for CI)
-# Settings: RATE (800mbit), BYTES (64M), CUT (4 s), FLAPS (100). Report: target/two-planes/.
+# Settings: RATE (800mbit), BYTES (64M), CUT (4 s), FLAPS (100), RESETS (10). Report:
+# target/two-planes/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
@@ -32,8 +35,10 @@ quick=0
 RATE=${RATE:-800mbit}
 if [ $quick = 1 ]; then
   BYTES=${BYTES:-16M}; CUT=${CUT:-2}; FLAPS=${FLAPS:-5}; ITERS=${ITERS:-6}; PHASE=${PHASE:-2}
+  RESETS=${RESETS:-3}
 else
   BYTES=${BYTES:-64M}; CUT=${CUT:-4}; FLAPS=${FLAPS:-100}; ITERS=${ITERS:-12}; PHASE=${PHASE:-4}
+  RESETS=${RESETS:-10}
 fi
 if ! command -v nft >/dev/null; then
   (apt-get install -y -q nftables || { apt-get update -q && apt-get install -y -q nftables; }) >/dev/null
@@ -152,6 +157,13 @@ for i in $(seq "$FLAPS"); do
 done
 finish flaps
 
+start reset p LOOP_SECONDS="$(python3 -c "print($RESETS * 2 + 2 * $PHASE)")"
+wait_iters reset 2; sleep "$PHASE"
+for i in $(seq "$RESETS"); do
+  event reset reset; ip netns exec $A ss -K -t dst 10.77.2.2 > /dev/null; sleep 2
+done
+finish reset
+
 python3 - "$out" "$BYTES" "$RATE" "$CUT" "$FLAPS" <<'EOF' | tee "$out/report.md"
 import statistics as st, sys, glob, os
 out, size, rate, cut, flaps = sys.argv[1:]
@@ -201,8 +213,19 @@ rows = iters("flaps")
 n_down = sum(1 for _, e in events("flaps") if e == "down")
 print(f"| {n_down} cuts of plane 1 in a row: iterations, all right | {len(rows)} |")
 print(f"| ... longest iteration (ms) | {max(r[2] for r in rows):.0f} |")
+rows = iters("reset")
+n_reset = sum(1 for _, e in events("reset") if e == "reset")
+made = sum(open(f).read().count("is made again") for f in glob.glob(f"{out}/reset.*.err"))
+print(f"| {n_reset} resets of plane 1's sockets: made again (both ranks' count) | {made} |")
+print(f"| ... iterations, all right; longest (ms) | {len(rows)}; {max(r[2] for r in rows):.0f} |")
 EOF
-for n in cut drop flaps; do
-  echo "$n: planes declared down $(cat "$out/$n".*.err | grep -c 'is down' || true), failed $(cat "$out/$n".*.err | grep -c 'failed (' || true), back $(cat "$out/$n".*.err | grep -c 'delivers again' || true)"
+for n in cut drop flaps reset; do
+  echo "$n: planes declared down $(cat "$out/$n".*.err | grep -c 'is down' || true), failed $(cat "$out/$n".*.err | grep -c 'failed (' || true), back $(cat "$out/$n".*.err | grep -c 'delivers again' || true), made again $(cat "$out/$n".*.err | grep -c 'is made again' || true)"
 done
+# Every reset must have been followed by the plane's socket made again at both ranks.
+made=$(cat "$out"/reset.*.err | grep -c 'is made again' || true)
+if [ "$made" -lt $((2 * RESETS)) ]; then
+  echo "two-planes: reset FAILED: plane 1 made again $made times over both ranks, $((2 * RESETS)) expected" >&2
+  exit 1
+fi
 echo "two-planes: every result right, no rank failed (report in $out/report.md)"

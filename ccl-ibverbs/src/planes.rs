@@ -9,10 +9,11 @@
 //! retransmits), so the set-up completes once the link is back.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use ccl_core::transport::planes::{PlaneConn, PlaneEndpoint, Redial, Striped};
+use ccl_core::transport::planes::{PlaneConn, PlaneEndpoint, Redial, RedialCall, Remade, Striped};
 use ccl_core::transport::tcp::{self, PlaneBuilder};
 use ccl_core::transport::{ConnectContext, Endpoint, Interest};
 use ccl_core::{Error, ErrorKind, Result};
@@ -63,7 +64,13 @@ fn plane(
     );
     let side = tcp::plane_socket_endpoint(peer, c).map_err(|e| e.rank(ctx.rank))?;
     let side = Arc::new(Mutex::new(side));
-    let endpoint = establish(dev, ctx, peer, SharedSide::boxed(&side, peer)?, deadline)?;
+    let endpoint = establish(
+        dev,
+        ctx,
+        peer,
+        Box::new(SharedSide::boxed(&side, peer)?),
+        deadline,
+    )?;
     Ok(PlaneEndpoint {
         name,
         endpoint,
@@ -84,9 +91,24 @@ struct IbRedial {
 }
 
 impl Redial for IbRedial {
-    fn redial(&mut self, deadline: Instant) -> Result<Box<dyn Endpoint>> {
-        let side = SharedSide::boxed(&self.side, self.peer)?;
-        establish(&self.dev, &self.ctx, self.peer, side, deadline)
+    fn redial(&mut self, call: RedialCall) -> Result<Remade> {
+        let mut side = SharedSide::boxed(&self.side, self.peer)?;
+        // The set-up reads the side channel at least every 100 ms: while it runs, a read or
+        // write there fails once the plane is no longer wanted, which ends the set-up.
+        let settled = Arc::new(AtomicBool::new(false));
+        side.abort = Some(Abort {
+            wanted: call.wanted,
+            settled: settled.clone(),
+        });
+        let r = establish(
+            &self.dev,
+            &self.ctx,
+            self.peer,
+            Box::new(side),
+            call.deadline,
+        );
+        settled.store(true, Ordering::Release);
+        r.map(Remade::Endpoint)
     }
 }
 
@@ -96,10 +118,18 @@ struct SharedSide {
     peer: usize,
     /// A copy of the socket's descriptor (the socket lives behind the lock).
     fd: OwnedFd,
+    /// While a redial's set-up runs over it: when to call the set-up off.
+    abort: Option<Abort>,
+}
+
+struct Abort {
+    wanted: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// The set-up ended: the connection it made uses the channel from now on.
+    settled: Arc<AtomicBool>,
 }
 
 impl SharedSide {
-    fn boxed(inner: &Arc<Mutex<Box<dyn Endpoint>>>, peer: usize) -> Result<Box<dyn Endpoint>> {
+    fn boxed(inner: &Arc<Mutex<Box<dyn Endpoint>>>, peer: usize) -> Result<SharedSide> {
         let fd = {
             let g = lock(inner);
             let mut fds: Vec<(BorrowedFd<'_>, PollFlags)> = Vec::new();
@@ -120,11 +150,25 @@ impl SharedSide {
                 Error::io(ErrorKind::System, "copying a side channel's descriptor", e).peer(peer)
             })?
         };
-        Ok(Box::new(SharedSide {
+        Ok(SharedSide {
             inner: inner.clone(),
             peer,
             fd,
-        }))
+            abort: None,
+        })
+    }
+
+    /// An error once a redial's set-up over this channel is no longer wanted.
+    fn called_off(&self) -> Result<()> {
+        match &self.abort {
+            Some(a) if !a.settled.load(Ordering::Acquire) && !(a.wanted)() => {
+                Err(Error::remote(format!(
+                    "verbs plane to peer {}: the endpoint no longer wants it made again",
+                    self.peer
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -140,14 +184,17 @@ impl Endpoint for SharedSide {
     }
 
     fn send(&mut self, src: &[u8]) -> Result<usize> {
+        self.called_off()?;
         lock(&self.inner).send(src)
     }
 
     fn recv(&mut self, dst: &mut [u8]) -> Result<usize> {
+        self.called_off()?;
         lock(&self.inner).recv(dst)
     }
 
     fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8]) -> usize) -> Result<usize> {
+        self.called_off()?;
         lock(&self.inner).recv_with(max, consume)
     }
 

@@ -28,10 +28,11 @@
 //! - **Striped by what each plane takes.** A frame of at most [`CHUNK`] bytes goes to the next
 //!   plane whose socket takes it; a plane that drains slower fills its socket buffer and takes
 //!   fewer frames, so each plane's share follows its measured rate, not a setting.
-//! - **Made again after an error** where the transport can ([`Redial`]: verbs sets up new queue
-//!   pairs over the plane's side channel): the end that saw the plane fail says so on another
-//!   plane, the peer drops its side of it and says so too, and both make the connection again
-//!   while the stream goes on over the others; the plane then takes its share again.
+//! - **Made again after an error** ([`Redial`]: verbs sets up new queue pairs over the plane's
+//!   side channel; TCP connects a new socket on the plane, to a port the accepting end names):
+//!   the end that saw the plane fail says so on another plane, the peer drops its side of it
+//!   and says so too, and both make the connection again while the stream goes on over the
+//!   others; the plane then takes its share again.
 //! - **A keeper thread** finishes what a sender's caller left: a frame half written, bytes to
 //!   send again after a failover, an acknowledgement due, a health check. The caller returns as
 //!   soon as the transport holds its bytes (as a TCP socket does), and may not call again for a
@@ -144,11 +145,54 @@ impl std::fmt::Debug for PlaneEndpoint {
 }
 
 /// Makes a plane's connection again after it failed, once both ends agreed to (verbs: new
-/// queue pairs over the plane's side channel, which outlives them). Runs on a thread of its own
+/// queue pairs over the plane's side channel, which outlives them; TCP: a new socket, the
+/// accepting end listening on a port it names in its notice). Runs on a thread of its own
 /// while the stream goes on over the other planes; both ends call it at about the same time.
 pub trait Redial: Send {
-    /// The new connection, by `deadline` (the link may still be down: it waits for it).
-    fn redial(&mut self, deadline: Instant) -> Result<Box<dyn Endpoint>>;
+    /// Called before this end's notice goes out; the peer's [`Redial::redial`] gets the value
+    /// as [`RedialCall::offer`] (TCP: the port this end listens on for the new connection).
+    fn offer(&mut self) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// The new connection, by `call.deadline` (the link may still be down: it waits for it),
+    /// or an error soon after `call.wanted` turns false (the endpoint was dropped or failed).
+    fn redial(&mut self, call: RedialCall) -> Result<Remade>;
+}
+
+/// What one attempt to make a plane again is given.
+pub struct RedialCall {
+    pub deadline: Instant,
+    /// The peer's [`Redial::offer`].
+    pub offer: u64,
+    /// Whether the plane still waits for its connection: false once the endpoint is dropped,
+    /// failed or closing; an attempt that waits for the peer or the link looks often.
+    pub wanted: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for RedialCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedialCall")
+            .field("deadline", &self.deadline)
+            .field("offer", &self.offer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A plane's new connection: a socket the frames go on directly, or another transport's
+/// endpoint.
+pub enum Remade {
+    Socket(TcpStream),
+    Endpoint(Box<dyn Endpoint>),
+}
+
+impl std::fmt::Debug for Remade {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Remade::Socket(s) => f.debug_tuple("Socket").field(s).finish(),
+            Remade::Endpoint(ep) => f.debug_tuple("Endpoint").field(&ep.peer()).finish(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,6 +268,9 @@ struct Redialing {
     due: bool,
     sent: bool,
     heard: bool,
+    /// This end's offer (in its notice) and the peer's (from its notice).
+    offer: u64,
+    peer_offer: u64,
 }
 
 impl Plane {
@@ -341,10 +388,12 @@ impl std::fmt::Debug for Striped {
 impl Striped {
     /// An endpoint over `conns` (at least one) to `peer`; `down_after` is
     /// `CCL_PLANE_TIMEOUT_MS`, `linger` bounds how long a drop waits for the peer to
-    /// acknowledge what it was handed (the communicator's timeout).
+    /// acknowledge what it was handed (the communicator's timeout). `redial` gives each plane
+    /// its way back after an error (none: the plane stays failed).
     pub fn new(
         peer: usize,
         conns: Vec<PlaneConn>,
+        redial: &dyn Fn(&PlaneConn) -> Option<Box<dyn Redial>>,
         down_after: Duration,
         linger: Duration,
     ) -> Result<Striped> {
@@ -360,10 +409,13 @@ impl Striped {
                 )
                 .peer(peer)
             })?;
+            let how = redial(&c);
             let stream = Arc::new(c.stream);
             fds.push(WaitFd::tcp(planes.len(), &stream));
             let name = format!("TCP plane {} ({} -> {})", c.plane, c.local, c.remote);
-            planes.push(Plane::new(name, Link::Tcp(stream), now));
+            let mut p = Plane::new(name, Link::Tcp(stream), now);
+            p.redial.how = how;
+            planes.push(p);
         }
         Ok(Striped::start(peer, planes, fds, down_after, linger))
     }

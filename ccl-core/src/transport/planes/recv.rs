@@ -82,7 +82,7 @@ impl Inner {
                 (REDIAL, _) => {
                     p.rx = Rx::Header(0);
                     let j = h[3] as usize;
-                    self.on_redial(j, off as u8);
+                    self.on_redial(j, off);
                 }
                 (PING, _) => {
                     p.rx = Rx::Header(0);

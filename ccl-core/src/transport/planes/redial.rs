@@ -40,7 +40,8 @@ impl Inner {
         q.redial.due = false;
         q.redial.sent = true;
         let mut head = [0u8; HDR + ACK_MAX];
-        head[..HDR].copy_from_slice(&header(REDIAL, j as u8, 0, u64::from(q.generation)));
+        let word = u64::from(q.generation) | q.redial.offer << 8;
+        head[..HDR].copy_from_slice(&header(REDIAL, j as u8, 0, word));
         self.planes[i].tx = Some(Tx {
             head,
             head_len: HDR,
@@ -61,15 +62,17 @@ impl Inner {
         }
     }
 
-    /// The peer's notice that plane `j` (its generation `generation`) is to be made again.
-    pub(super) fn on_redial(&mut self, j: usize, generation: u8) {
+    /// The peer's notice that plane `j` is to be made again: its generation in the low byte,
+    /// the peer's offer above.
+    pub(super) fn on_redial(&mut self, j: usize, word: u64) {
         let Some(p) = self.planes.get_mut(j) else {
             return;
         };
-        if p.generation != generation || p.redial.heard {
+        if p.generation != word as u8 || p.redial.heard {
             return;
         }
         p.redial.heard = true;
+        p.redial.peer_offer = word >> 8;
         if p.state != State::Dead {
             let e = Error::remote(format!(
                 "{} to peer {}: the peer saw it fail and makes it again",
@@ -83,44 +86,39 @@ impl Inner {
     }
 
     /// The redial thread's result for plane `i` (of generation `generation`).
-    fn redialed(
-        &mut self,
-        i: usize,
-        generation: u8,
-        how: Box<dyn Redial>,
-        r: Result<Box<dyn Endpoint>>,
-    ) {
+    fn redialed(&mut self, i: usize, generation: u8, how: Box<dyn Redial>, r: Result<Remade>) {
         let peer = self.peer;
-        let p = &mut self.planes[i];
-        if self.failed.is_some() || p.generation != generation || p.state != State::Dead {
+        if !still_waits(self, i, generation) {
             return;
         }
-        let ep = match r {
-            Ok(ep) => ep,
-            Err(e) => {
-                if !self.closing {
-                    ccl_warn!(
-                        None,
-                        "{} to peer {peer} stays failed: making it again failed ({e})",
-                        p.name()
-                    );
-                }
-                return;
+        let p = &mut self.planes[i];
+        let made = r.and_then(|remade| match remade {
+            Remade::Socket(s) => {
+                s.set_nonblocking(true).map_err(|e| {
+                    Error::io(ErrorKind::System, "setting the new socket non-blocking", e)
+                })?;
+                let s = Arc::new(s);
+                Ok((vec![WaitFd::tcp(i, &s)], Link::Tcp(s)))
             }
-        };
-        let fds = match WaitFd::of_endpoint(i, &*ep) {
-            Ok(fds) => fds,
+            Remade::Endpoint(ep) => {
+                let fds = WaitFd::of_endpoint(i, &*ep)
+                    .map_err(|e| Error::io(ErrorKind::System, "copying its wait descriptors", e))?;
+                Ok((fds, Link::Endpoint(ep)))
+            }
+        });
+        let (fds, link) = match made {
+            Ok(made) => made,
             Err(e) => {
                 ccl_warn!(
                     None,
-                    "{} to peer {peer} stays failed: copying its wait descriptors: {e}",
+                    "{} to peer {peer} stays failed: making it again failed ({e})",
                     p.name()
                 );
                 return;
             }
         };
         let now = Instant::now();
-        p.link = Link::Endpoint(ep);
+        p.link = link;
         p.state = State::Up;
         p.generation = generation.wrapping_add(1);
         p.read_base = p.read;
@@ -150,9 +148,23 @@ impl Inner {
     }
 }
 
-/// Plane `i`'s way back: drops its failed connection, has the notice sent, waits for the
-/// peer's, makes the connection again and hands it to the endpoint (if it still exists and the
-/// plane is still the one that failed).
+/// Whether plane `i`, failed in its connection of `generation`, still waits to be made again:
+/// not when the endpoint failed or is closing, nor once the plane moved on.
+fn still_waits(g: &Inner, i: usize, generation: u8) -> bool {
+    g.failed.is_none()
+        && !g.closing
+        && g.planes[i].generation == generation
+        && g.planes[i].state == State::Dead
+}
+
+fn lock(inner: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Plane `i`'s way back: drops its failed connection, has the notice (with this end's offer)
+/// sent, waits for the peer's, makes the connection again and hands it to the endpoint (if it
+/// still exists and the plane still waits for it). Every wait ends soon after the endpoint is
+/// dropped, fails or closes.
 fn redial_thread(
     me: Weak<Mutex<Inner>>,
     i: usize,
@@ -160,21 +172,24 @@ fn redial_thread(
     old: Link,
     mut how: Box<dyn Redial>,
 ) {
-    fn lock(inner: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
-        inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
     drop(old);
-    let current = |g: &Inner| {
-        g.failed.is_none()
-            && g.planes[i].generation == generation
-            && g.planes[i].state == State::Dead
-    };
+    let offer = how.offer();
     {
         let Some(inner) = me.upgrade() else { return };
         let mut g = lock(&inner);
-        if !current(&g) {
+        if !still_waits(&g, i, generation) {
             return;
         }
+        let offer = match offer {
+            Ok(offer) => offer,
+            Err(e) => {
+                let (name, peer) = (g.planes[i].name.clone(), g.peer);
+                drop(g);
+                ccl_warn!(None, "{name} to peer {peer} stays failed: {e}");
+                return;
+            }
+        };
+        g.planes[i].redial.offer = offer;
         if !g.planes[i].redial.sent {
             g.planes[i].redial.due = true;
         }
@@ -182,20 +197,30 @@ fn redial_thread(
         keeper().poke();
     }
     let until = Instant::now() + REDIAL_WAIT;
-    loop {
+    let peer_offer = loop {
         let Some(inner) = me.upgrade() else { return };
         let g = lock(&inner);
-        if !current(&g) || Instant::now() >= until {
+        if !still_waits(&g, i, generation) || Instant::now() >= until {
             return;
         }
         if g.planes[i].redial.sent && g.planes[i].redial.heard {
-            break;
+            break g.planes[i].redial.peer_offer;
         }
         drop(g);
         drop(inner);
         std::thread::sleep(Duration::from_millis(1));
-    }
-    let r = how.redial(until);
+    };
+    let watched = me.clone();
+    let call = RedialCall {
+        deadline: until,
+        offer: peer_offer,
+        wanted: Arc::new(move || {
+            watched
+                .upgrade()
+                .is_some_and(|inner| still_waits(&lock(&inner), i, generation))
+        }),
+    };
+    let r = how.redial(call);
     if let Some(inner) = me.upgrade() {
         lock(&inner).redialed(i, generation, how, r);
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::*;
 use crate::config::Config;
+use crate::transport::ConnectContext;
 use crate::transport::conformance::{connect_pair, run_all};
 use crate::transport::tcp::{self, PlaneBuilder, TcpTransport};
 
@@ -71,9 +72,9 @@ struct TestRedial {
 }
 
 impl Redial for TestRedial {
-    fn redial(&mut self, deadline: Instant) -> Result<Box<dyn Endpoint>> {
+    fn redial(&mut self, call: RedialCall) -> Result<Remade> {
         let io = |e| Error::io(ErrorKind::System, "test redial", e);
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = call.deadline.saturating_duration_since(Instant::now());
         self.side.set_read_timeout(Some(left)).map_err(io)?;
         let stream = if self.listen {
             let l = TcpListener::bind("127.0.0.1:0").map_err(io)?;
@@ -91,7 +92,18 @@ impl Redial for TestRedial {
             remote: stream.peer_addr().map_err(io)?,
             stream,
         };
-        tcp::plane_socket_endpoint(self.peer, conn)
+        tcp::plane_socket_endpoint(self.peer, conn).map(Remade::Endpoint)
+    }
+}
+
+/// A connecting context for rank `rank` of a pair (the secret both ends share).
+fn pair_ctx(rank: usize) -> ConnectContext {
+    ConnectContext {
+        rank,
+        size: 2,
+        secret: [0x5a; 32],
+        local_ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        config: Config::default(),
     }
 }
 
@@ -111,6 +123,8 @@ enum Over {
     Endpoints,
     /// Endpoints, each made again after it fails ([`TestRedial`]).
     Redialing,
+    /// Sockets, each made again after it fails as the TCP transport makes them (B accepts).
+    SocketsRedialing,
 }
 
 /// One direction of a relayed plane.
@@ -221,9 +235,19 @@ fn relayed_pair_over(over: Over, n: usize, down_after: Duration) -> (Striped, St
     }
     let (a, b) = match over {
         Over::Sockets => (
-            Striped::new(1, ca, down_after, PATIENCE).unwrap(),
-            Striped::new(0, cb, down_after, PATIENCE).unwrap(),
+            Striped::new(1, ca, &|_| None, down_after, PATIENCE).unwrap(),
+            Striped::new(0, cb, &|_| None, down_after, PATIENCE).unwrap(),
         ),
+        Over::SocketsRedialing => {
+            let token = 0x7e57;
+            let (ctx_a, ctx_b) = (pair_ctx(0), pair_ctx(1));
+            let ra = |c: &PlaneConn| Some(tcp::socket_redial(&ctx_a, 1, c, token, false));
+            let rb = |c: &PlaneConn| Some(tcp::socket_redial(&ctx_b, 0, c, token, true));
+            (
+                Striped::new(1, ca, &ra, down_after, PATIENCE).unwrap(),
+                Striped::new(0, cb, &rb, down_after, PATIENCE).unwrap(),
+            )
+        }
         Over::Endpoints => (
             over_endpoints(1, ca, down_after).unwrap(),
             over_endpoints(0, cb, down_after).unwrap(),
@@ -617,9 +641,12 @@ fn when_every_plane_stalls_none_is_declared_down() {
 #[test]
 fn a_failed_plane_is_made_again() {
     let frame = (HDR + CHUNK) as u64;
-    for (plane, dir, at) in [(0, 0, 0), (1, 1, frame + 7), (0, 1, 3 * frame)] {
-        let (mut a, mut b, relays) =
-            relayed_pair_over(Over::Redialing, 2, Duration::from_millis(200));
+    let cases = [(0, 0, 0), (1, 1, frame + 7), (0, 1, 3 * frame)];
+    for (over, (plane, dir, at)) in [Over::Redialing, Over::SocketsRedialing]
+        .into_iter()
+        .flat_map(|o| cases.map(|c| (o, c)))
+    {
+        let (mut a, mut b, relays) = relayed_pair_over(over, 2, Duration::from_millis(200));
         exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
         let gate = &relays[plane].gates[dir];
         gate.cut_after.store(
@@ -630,7 +657,8 @@ fn a_failed_plane_is_made_again() {
         while a.redials() == 0 || b.redials() == 0 {
             assert!(
                 Instant::now() < deadline,
-                "plane {plane} cut {at} bytes on (direction {dir}) was not made again: A {}, B {}",
+                "{over:?}: plane {plane} cut {at} bytes on (direction {dir}) was not made again: \
+                 A {}, B {}",
                 describe(&a),
                 describe(&b)
             );
@@ -651,13 +679,10 @@ fn a_failed_plane_is_made_again() {
             wrote(&b)
         );
         // The plane made again fails in turn (its direct connection closed at A): made again.
-        {
-            let g = a.lock();
-            if let Link::Endpoint(_) = &g.planes[plane].link {
-            } else {
-                panic!("plane {plane} has no connection");
-            }
-        }
+        assert!(
+            !matches!(a.lock().planes[plane].link, Link::Gone),
+            "{over:?}: plane {plane} has no connection"
+        );
         let kill = |ep: &Striped| {
             let mut g = ep.lock();
             let e = Error::remote("test: closed").peer(g.peer);
@@ -731,10 +756,103 @@ fn a_redial_notice_lost_with_its_plane_goes_again() {
     }
 }
 
-/// With every plane closed the endpoint fails, naming the peer.
+/// A redial that waits for its peer or its link until the plane is no longer wanted, and says
+/// when it started and when it gave up.
+struct WaitsForever {
+    started: Arc<AtomicBool>,
+    ended: Arc<AtomicBool>,
+}
+
+impl Redial for WaitsForever {
+    fn redial(&mut self, call: RedialCall) -> Result<Remade> {
+        self.started.store(true, Ordering::Release);
+        while (call.wanted)() && Instant::now() < call.deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.ended.store(true, Ordering::Release);
+        Err(Error::remote("test: called off"))
+    }
+}
+
+/// A plane being made again when its endpoint is dropped: the attempt is called off at once at
+/// both ends (it would otherwise hold its thread, and a verbs plane its queue pairs, for the
+/// redial's five minutes).
+#[test]
+fn a_redial_is_called_off_when_its_endpoint_is_dropped() {
+    let flags: Vec<[Arc<AtomicBool>; 2]> = (0..2)
+        .map(|_| {
+            [
+                Arc::new(AtomicBool::new(false)),
+                Arc::new(AtomicBool::new(false)),
+            ]
+        })
+        .collect();
+    let (mut ca, mut cb) = (Vec::new(), Vec::new());
+    for plane in 0..2 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let b = l.accept().unwrap().0;
+        for (c, s) in [(&mut ca, a), (&mut cb, b)] {
+            c.push(PlaneConn {
+                plane,
+                local: s.local_addr().unwrap(),
+                remote: s.peer_addr().unwrap(),
+                stream: s,
+            });
+        }
+    }
+    let striped = |peer: usize, conns: Vec<PlaneConn>, f: &[Arc<AtomicBool>; 2]| {
+        let eps = conns
+            .into_iter()
+            .map(|c| PlaneEndpoint {
+                name: format!("test plane {}", c.plane),
+                redial: (c.plane == 0).then(|| {
+                    Box::new(WaitsForever {
+                        started: f[0].clone(),
+                        ended: f[1].clone(),
+                    }) as Box<dyn Redial>
+                }),
+                endpoint: tcp::plane_socket_endpoint(peer, c).unwrap(),
+            })
+            .collect();
+        Striped::over_endpoints(peer, eps, Duration::from_millis(200), PATIENCE).unwrap()
+    };
+    let mut a = striped(1, ca, &flags[0]);
+    let mut b = striped(0, cb, &flags[1]);
+    exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+    {
+        let mut g = a.lock();
+        let e = Error::remote("test: closed").peer(1);
+        let _ = g.plane_failed(0, e);
+    }
+    let deadline = Instant::now() + PATIENCE;
+    while !flags.iter().all(|f| f[0].load(Ordering::Acquire)) {
+        assert!(
+            Instant::now() < deadline,
+            "the redial did not start at both ends: A {}, B {}",
+            describe(&a),
+            describe(&b)
+        );
+        exchange(&mut a, &mut b, 64 << 10, 64 << 10, |_| {});
+    }
+    assert!(!flags.iter().any(|f| f[1].load(Ordering::Acquire)));
+    drop(a);
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !flags.iter().all(|f| f[1].load(Ordering::Acquire)) {
+        assert!(
+            Instant::now() < deadline,
+            "a redial still waits 20 s after its endpoint was dropped"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// With every plane closed the endpoint fails, naming the peer (also where planes are made
+/// again: none is left to carry the notices).
 #[test]
 fn with_every_plane_closed_the_endpoint_fails_naming_the_peer() {
-    for over in [Over::Sockets, Over::Endpoints] {
+    for over in [Over::Sockets, Over::Endpoints, Over::SocketsRedialing] {
         every_plane_closed(over);
     }
 }

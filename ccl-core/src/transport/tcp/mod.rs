@@ -22,6 +22,7 @@ use super::handshake::{self, Acceptor, Magic};
 use super::planes::{MAX_PLANES, PlaneConn, Striped};
 
 mod plane_setup;
+mod redial;
 use super::{
     ConnectContext, Endpoint, Handle, HandleFormat, Interest, Listener, Transport,
     TransportProperties, decode_addrs, encode_addrs,
@@ -74,11 +75,14 @@ impl std::fmt::Debug for Builder {
 }
 
 /// A peer's plane connections as one endpoint: `build`'s, or one [`Striped`] over the sockets.
+/// `token` names the connector's endpoint; `accepts`: this end accepted the planes (it listens
+/// when a plane's socket is made again, [`redial::TcpRedial`]).
 fn plane_endpoint_set(
     build: &Option<Builder>,
     ctx: &ConnectContext,
     peer: usize,
     mut conns: Vec<PlaneConn>,
+    (token, accepts): (u64, bool),
     deadline: Instant,
 ) -> Result<Box<dyn Endpoint>> {
     conns.sort_by_key(|c| c.plane);
@@ -86,8 +90,10 @@ fn plane_endpoint_set(
         Some(Builder(f)) => f(ctx, peer, conns, deadline),
         None => {
             let cfg = &ctx.config;
+            let redial =
+                |c: &PlaneConn| Some(redial::TcpRedial::boxed(ctx, peer, c, token, accepts));
             Ok(Box::new(
-                Striped::new(peer, conns, cfg.plane_timeout, cfg.timeout)
+                Striped::new(peer, conns, &redial, cfg.plane_timeout, cfg.timeout)
                     .map_err(|e| e.rank(ctx.rank))?,
             ))
         }
@@ -97,6 +103,19 @@ fn plane_endpoint_set(
 /// One plane's connection as a plain TCP endpoint (a verbs plane's side channel).
 pub fn plane_socket_endpoint(peer: usize, conn: PlaneConn) -> Result<Box<dyn Endpoint>> {
     TcpEndpoint::boxed(peer, conn.stream, conn.remote)
+}
+
+/// How the TCP transport makes `conn`'s plane again after it fails (the end that accepted the
+/// planes listens; `token` names the connector's endpoint): for endpoints over sockets made
+/// elsewhere (tests).
+pub fn socket_redial(
+    ctx: &ConnectContext,
+    peer: usize,
+    conn: &PlaneConn,
+    token: u64,
+    accepts: bool,
+) -> Box<dyn super::planes::Redial> {
+    redial::TcpRedial::boxed(ctx, peer, conn, token, accepts)
 }
 
 /// Where a rank's TCP connections go out.

@@ -141,7 +141,7 @@ impl TcpTransport {
         let what = || format!("TCP connect to peer {peer}");
         net::write_all_by(&mut conns[0].stream, &commit, deadline, &what)
             .map_err(|e| e.rank(ctx.rank).peer(peer))?;
-        plane_endpoint_set(&self.build, ctx, peer, conns, deadline)
+        plane_endpoint_set(&self.build, ctx, peer, conns, (token, false), deadline)
     }
 }
 
@@ -185,7 +185,14 @@ impl TcpListenerImpl {
             if let Some(k) = self.groups.iter().position(Group::complete) {
                 let g = self.groups.swap_remove(k);
                 let until = Instant::now() + self.ctx.config.timeout;
-                let ep = plane_endpoint_set(&self.build, &self.ctx, g.peer, g.conns, until)?;
+                let ep = plane_endpoint_set(
+                    &self.build,
+                    &self.ctx,
+                    g.peer,
+                    g.conns,
+                    (g.token, true),
+                    until,
+                )?;
                 return Ok((g.peer, ep));
             }
             let until = if self.groups.is_empty() {
