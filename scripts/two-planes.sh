@@ -8,6 +8,8 @@
 # every iteration's time printed) while the script:
 #   one    one plane only (CCL_SOCKET_IFNAME==p0): the baseline
 #   two    both planes, healthy
+#   auto   both planes found without CCL_SOCKET_IFNAME (the rendezvous's interface and its
+#          sibling of the same speed, paired by network): must run over two planes
 #   cut    plane 1 taken down (ip link set down) for CUT seconds mid-loop, then back
 #   drop   plane 0 (the rendezvous plane) dropping every packet (nft) for CUT seconds
 #   half   plane 1 throttled to half its rate mid-loop
@@ -97,7 +99,7 @@ start() {
   for r in 0 1; do
     if [ $r = 0 ]; then ns=$A; else ns=$B; fi
     ip netns exec $ns env CCL_RANK=$r CCL_WORLD_SIZE=2 CCL_COMM_ID=10.77.1.1:$port \
-      CCL_SOCKET_IFNAME="$spec" CCL_TRANSPORT=tcp CCL_TIMEOUT=120 LOOP_BYTES="$BYTES" "$@" \
+      ${spec:+CCL_SOCKET_IFNAME=$spec} CCL_TRANSPORT=tcp CCL_TIMEOUT=120 LOOP_BYTES="$BYTES" "$@" \
       ./target/release/allreduce_loop > "$out/$name.$r.out" 2> "$out/$name.$r.err" &
     pids+=($!)
   done
@@ -116,7 +118,8 @@ event() { echo "$(now) $*" >> "$out/$1.events"; }
 # wait_iters NAME N: until rank 0 printed N iterations (the loop is under way).
 wait_iters() {
   local i=0
-  until [ "$(grep -c '^iter' "$out/$1.0.out" 2>/dev/null || true)" -ge "$2" ]; do
+  local n
+  while n=$(grep -c '^iter' "$out/$1.0.out" 2>/dev/null); [ "${n:-0}" -lt "$2" ]; do
     sleep 0.1; i=$((i + 1))
     [ $i -lt 1200 ] || { echo "two-planes: $1 never started" >&2; exit 1; }
   done
@@ -125,6 +128,14 @@ wait_iters() {
 echo "two-planes: $BYTES allreduce, 2 ranks, planes of $RATE each way ($(lscpu | sed -n 's/^Model name: *//p'))"
 start one "=p0" LOOP_ITERS=$ITERS; finish one
 start two p LOOP_ITERS=$ITERS; finish two
+start auto "" LOOP_ITERS=$ITERS CCL_DEBUG=info; finish auto
+for r in 0 1; do
+  if ! grep -q "over 2 planes" "$out/auto.$r.err"; then
+    grep -i "planes\|tcp" "$out/auto.$r.err" | tail -n 5 >&2
+    echo "two-planes: auto FAILED: rank $r did not find both planes without CCL_SOCKET_IFNAME" >&2
+    exit 1
+  fi
+done
 
 secs=$(python3 -c "print(3 * $PHASE + $CUT)")
 start cut p LOOP_SECONDS="$secs"
@@ -181,10 +192,12 @@ def events(name):
 med = lambda xs: st.median(xs) if xs else float("nan")
 one = med([r[3] for r in iters("one")])
 two = med([r[3] for r in iters("two")])
+auto = med([r[3] for r in iters("auto")])
 two_ms = med([r[2] for r in iters("two")])
 print(f"| measure | value |\n|---|---|")
 print(f"| one plane, busbw (GB/s) | {one:.3f} |")
 print(f"| two planes, busbw (GB/s) | {two:.3f} ({two / one:.2f}x one plane) |")
+print(f"| two planes found without a setting, busbw (GB/s) | {auto:.3f} ({auto / one:.2f}x one plane) |")
 import re
 one_ms = med([r[2] for r in iters("one")])
 for name, what in (("cut", "plane 1 link down"), ("drop", "plane 0 (rendezvous plane) dropping all")):

@@ -206,57 +206,159 @@ pub fn pick_local_ip(spec: Option<&str>) -> Result<IpAddr> {
 /// a job pair their planes alike (`eth0` with `eth0`). Empty when nothing matches.
 pub fn plane_ips(spec: &str) -> Result<Vec<(String, IpAddr)>> {
     let mut planes: Vec<(String, IpAddr)> = Vec::new();
-    for (name, ip, _) in up_addresses()? {
-        if !ifname_matches(spec, &name) {
+    for a in up_addresses()? {
+        if !ifname_matches(spec, &a.name) {
             continue;
         }
-        match planes.iter_mut().find(|(n, _)| *n == name) {
-            Some(p) if p.1.is_ipv6() && ip.is_ipv4() => p.1 = ip,
+        match planes.iter_mut().find(|(n, _)| *n == a.name) {
+            Some(p) if p.1.is_ipv6() && a.ip.is_ipv4() => p.1 = a.ip,
             Some(_) => {}
-            None => planes.push((name, ip)),
+            None => planes.push((a.name, a.ip)),
         }
     }
     planes.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(planes)
 }
 
-/// Every address of every up interface: (interface, address, is loopback).
-fn up_addresses() -> Result<Vec<(String, IpAddr, bool)>> {
+/// One address of a local interface, with its network's prefix length.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpAddr {
+    pub name: String,
+    pub ip: IpAddr,
+    pub loopback: bool,
+    pub prefix: u8,
+}
+
+impl UpAddr {
+    /// Whether `peer` is on this address's network (reached over this interface's link, not
+    /// routed), and not this very address.
+    pub fn on_link(&self, peer: IpAddr) -> bool {
+        let bits = |ip: IpAddr| -> u128 {
+            match ip {
+                IpAddr::V4(v4) => u128::from(u32::from(v4)) << 96,
+                IpAddr::V6(v6) => u128::from(v6),
+            }
+        };
+        if self.ip.is_ipv4() != peer.is_ipv4() || self.ip == peer || self.prefix == 0 {
+            return false;
+        }
+        let mask = u128::MAX << (128 - u32::from(self.prefix.min(128)));
+        bits(self.ip) & mask == bits(peer) & mask
+    }
+}
+
+/// Interfaces that are never a network plane to another host: container and VM bridges and
+/// their virtual ports (as NCCL skips them).
+fn virtual_bridge(name: &str) -> bool {
+    [
+        "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "vxlan", "lxc",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+}
+
+/// Planes found without `CCL_SOCKET_IFNAME`: the interface of `primary` (the address this
+/// rank reached the rendezvous from) first, then every other up interface with an address of
+/// the same family that is not loopback nor a virtual bridge and whose link speed (as the
+/// kernel reports it: `/sys/class/net/NAME/speed`) is the primary's, by name; at most `max`, an
+/// address each. One (or none, when `primary` is loopback or on no interface) means one plane.
+pub fn auto_planes(primary: IpAddr, max: usize) -> Result<Vec<UpAddr>> {
+    Ok(choose_auto_planes(
+        primary,
+        &up_addresses()?,
+        max,
+        &link_speed,
+    ))
+}
+
+fn link_speed(name: &str) -> Option<i64> {
+    let s = std::fs::read_to_string(format!("/sys/class/net/{name}/speed")).ok()?;
+    s.trim().parse().ok().filter(|&v: &i64| v > 0)
+}
+
+fn choose_auto_planes(
+    primary: IpAddr,
+    up: &[UpAddr],
+    max: usize,
+    speed: &dyn Fn(&str) -> Option<i64>,
+) -> Vec<UpAddr> {
+    let Some(first) = up.iter().find(|a| a.ip == primary && !a.loopback) else {
+        return Vec::new();
+    };
+    let pace = speed(&first.name);
+    let mut others: Vec<&UpAddr> = Vec::new();
+    for a in up {
+        if a.loopback
+            || a.name == first.name
+            || a.ip.is_ipv4() != primary.is_ipv4()
+            || virtual_bridge(&a.name)
+            || others.iter().any(|o| o.name == a.name)
+            || speed(&a.name) != pace
+        {
+            continue;
+        }
+        others.push(a);
+    }
+    others.sort_by(|a, b| a.name.cmp(&b.name));
+    std::iter::once(first)
+        .chain(others)
+        .take(max)
+        .cloned()
+        .collect()
+}
+
+/// Every address of every up interface.
+fn up_addresses() -> Result<Vec<UpAddr>> {
     let addrs = nix::ifaddrs::getifaddrs()
         .map_err(|e| Error::io(ErrorKind::System, "listing network interfaces", e.into()))?;
-    let mut candidates: Vec<(String, IpAddr, bool)> = Vec::new();
+    let mut candidates: Vec<UpAddr> = Vec::new();
     for ifa in addrs {
         let up = ifa.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP);
         let Some(addr) = ifa.address else { continue };
-        let ip = if let Some(v4) = addr.as_sockaddr_in() {
-            IpAddr::V4(v4.ip())
+        let (ip, prefix) = if let Some(v4) = addr.as_sockaddr_in() {
+            let mask = ifa
+                .netmask
+                .as_ref()
+                .and_then(|m| m.as_sockaddr_in())
+                .map_or(32, |m| u32::from(m.ip()).count_ones());
+            (IpAddr::V4(v4.ip()), mask as u8)
         } else if let Some(v6) = addr.as_sockaddr_in6() {
             let ip = v6.ip();
             // Link-local IPv6 needs a scope id that a peer on another host cannot use.
             if (ip.segments()[0] & 0xffc0) == 0xfe80 {
                 continue;
             }
-            IpAddr::V6(ip)
+            let mask = ifa
+                .netmask
+                .as_ref()
+                .and_then(|m| m.as_sockaddr_in6())
+                .map_or(128, |m| u128::from(m.ip()).count_ones());
+            (IpAddr::V6(ip), mask as u8)
         } else {
             continue;
         };
         if up {
-            candidates.push((ifa.interface_name, ip, ip.is_loopback()));
+            candidates.push(UpAddr {
+                name: ifa.interface_name,
+                ip,
+                loopback: ip.is_loopback(),
+                prefix,
+            });
         }
     }
     Ok(candidates)
 }
 
-fn pick_from(spec: Option<&str>, candidates: &[(String, IpAddr, bool)]) -> Result<IpAddr> {
+fn pick_from(spec: Option<&str>, candidates: &[UpAddr]) -> Result<IpAddr> {
     if let Some(spec) = spec {
         // Prefer IPv4 among the matches, then IPv6.
         let mut m: Vec<_> = candidates
             .iter()
-            .filter(|(n, _, _)| ifname_matches(spec, n))
+            .filter(|a| ifname_matches(spec, &a.name))
             .collect();
-        m.sort_by_key(|(_, ip, _)| !ip.is_ipv4());
-        return m.first().map(|(_, ip, _)| *ip).ok_or_else(|| {
-            let names: Vec<_> = candidates.iter().map(|(n, _, _)| n.as_str()).collect();
+        m.sort_by_key(|a| !a.ip.is_ipv4());
+        return m.first().map(|a| a.ip).ok_or_else(|| {
+            let names: Vec<_> = candidates.iter().map(|a| a.name.as_str()).collect();
             Error::invalid_argument(format!(
                 "CCL_SOCKET_IFNAME='{spec}' matches no interface that is up (interfaces: {})",
                 names.join(", ")
@@ -266,9 +368,9 @@ fn pick_from(spec: Option<&str>, candidates: &[(String, IpAddr, bool)]) -> Resul
     let skip = |n: &str| n.starts_with("docker") || n.starts_with("virbr") || n.starts_with("veth");
     candidates
         .iter()
-        .filter(|(n, ip, lo)| !lo && ip.is_ipv4() && !skip(n))
-        .chain(candidates.iter().filter(|(n, _, lo)| !lo && !skip(n)))
-        .map(|(_, ip, _)| *ip)
+        .filter(|a| !a.loopback && a.ip.is_ipv4() && !skip(&a.name))
+        .chain(candidates.iter().filter(|a| !a.loopback && !skip(&a.name)))
+        .map(|a| a.ip)
         .next()
         .or(Some(IpAddr::V4(Ipv4Addr::LOCALHOST)))
         .ok_or_else(|| Error::internal("no interface"))
@@ -291,25 +393,95 @@ mod tests {
         assert!(!ifname_matches("^docker,lo", "lo"));
     }
 
+    fn up(name: &str, ip: IpAddr, loopback: bool) -> UpAddr {
+        UpAddr {
+            name: name.into(),
+            ip,
+            loopback,
+            prefix: if ip.is_ipv4() { 24 } else { 64 },
+        }
+    }
+
+    fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+    }
+
+    #[test]
+    fn on_link_is_the_same_network_and_not_the_address_itself() {
+        let a = up("p0", v4(10, 77, 1, 1), false);
+        assert!(a.on_link(v4(10, 77, 1, 2)));
+        assert!(!a.on_link(v4(10, 77, 2, 2)), "another /24");
+        assert!(
+            !a.on_link(v4(10, 77, 1, 1)),
+            "itself (a bridge every host has alike)"
+        );
+        assert!(!a.on_link(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        let wide = UpAddr {
+            prefix: 16,
+            ..a.clone()
+        };
+        assert!(wide.on_link(v4(10, 77, 200, 9)));
+        let v6 = up(
+            "p1",
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 1, 0, 0, 0, 1)),
+            false,
+        );
+        assert!(v6.on_link(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 1, 0, 0, 0, 9))));
+        assert!(!v6.on_link(IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 2, 0, 0, 0, 9))));
+    }
+
+    #[test]
+    fn auto_planes_are_the_primarys_peers() {
+        let c = vec![
+            up("lo", IpAddr::V4(Ipv4Addr::LOCALHOST), true),
+            up("mgmt0", v4(192, 168, 0, 5), false),
+            up("docker0", v4(172, 17, 0, 1), false),
+            up("p1", v4(10, 77, 2, 1), false),
+            up("p1", v4(10, 77, 3, 1), false),
+            up("p0", v4(10, 77, 1, 1), false),
+            up(
+                "p2",
+                IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 1, 0, 0, 0, 1)),
+                false,
+            ),
+        ];
+        let speed = |n: &str| match n {
+            "mgmt0" => Some(1000),
+            "docker0" | "lo" => None,
+            _ => Some(100_000),
+        };
+        let names = |v: Vec<UpAddr>| v.into_iter().map(|a| (a.name, a.ip)).collect::<Vec<_>>();
+        // The primary first; the other port of its speed and family once; not the slower
+        // management port, the bridge, loopback or the IPv6-only port.
+        assert_eq!(
+            names(choose_auto_planes(v4(10, 77, 1, 1), &c, 4, &speed)),
+            [
+                ("p0".into(), v4(10, 77, 1, 1)),
+                ("p1".into(), v4(10, 77, 2, 1))
+            ]
+        );
+        assert_eq!(choose_auto_planes(v4(10, 77, 1, 1), &c, 1, &speed).len(), 1);
+        // A primary on the management port has no sibling of its speed: one plane.
+        assert_eq!(
+            choose_auto_planes(v4(192, 168, 0, 5), &c, 4, &speed).len(),
+            1
+        );
+        // Loopback, or an address on no interface: none (one plane, as before).
+        assert!(choose_auto_planes(IpAddr::V4(Ipv4Addr::LOCALHOST), &c, 4, &speed).is_empty());
+        assert!(choose_auto_planes(v4(1, 2, 3, 4), &c, 4, &speed).is_empty());
+    }
+
     #[test]
     fn picking() {
         let c = vec![
-            ("lo".to_string(), IpAddr::V4(Ipv4Addr::LOCALHOST), true),
-            (
-                "docker0".to_string(),
-                IpAddr::V4(Ipv4Addr::new(172, 17, 0, 1)),
-                false,
-            ),
-            (
-                "eth0".to_string(),
+            up("lo", IpAddr::V4(Ipv4Addr::LOCALHOST), true),
+            up("docker0", IpAddr::V4(Ipv4Addr::new(172, 17, 0, 1)), false),
+            up(
+                "eth0",
                 IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
                 false,
             ),
-            (
-                "eth0".to_string(),
-                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)),
-                false,
-            ),
+            up("eth0", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5)), false),
         ];
         assert_eq!(
             pick_from(None, &c).unwrap(),

@@ -1,6 +1,10 @@
-//! The thread that finishes what a sender's caller left.
+//! The thread that finishes what a sender's caller left, and reads what arrives for an
+//! endpoint whose caller is away.
 
 use super::*;
+
+/// How often the keeper reads the planes of endpoints whose callers are away.
+const IDLE_SWEEP: Duration = Duration::from_secs(1);
 
 /// The thread that finishes senders' work while their callers are elsewhere.
 pub(super) struct Keeper {
@@ -47,6 +51,7 @@ impl Keeper {
     }
 
     pub(super) fn run(&self) {
+        let mut swept = Instant::now();
         loop {
             let eps: Vec<Arc<Mutex<Inner>>> = {
                 let mut l = self.list();
@@ -54,11 +59,20 @@ impl Keeper {
                 l.live.iter().filter_map(Weak::upgrade).collect()
             };
             let mut busy = false;
+            let sweep = swept.elapsed() >= IDLE_SWEEP;
+            if sweep {
+                swept = Instant::now();
+            }
             for ep in &eps {
                 let Ok(mut g) = ep.try_lock() else {
                     busy = true;
                     continue;
                 };
+                // An endpoint whose caller has been away a while is read too: a peer closing
+                // its end waits until it knows this end has read what it sent.
+                if sweep && g.touched.elapsed() >= IDLE_SWEEP {
+                    let _ = g.service(true);
+                }
                 if !g.has_work() {
                     continue;
                 }
@@ -79,7 +93,7 @@ impl Keeper {
             } else {
                 let _unused = self
                     .wake
-                    .wait_timeout(l, Duration::from_secs(1))
+                    .wait_timeout(l, IDLE_SWEEP)
                     .unwrap_or_else(|p| p.into_inner());
             }
         }

@@ -749,10 +749,10 @@ impl Endpoint for Striped {
 }
 
 impl Drop for Striped {
-    /// Lingers until every byte the caller handed over is in a socket of a plane that is up
-    /// (as a closed TCP socket's bytes go on after its process ends), every plane failed, or
-    /// the communicator's timeout passed: until then the last operation's bytes live only in
-    /// this process's memory.
+    /// Lingers until the peer has read every byte the caller handed over off the planes (it
+    /// acknowledged them), every plane failed, or the communicator's timeout passed. Written is
+    /// not enough: the peer's acks keep arriving, and a socket closed with unread bytes resets
+    /// its connection, which throws away at the peer what it had not read yet.
     fn drop(&mut self) {
         let until = Instant::now() + self.linger;
         loop {
@@ -761,18 +761,20 @@ impl Drop for Striped {
             g.closing = true;
             let _ = g.service(true);
             // Data only: an ack or a ping a connection does not take is no loss.
-            let unwritten = !g.resend.is_empty()
-                || g.planes
-                    .iter()
-                    .any(|p| p.state == State::Up && p.tx.as_ref().is_some_and(|t| t.len > 0));
-            if !unwritten || g.planes.iter().all(|p| p.state == State::Dead) {
+            let unread = !g.resend.is_empty()
+                || g.planes.iter().any(|p| {
+                    // A plane that is down had its bytes taken back to go on the others.
+                    p.state == State::Up
+                        && (p.wrote > p.peer_read || p.tx.as_ref().is_some_and(|t| t.len > 0))
+                });
+            if !unread || g.planes.iter().all(|p| p.state == State::Dead) {
                 g.goodbye();
                 return;
             }
             if Instant::now() >= until {
                 ccl_warn!(
                     None,
-                    "planes to peer {}: closed with bytes not yet written after {:.0} s",
+                    "planes to peer {}: closed with bytes the peer has not read after {:.0} s",
                     self.peer,
                     self.linger.as_secs_f64()
                 );

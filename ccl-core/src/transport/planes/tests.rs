@@ -848,6 +848,52 @@ fn a_redial_is_called_off_when_its_endpoint_is_dropped() {
     }
 }
 
+/// An endpoint dropped with bytes its peer has not read lingers until the peer has read them,
+/// even while the peer's caller is away (the keeper reads for it), and not for the timeout:
+/// the peer's caller then gets every byte, though the sockets they came on are closed.
+#[test]
+fn a_dropped_endpoint_lingers_until_an_idle_peer_has_read_its_bytes() {
+    let (mut a, mut b, _relays) = relayed_pair(2, Duration::from_millis(200));
+    exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
+    let data: Vec<u8> = (0..4 << 20).map(|i| pattern(3, i)).collect();
+    let deadline = Instant::now() + PATIENCE;
+    let mut off = 0;
+    while off < data.len() {
+        let n = a.send(&data[off..]).unwrap();
+        if n == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "A's send took nothing: {}",
+                describe(&a)
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        off += n;
+    }
+    let t0 = Instant::now();
+    drop(a);
+    assert!(
+        t0.elapsed() < PATIENCE / 2,
+        "the drop waited {:?}, as if nobody read at B",
+        t0.elapsed()
+    );
+    let mut got = vec![0u8; data.len()];
+    let mut at = 0;
+    while at < got.len() {
+        let n = b.recv(&mut got[at..]).unwrap();
+        if n == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "B got {at} of {} bytes",
+                got.len()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        at += n;
+    }
+    assert!(got == data, "B got different bytes");
+}
+
 /// With every plane closed the endpoint fails, naming the peer (also where planes are made
 /// again: none is left to carry the notices).
 #[test]

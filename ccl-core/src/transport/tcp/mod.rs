@@ -29,7 +29,7 @@ use super::{
 };
 use crate::error::{Error, ErrorKind, Result, classify_io};
 use crate::net;
-use crate::{ccl_trace, ccl_warn};
+use crate::{ccl_info, ccl_trace, ccl_warn};
 use plane_setup::{Group, PLANES_MAGIC};
 
 /// Handles: how many planes, then an address per plane.
@@ -88,8 +88,24 @@ fn plane_endpoint_set(
     conns.sort_by_key(|c| c.plane);
     match build {
         Some(Builder(f)) => f(ctx, peer, conns, deadline),
+        // One plane connected (the only one both ranks share): the plain socket path, as
+        // without planes (nothing to stripe or fail over to).
+        None if conns.len() == 1 => {
+            let c = conns.pop().expect("one");
+            TcpEndpoint::boxed(peer, c.stream, c.remote).map_err(|e| e.rank(ctx.rank))
+        }
         None => {
             let cfg = &ctx.config;
+            let paths: Vec<String> = conns
+                .iter()
+                .map(|c| format!("{} -> {}", c.local, c.remote))
+                .collect();
+            ccl_info!(
+                Some(ctx.rank),
+                "TCP to peer {peer} over {} planes: {}",
+                conns.len(),
+                paths.join(", ")
+            );
             let redial =
                 |c: &PlaneConn| Some(redial::TcpRedial::boxed(ctx, peer, c, token, accepts));
             Ok(Box::new(
@@ -124,7 +140,8 @@ enum Planes {
     /// The one address chosen at set-up (`ConnectContext::local_ip`).
     #[default]
     One,
-    /// Every interface `CCL_SOCKET_IFNAME` matches, when it matches several.
+    /// Every interface `CCL_SOCKET_IFNAME` matches, when it matches several; without it, the
+    /// interfaces found like the rendezvous's ([`net::auto_planes`]).
     FromConfig,
     /// These addresses (tests: several loopback addresses stand for planes).
     Fixed(Arc<[IpAddr]>),
@@ -137,7 +154,9 @@ impl TcpTransport {
     }
 
     /// A connection per plane and peer where `CCL_SOCKET_IFNAME` matches several up interfaces
-    /// (in order of their names, at most [`MAX_PLANES`]), else one as [`TcpTransport::new`].
+    /// (in order of their names, at most [`MAX_PLANES`]), or, without it, where this rank has
+    /// several interfaces like the one it reached the rendezvous from ([`net::auto_planes`])
+    /// and the peer has addresses on their networks; else one as [`TcpTransport::new`].
     pub fn with_planes() -> TcpTransport {
         TcpTransport {
             planes: Planes::FromConfig,
@@ -163,18 +182,45 @@ impl TcpTransport {
 
     /// This rank's plane addresses.
     fn plane_ips(&self, ctx: &ConnectContext) -> Result<Vec<IpAddr>> {
-        Ok(match (&self.planes, &ctx.config.socket_ifname) {
-            (Planes::Fixed(ips), _) => ips.to_vec(),
-            (Planes::FromConfig, Some(spec)) => {
-                let found = net::plane_ips(spec).map_err(|e| e.rank(ctx.rank))?;
-                if found.len() < 2 {
-                    vec![ctx.local_ip]
-                } else {
-                    found.into_iter().take(MAX_PLANES).map(|p| p.1).collect()
-                }
-            }
-            _ => vec![ctx.local_ip],
+        let found: Vec<IpAddr> = match (&self.planes, &ctx.config.socket_ifname) {
+            (Planes::Fixed(ips), _) => return Ok(ips.to_vec()),
+            (Planes::One, _) => Vec::new(),
+            (Planes::FromConfig, Some(spec)) => net::plane_ips(spec)
+                .map_err(|e| e.rank(ctx.rank))?
+                .into_iter()
+                .map(|p| p.1)
+                .collect(),
+            (Planes::FromConfig, None) => net::auto_planes(ctx.local_ip, MAX_PLANES)
+                .map_err(|e| e.rank(ctx.rank))?
+                .into_iter()
+                .map(|a| a.ip)
+                .collect(),
+        };
+        Ok(if found.len() < 2 {
+            vec![ctx.local_ip]
+        } else {
+            found.into_iter().take(MAX_PLANES).collect()
         })
+    }
+
+    /// Which of a peer's plane addresses to connect to, as the listener numbers them. Planes
+    /// named in `CCL_SOCKET_IFNAME` pair in order (the first match with the first); planes
+    /// found without it pair by network: each of the peer's addresses that is on the network
+    /// of one of this rank's planes (reached over that link, not routed), else the peer's
+    /// first address alone.
+    fn pairing(&self, ctx: &ConnectContext, addrs: &[SocketAddr]) -> Result<Vec<usize>> {
+        if !matches!(
+            (&self.planes, &ctx.config.socket_ifname),
+            (Planes::FromConfig, None)
+        ) {
+            let n = self.plane_ips(ctx)?.len().min(addrs.len());
+            return Ok((0..n).collect());
+        }
+        let mine = net::auto_planes(ctx.local_ip, MAX_PLANES).map_err(|e| e.rank(ctx.rank))?;
+        let on_link: Vec<usize> = (0..addrs.len())
+            .filter(|&j| mine.iter().any(|m| m.on_link(addrs[j].ip())))
+            .collect();
+        Ok(if on_link.is_empty() { vec![0] } else { on_link })
     }
 }
 

@@ -69,7 +69,7 @@ impl TcpTransport {
         addrs: &[SocketAddr],
         deadline: Instant,
     ) -> Result<Box<dyn Endpoint>> {
-        let n = self.plane_ips(ctx)?.len().min(addrs.len());
+        let planes = self.pairing(ctx, addrs)?;
         let token = next_token(ctx.rank);
         let plane = |i: usize, primary: bool, until: Instant| -> Result<PlaneConn> {
             let mut s = connect_stream(ctx, peer, addrs[i], &PLANES_MAGIC, until)?;
@@ -92,10 +92,10 @@ impl TcpTransport {
             })
         };
         // The first plane: each in turn, a grace each, until one connects or the deadline.
-        let mut conns: Vec<PlaneConn> = Vec::with_capacity(n);
-        let mut errors: Vec<Option<Error>> = (0..n).map(|_| None).collect();
+        let mut conns: Vec<PlaneConn> = Vec::with_capacity(planes.len());
+        let mut errors: Vec<Option<Error>> = planes.iter().map(|_| None).collect();
         while conns.is_empty() {
-            for (i, slot) in errors.iter_mut().enumerate() {
+            for (&i, slot) in planes.iter().zip(errors.iter_mut()) {
                 match plane(i, true, deadline.min(Instant::now() + PLANE_GRACE)) {
                     Ok(c) => {
                         conns.push(c);
@@ -109,9 +109,9 @@ impl TcpTransport {
                 .flatten()
                 .any(|e| e.kind() == ErrorKind::Timeout);
             if conns.is_empty() && (Instant::now() >= deadline || !timed_out) {
-                let all: Vec<String> = errors
+                let all: Vec<String> = planes
                     .iter()
-                    .enumerate()
+                    .zip(&errors)
                     .filter_map(|(i, e)| e.as_ref().map(|e| format!("plane {i}: {e}")))
                     .collect();
                 return Err(Error::remote(format!(
@@ -123,7 +123,7 @@ impl TcpTransport {
             }
         }
         let first = conns[0].plane;
-        for i in (0..n).filter(|&i| i != first) {
+        for &i in planes.iter().filter(|&&i| i != first) {
             match plane(i, false, deadline.min(Instant::now() + PLANE_GRACE)) {
                 Ok(c) => conns.push(c),
                 Err(e) => ccl_warn!(
