@@ -126,8 +126,8 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "CCL_PLANE_TIMEOUT_MS",
-        default: "500",
-        help: "with several planes (CCL_SOCKET_IFNAME matching several interfaces, or CCL_IB_HCA several ports): milliseconds a plane's bytes may go unread while another plane to the same peer answers, before the plane is taken as down and its bytes go again on the others (50-600000)",
+        default: "300",
+        help: "with several planes (CCL_SOCKET_IFNAME matching several interfaces, or CCL_IB_HCA several ports): milliseconds a plane's bytes may go unread while another plane to the same peer answers, before the plane is taken as down and its bytes go again on the others (50-600000; the default is above Linux's least TCP retransmission timeout, 200 ms, so that one lost packet alone does not take a plane down)",
     },
     Setting {
         name: "CCL_SOCKET_BUFFER",
