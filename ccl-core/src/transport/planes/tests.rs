@@ -198,6 +198,15 @@ fn forward(mut from: TcpStream, mut to: TcpStream, g: Arc<Gate>) {
     }
 }
 
+fn conn(plane: usize, s: TcpStream) -> PlaneConn {
+    PlaneConn {
+        plane,
+        local: s.local_addr().unwrap(),
+        remote: s.peer_addr().unwrap(),
+        stream: s,
+    }
+}
+
 /// A pair of striped endpoints (A is rank 0, B rank 1) over `n` relayed planes.
 fn relayed_pair(n: usize, down_after: Duration) -> (Striped, Striped, Vec<Relay>) {
     relayed_pair_over(Over::Sockets, n, down_after)
@@ -224,14 +233,8 @@ fn relayed_pair_over(over: Over, n: usize, down_after: Duration) -> (Striped, St
             std::thread::spawn(move || forward(from, to, g));
         }
         relays.push(Relay { gates });
-        for (c, s) in [(&mut ca, a), (&mut cb, b)] {
-            c.push(PlaneConn {
-                plane,
-                local: s.local_addr().unwrap(),
-                remote: s.peer_addr().unwrap(),
-                stream: s,
-            });
-        }
+        ca.push(conn(plane, a));
+        cb.push(conn(plane, b));
     }
     let (a, b) = match over {
         Over::Sockets => (
@@ -397,6 +400,33 @@ fn exchange(a: &mut Striped, b: &mut Striped, ab: usize, ba: usize, mut during: 
     }
     f.check("A to B");
     r.check("B to A");
+}
+
+/// Fails plane `plane` at `ep` as an error on its connection would.
+fn fail_plane(ep: &Striped, plane: usize) {
+    let mut g = ep.lock();
+    let e = Error::remote("test: closed").peer(g.peer);
+    let _ = g.plane_failed(plane, e);
+}
+
+/// Exchanges `bytes` each way until `done`, failing after [`PATIENCE`] with both ends' state.
+fn exchange_until(
+    a: &mut Striped,
+    b: &mut Striped,
+    bytes: usize,
+    what: &str,
+    done: impl Fn(&Striped, &Striped) -> bool,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done(a, b) {
+        assert!(
+            Instant::now() < deadline,
+            "not seen in time: {what}: A {}, B {}",
+            describe(a),
+            describe(b)
+        );
+        exchange(a, b, bytes, bytes, |_| {});
+    }
 }
 
 /// A plane closed at any byte of its stream, either way (in a header, in a payload, between
@@ -683,22 +713,14 @@ fn a_failed_plane_is_made_again() {
             !matches!(a.lock().planes[plane].link, Link::Gone),
             "{over:?}: plane {plane} has no connection"
         );
-        let kill = |ep: &Striped| {
-            let mut g = ep.lock();
-            let e = Error::remote("test: closed").peer(g.peer);
-            let _ = g.plane_failed(plane, e);
-        };
-        kill(&a);
-        let deadline = Instant::now() + PATIENCE;
-        while a.redials() < 2 || b.redials() < 2 {
-            assert!(
-                Instant::now() < deadline,
-                "plane {plane} failed again was not made again: A {}, B {}",
-                describe(&a),
-                describe(&b)
-            );
-            exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
-        }
+        fail_plane(&a, plane);
+        exchange_until(
+            &mut a,
+            &mut b,
+            1 << 20,
+            "the plane failed again made again",
+            |a, b| a.redials() >= 2 && b.redials() >= 2,
+        );
         assert_eq!(a.plane_states(), ["up", "up"], "{}", describe(&a));
     }
 }
@@ -792,14 +814,8 @@ fn a_redial_is_called_off_when_its_endpoint_is_dropped() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let b = l.accept().unwrap().0;
-        for (c, s) in [(&mut ca, a), (&mut cb, b)] {
-            c.push(PlaneConn {
-                plane,
-                local: s.local_addr().unwrap(),
-                remote: s.peer_addr().unwrap(),
-                stream: s,
-            });
-        }
+        ca.push(conn(plane, a));
+        cb.push(conn(plane, b));
     }
     let striped = |peer: usize, conns: Vec<PlaneConn>, f: &[Arc<AtomicBool>; 2]| {
         let eps = conns
@@ -820,21 +836,14 @@ fn a_redial_is_called_off_when_its_endpoint_is_dropped() {
     let mut a = striped(1, ca, &flags[0]);
     let mut b = striped(0, cb, &flags[1]);
     exchange(&mut a, &mut b, 1 << 20, 1 << 20, |_| {});
-    {
-        let mut g = a.lock();
-        let e = Error::remote("test: closed").peer(1);
-        let _ = g.plane_failed(0, e);
-    }
-    let deadline = Instant::now() + PATIENCE;
-    while !flags.iter().all(|f| f[0].load(Ordering::Acquire)) {
-        assert!(
-            Instant::now() < deadline,
-            "the redial did not start at both ends: A {}, B {}",
-            describe(&a),
-            describe(&b)
-        );
-        exchange(&mut a, &mut b, 64 << 10, 64 << 10, |_| {});
-    }
+    fail_plane(&a, 0);
+    exchange_until(
+        &mut a,
+        &mut b,
+        64 << 10,
+        "the redial started at both ends",
+        |_, _| flags.iter().all(|f| f[0].load(Ordering::Acquire)),
+    );
     assert!(!flags.iter().any(|f| f[1].load(Ordering::Acquire)));
     drop(a);
     drop(b);
