@@ -358,6 +358,8 @@ struct Inner {
     failed: Option<Error>,
     /// Dropped, lingering: a plane the peer closes now is the peer closing too, not news.
     closing: bool,
+    /// The peer said goodbye: it reads nothing more, so a drop has nothing to wait for.
+    peer_left: bool,
     /// Wait descriptors of planes made again, for the caller's next wait to take up.
     new_fds: Vec<(usize, Vec<WaitFd>)>,
     // What happened, for the log and tests.
@@ -480,6 +482,7 @@ impl Striped {
                 seam: [0; 64],
                 failed: None,
                 closing: false,
+                peer_left: false,
                 new_fds: Vec::new(),
                 failovers: 0,
                 resent: 0,
@@ -750,7 +753,8 @@ impl Endpoint for Striped {
 
 impl Drop for Striped {
     /// Lingers until the peer has read every byte the caller handed over off the planes (it
-    /// acknowledged them), every plane failed, or the communicator's timeout passed. Written is
+    /// acknowledged them), said goodbye, every plane failed, or the communicator's timeout
+    /// passed. Written is
     /// not enough: the peer's acks keep arriving, and a socket closed with unread bytes resets
     /// its connection, which throws away at the peer what it had not read yet.
     fn drop(&mut self) {
@@ -767,7 +771,7 @@ impl Drop for Striped {
                     p.state == State::Up
                         && (p.wrote > p.peer_read || p.tx.as_ref().is_some_and(|t| t.len > 0))
                 });
-            if !unread || g.planes.iter().all(|p| p.state == State::Dead) {
+            if !unread || g.peer_left || g.planes.iter().all(|p| p.state == State::Dead) {
                 g.goodbye();
                 return;
             }

@@ -78,6 +78,7 @@ impl Inner {
                 (BYE, _) => {
                     p.rx = Rx::Header(0);
                     self.closing = true;
+                    self.peer_left = true;
                 }
                 (REDIAL, _) => {
                     p.rx = Rx::Header(0);

@@ -126,6 +126,12 @@ impl Inner {
             if self.planes[i].state == State::Dead || self.planes[i].tx.is_some() {
                 continue;
             }
+            // The last ack first: the peer, lingering until this end has read what it sent,
+            // learns so before the connection closes.
+            self.control(i, ACK);
+            if !matches!(self.flush(i), Ok(true)) {
+                continue;
+            }
             self.control(i, BYE);
             let _ = self.flush(i);
         }
