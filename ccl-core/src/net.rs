@@ -247,14 +247,19 @@ impl UpAddr {
     }
 }
 
-/// Interfaces that are never a network plane to another host: container and VM bridges and
-/// their virtual ports (as NCCL skips them).
+/// Container and VM bridges and their ports: never the address a remote rank reaches (the
+/// default pick of the rendezvous's interface skips them, as NCCL does).
+const BRIDGES: [&str; 3] = ["docker", "virbr", "veth"];
+/// ...and, for planes, more kinds of virtual networks that every host may have alike.
+const VIRTUAL: [&str; 6] = ["br-", "cni", "flannel", "cali", "vxlan", "lxc"];
+
+fn bridge(name: &str) -> bool {
+    BRIDGES.iter().any(|p| name.starts_with(p))
+}
+
+/// Interfaces that are never a network plane to another host.
 fn virtual_bridge(name: &str) -> bool {
-    [
-        "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "vxlan", "lxc",
-    ]
-    .iter()
-    .any(|p| name.starts_with(p))
+    bridge(name) || VIRTUAL.iter().any(|p| name.starts_with(p))
 }
 
 /// Planes found without `CCL_SOCKET_IFNAME`: the interface of `primary` (the address this
@@ -365,7 +370,7 @@ fn pick_from(spec: Option<&str>, candidates: &[UpAddr]) -> Result<IpAddr> {
             ))
         });
     }
-    let skip = |n: &str| n.starts_with("docker") || n.starts_with("virbr") || n.starts_with("veth");
+    let skip = bridge;
     candidates
         .iter()
         .filter(|a| !a.loopback && a.ip.is_ipv4() && !skip(&a.name))
