@@ -92,6 +92,8 @@ GUEST
 cat >> target/rxe-tests/guest.sh <<'GUEST'
 out=${TMPDIR:-/tmp}/rxe-test.out
 tests_ok=0 tests_bad=0 bad=0 ran=""
+failed_list=target/rxe-tests/guest-failed
+: > "$failed_list"
 run() {
   local name=$1; shift
   echo "== $name"
@@ -113,6 +115,9 @@ run() {
     echo "FAILED: $name"; [ "$f" = 0 ] && bad=1
   fi
   tests_ok=$((tests_ok + p)) tests_bad=$((tests_bad + f))
+  # The failing tests' names, for the closing line: CI shows only the end of the output.
+  sed -nE 's/^test (.*) \.\.\. FAILED$/\1/p' "$out" >> "$failed_list"
+  [ "$rc" != 0 ] && [ "$f" = 0 ] && echo "$name (exit $rc)" >> "$failed_list"
   echo "== $name: $p ran and passed, $f failed ($(( $(date +%s) - t0 )) s)"
 }
 while read -r name kind exe; do
@@ -137,7 +142,10 @@ chmod +x target/rxe-tests/guest.sh
 
 # Counted in the closing line: every test the guest ran, then each two-VM run.
 pass=0 fail=0
-rm -f target/rxe-tests/guest-counts
+rm -f target/rxe-tests/guest-counts target/rxe-tests/guest-failed
+failed=""
+# Every failure is named in the closing line, which is what CI's log keeps.
+failed() { fail=$((fail + 1)); failed="$failed; $1"; log "$1 FAILED"; }
 t0=$(date +%s)
 if [ "${CCL_RXE_TESTS_DIRECT:-0}" = 1 ]; then
   target/rxe-tests/guest.sh
@@ -148,10 +156,11 @@ fi
 guest_rc=$?
 if read -r gp gf < target/rxe-tests/guest-counts 2>/dev/null; then
   pass=$((pass + gp)) fail=$((fail + gf))
+  [ -f target/rxe-tests/guest-failed ] && while read -r t; do failed="$failed; in the VM: $t"; done < target/rxe-tests/guest-failed
   # A failure the test counts do not show: a binary that ran no test or is missing.
-  [ "$guest_rc" != 0 ] && [ "$gf" = 0 ] && fail=$((fail + 1))
+  [ "$guest_rc" != 0 ] && [ "$gf" = 0 ] && failed "the single-VM run (exit $guest_rc)"
 else
-  log "the single-VM run left no test counts (exit $guest_rc)"; fail=$((fail + 1))
+  failed "the single-VM run (no test counts, exit $guest_rc)"
 fi
 log "single-VM tests: $(( $(date +%s) - t0 )) s"
 
@@ -188,13 +197,13 @@ if [ "$PAIR" = 1 ]; then
   if [ "$(grep -c 'RESULT two-VM allreduce: exit 0$' target/rxe-tests/pair.log)" = 2 ]; then
     pass=$((pass + 1))
   else
-    fail=$((fail + 1)); log "two-VM allreduce FAILED"
+    failed "two-VM allreduce"
   fi
   # Two ranks per VM: shared memory inside each VM, verbs across, hiershm forced.
   if [ "$(grep -c 'RESULT two-VM 2x2 hiershm allreduce: exit 0$' target/rxe-tests/pair.log)" = 2 ]; then
     pass=$((pass + 1))
   else
-    fail=$((fail + 1)); log "two-VM 2 ranks per VM (hiershm) FAILED"
+    failed "two-VM 2 ranks per VM (hiershm)"
   fi
   # VM A captured and checked each entropy run; B's side of a run only has to succeed.
   ep=$(grep -c '^\[A\] PASSED: qps' target/rxe-tests/pair.log)
@@ -203,7 +212,7 @@ if [ "$PAIR" = 1 ]; then
     ef=1; log "the entropy runs did not all report (exit $pair_rc)"
   fi
   pass=$((pass + ep)) fail=$((fail + ef))
-  [ "$ef" = 0 ] || log "entropy runs FAILED: see target/rxe-entropy/"
+  [ "$ef" = 0 ] || { failed="$failed; $ef entropy run(s) (see target/rxe-entropy/)"; log "entropy runs FAILED: see target/rxe-entropy/"; }
   log "two-VM allreduce and entropy: $(( $(date +%s) - t0 )) s"
 
   # Faults on the link between the two VMs (one boot). First a link that stops delivering
@@ -248,19 +257,19 @@ if [ "$PAIR" = 1 ]; then
   if scripts/rxe-planes.sh --check target/rxe-tests/faults.log; then
     pass=$((pass + 1))
   else
-    fail=$((fail + 1)); log "two-VM planes (a link cut under verbs on two ports) FAILED"
+    failed "two-VM planes (a link cut under verbs on two ports)"
   fi
   if [ "$(grep -c '^\[[AB]\] PASSED: link verdict' target/rxe-tests/faults.log)" = 4 ]; then
     pass=$((pass + 1))
   else
-    fail=$((fail + 1)); log "two-VM link verdict FAILED"
+    failed "two-VM link verdict"
   fi
   if [ "$(grep -c '^\[[AB]\] PASSED: link down failed rank' target/rxe-tests/faults.log)" = 2 ]; then
     pass=$((pass + 1))
   else
-    fail=$((fail + 1)); log "two-VM link faults FAILED"
+    failed "two-VM link faults"
   fi
   log "two-VM planes, link verdict and link faults: $(( $(date +%s) - t0 )) s"
 fi
-echo "rxe-tests: $pass passed, $fail failed"
+echo "rxe-tests: $pass passed, $fail failed${failed:+ (${failed#; })}"
 [ "$fail" = 0 ]
