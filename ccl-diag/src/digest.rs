@@ -191,6 +191,11 @@ pub struct Link {
     pub sender_done: bool,
     /// The operation, as `to` describes it (peers left out).
     pub op: Op,
+    /// The bytes arrived, and `to` (their sender) is stuck because their acknowledgements
+    /// from `from` do not arrive: the link's way back ([`unacked_link`]). `sent` is then what
+    /// `to` saw taken, `got` what `from` received.
+    #[serde(default)]
+    pub unacked: bool,
 }
 
 /// Most link candidates a digest carries whose sender it does not cover (the root asks those
@@ -265,6 +270,33 @@ pub(crate) fn stuck_link(to: &RankView, from: &RankView) -> Option<Link> {
         got: got.received,
         sender_done: eb.state == State::Done,
         op: bare(ea),
+        unacked: false,
+    })
+}
+
+/// Whether `sender`, inside an operation, is stuck sending to `receiver` although `receiver`
+/// got every byte of it and finished its part: the bytes arrived, their acknowledgements (or
+/// the receiver's credits) never came back, so the link from `receiver` to `sender` is the one
+/// that stopped (an RDMA write completes at its sender only when the receiver's transport
+/// acknowledges it). Counts only once the sender has been idle long enough.
+pub(crate) fn unacked_link(sender: &RankView, receiver: &RankView) -> Option<Link> {
+    let es = sender.open()?;
+    if idle_us(sender, es) < MOVING_US {
+        return None;
+    }
+    let mine = es.peers.iter().find(|p| p.peer == receiver.rank)?;
+    let er = receiver.ops.iter().find(|e| e.seq == es.seq)?;
+    let theirs = er.peers.iter().find(|p| p.peer == sender.rank)?;
+    let all_arrived = theirs.to_recv > 0 && theirs.received == theirs.to_recv;
+    (mine.sent < mine.to_send && er.state == State::Done && all_arrived).then(|| Link {
+        from: receiver.rank,
+        to: sender.rank,
+        seq: es.seq,
+        sent: mine.sent,
+        got: theirs.received,
+        sender_done: true,
+        op: bare(es),
+        unacked: true,
     })
 }
 

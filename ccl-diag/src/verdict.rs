@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use crate::culprit;
-use crate::digest::{Digest, Lead, Link, MOVING_US, Ranges, stuck_link};
+use crate::digest::{Digest, Lead, Link, MOVING_US, Ranges, stuck_link, unacked_link};
 use crate::dump::Op;
 use crate::recorder::State;
 
@@ -123,11 +123,39 @@ impl Digest {
         let found = candidates
             .iter()
             .find_map(|&(to, from)| stuck_link(view(to)?, view(from)?));
-        let link = if absent.is_empty() {
+        let mut link = if absent.is_empty() {
             found.or_else(|| self.link.clone())
         } else {
             None
         };
+        // One rank holds the job up, stuck sending inside an earlier operation: if a peer it
+        // sends to got every byte and moved on, the acknowledgements are what stopped.
+        if link.is_none() && absent.is_empty() && culprits.len() == 1 {
+            let c = *culprits.iter().next().expect("one");
+            let to: Vec<usize> = view(c)
+                .and_then(|v| v.open())
+                .map(|e| {
+                    e.peers
+                        .iter()
+                        .filter(|p| p.sent < p.to_send)
+                        .map(|p| p.peer)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if !to.is_empty() {
+                let more = fetch(&to);
+                let sender = view(c).cloned();
+                let found = sender.and_then(|s| {
+                    more.iter()
+                        .filter(|v| v.presence == Presence::Answered)
+                        .find_map(|v| unacked_link(&s, v))
+                });
+                if found.is_some() {
+                    views.extend(more);
+                    link = found;
+                }
+            }
+        }
         let culprit = match &link {
             Some(l) => Culprit::Link {
                 from: l.from,
@@ -280,6 +308,20 @@ impl Verdict {
         };
         match (&self.culprit, &self.link) {
             (Culprit::Nothing, _) => format!("{op_text}: no rank waits for another"),
+            (Culprit::Link { .. }, Some(l)) if l.unacked => format!(
+                "{} is stuck on the link from {} to {}: rank {} got every byte rank {} sent it ({}) \
+                 and finished its part, but rank {} saw only {} of them acknowledged: the \
+                 acknowledgements from rank {} do not arrive{since}",
+                describe(Some(&l.op), l.seq),
+                who(l.from),
+                who(l.to),
+                l.from,
+                l.to,
+                l.got,
+                l.to,
+                l.sent,
+                l.from,
+            ),
             (Culprit::Link { .. }, Some(l)) => {
                 let where_ = if l.sender_done {
                     format!(
@@ -642,6 +684,43 @@ mod tests {
         vs[0].ops[0].peers[0].received = 64;
         let v = analyse(&vs, 4);
         assert_eq!(v.culprit, Culprit::Ranks(BTreeSet::from([0])));
+    }
+
+    #[test]
+    fn bytes_that_arrived_but_were_never_acknowledged_name_the_way_back() {
+        // Ring of 4: rank 2 got all of rank 1's bytes of #4 and entered #5 with 0 and 3; rank
+        // 1 is still in #4, 16 of its 64 bytes to rank 2 acknowledged (an RDMA write completes
+        // at its sender only when the receiver acknowledges it). The waits of #5 end at rank 1,
+        // but the link from 2 back to 1 is what stopped.
+        let mut r2 = view(2, 5, State::Running, Some(1), vec![peer(1, true, 0, 0)]);
+        let mut done = view(2, 4, State::Done, None, vec![peer(1, true, 64, 64)]);
+        done.ops[0].end_us = 9_000_000;
+        r2.ops.insert(0, done.ops.remove(0));
+        let vs = vec![
+            view(0, 5, State::Running, Some(3), vec![peer(3, true, 0, 0)]),
+            view(1, 4, State::Running, None, vec![peer(2, true, 16, 64)]),
+            r2,
+            view(3, 5, State::Running, Some(2), vec![peer(2, true, 0, 0)]),
+        ];
+        let v = analyse(&vs, 4);
+        assert_eq!(
+            v.culprit,
+            Culprit::Link {
+                from: 2,
+                to: 1,
+                seq: 4
+            }
+        );
+        let line = v.line();
+        assert!(
+            line.starts_with("allreduce #4 (ring, 4 MiB) is stuck on the link from rank 2 (h:102) to rank 1 (h:101): rank 2 got every byte rank 1 sent it (64) and finished its part, but rank 1 saw only 16 of them acknowledged"),
+            "{line}"
+        );
+        // Rank 2 still missing bytes: not this; rank 1 holds the job up as before.
+        let mut vs = vs;
+        vs[2].ops[0].peers[0].received = 32;
+        let v = analyse(&vs, 4);
+        assert_eq!(v.culprit, Culprit::Ranks(BTreeSet::from([1])));
     }
 
     #[test]
