@@ -25,6 +25,9 @@ guest() {
   export CCL_WORLD_SIZE=4 CCL_COMM_ID=192.0.2.2:29558 CCL_SECRET=rxe-link-verdict \
          CCL_TRANSPORT=ib CCL_TIMEOUT=$TIMEOUT_S CCL_SOCKET_IFNAME="=$RXE_NETDEV" \
          CCL_ALGO=allreduce:ring CCL_DEBUG=info
+  # One port: in a boot with a second NIC the transport would otherwise stripe over both and
+  # route around the link this test stops (scripts/rxe-planes.sh tests that).
+  export CCL_IB_HCA="=$RXE_DEV"
   local ranks pids=() r t=0
   # The rendezvous waits only CCL_TIMEOUT for every rank, and A boots later: B starts its
   # ranks (and the root) once A is about to start its own (the directory is shared).

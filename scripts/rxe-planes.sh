@@ -9,8 +9,9 @@
 # Each VM has two NICs wired to the other VM's (plane 0: 192.0.2.x, rxe0; plane 1: 192.0.3.x,
 # rxe1). One rank per VM (rank 0 in B, which hosts the rendezvous) runs
 # examples/src/bin/allreduce_loop.rs (LOOP_BYTES, default 4M, every result checked) over verbs
-# with CCL_IB_HCA naming both devices: the transport opens a verbs connection on each port and
-# stripes across them. Once the job is moving, VM A sets its plane-1 NIC down for CUT_S
+# without CCL_IB_HCA: the transport must find both ports itself (two NICs of one speed), open a
+# verbs connection on each and stripe across them (PLANES_HCA=1 names them in CCL_IB_HCA
+# instead). Once the job is moving, VM A sets its plane-1 NIC down for CUT_S
 # seconds (default 6) and up again. Passes when both ranks exit 0 with no wrong result, the
 # loop completed iterations while the link was down, at least one rank logged plane 1 down or
 # failed (the cut hit a plane in use), and every rank that did saw it come back once the link
@@ -32,8 +33,9 @@ BACK="$MADE|$RESUMED"
 guest() {
   : "${RXE_ROLE:?run inside scripts/rxe-vm-pair.sh}" "${RXE_DEV2:?run with CCL_RXE_VM_PLANES=2}"
   export CCL_WORLD_SIZE=2 CCL_COMM_ID=192.0.2.2:29561 CCL_SECRET=rxe-planes CCL_TRANSPORT=ib \
-         CCL_IB_HCA="$RXE_DEV,$RXE_DEV2" CCL_SOCKET_IFNAME="=$RXE_NETDEV" CCL_TIMEOUT=60 \
+         CCL_SOCKET_IFNAME="=$RXE_NETDEV" CCL_TIMEOUT=60 \
          CCL_DEBUG=info LOOP_BYTES=${LOOP_BYTES:-4M} LOOP_SECONDS=${LOOP_SECONDS:-40}
+  if [ "${PLANES_HCA:-0}" = 1 ]; then export CCL_IB_HCA="$RXE_DEV,$RXE_DEV2"; else unset CCL_IB_HCA; fi
   local rank=1 t=0
   # A boots later: B starts its rank (and the rendezvous) once A is about to start its own.
   if [ "$RXE_ROLE" = b ]; then
@@ -85,6 +87,9 @@ guest() {
   if [ "$rc" != 0 ]; then
     bad=1
     echo "rank $rank's last words:"; grep -v "is not a ccl setting" "$TMPDIR/err" | tail -8
+  fi
+  if ! grep -q 'verbs transport: 2 planes' "$TMPDIR/err"; then
+    echo "rank $rank did not take both ports as planes"; bad=1
   fi
   local downs
   downs=$(grep -cE "$GONE" "$TMPDIR/err")

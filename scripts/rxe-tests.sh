@@ -230,7 +230,8 @@ if [ "$PAIR" = 1 ]; then
        (scripts/rxe-planes.sh --guest);
        (scripts/rxe-link-verdict.sh --guest); echo "RESULT link verdict: exit $?";
        [ "$RXE_ROLE" = a ] && tc qdisc del dev "$RXE_NETDEV" root 2>/dev/null;
-       export CCL_WORLD_SIZE=2 CCL_SECRET=rxe-faults CCL_TRANSPORT=ib CCL_SOCKET_IFNAME="=$RXE_NETDEV";
+       export CCL_WORLD_SIZE=2 CCL_SECRET=rxe-faults CCL_TRANSPORT=ib CCL_SOCKET_IFNAME="=$RXE_NETDEV" \
+         CCL_IB_HCA="=$RXE_DEV";
        if [ "$RXE_ROLE" = b ]; then export CCL_RANK=0; else export CCL_RANK=1; fi;
        modprobe sch_netem || exit 1;
        tc qdisc add dev "$RXE_NETDEV" root netem loss 1% || exit 1;

@@ -44,11 +44,13 @@ S=$(mktemp -d "$STATE/runs/pair.XXXXXX") || exit 125
 trap 'rm -rf "$S"' EXIT
 
 # nic SELF PEER MAC_SUFFIX [PLANE]: qemu options for a virtio NIC whose "cable" is a
-# unix datagram socket bound at SELF and sending to PEER (plane 1: the second NIC)
+# unix datagram socket bound at SELF and sending to PEER (plane 1: the second NIC). Each NIC
+# reports a link speed, as a real port does (virtio reports none unless told), so that the
+# verbs transport finds two NICs of one speed as two planes without CCL_IB_HCA.
 nic() {
   local p=${4:-0}
   echo "-netdev dgram,id=ccl$p,local.type=unix,local.path=$S/$1$p.sock,remote.type=unix,remote.path=$S/$2$p.sock" \
-       "-device virtio-net-pci,netdev=ccl$p,mac=52:54:00:12:3$((4 + p)):$3"
+       "-device virtio-net-pci,netdev=ccl$p,mac=52:54:00:12:3$((4 + p)):$3,speed=10000,duplex=full"
 }
 PLANES=${CCL_RXE_VM_PLANES:-1}
 case "$PLANES" in 1|2) ;; *) log "CCL_RXE_VM_PLANES must be 1 or 2"; exit 125 ;; esac

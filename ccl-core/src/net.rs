@@ -265,7 +265,8 @@ fn virtual_bridge(name: &str) -> bool {
 /// Planes found without `CCL_SOCKET_IFNAME`: the interface of `primary` (the address this
 /// rank reached the rendezvous from) first, then every other up interface with an address of
 /// the same family that is not loopback nor a virtual bridge and whose link speed (as the
-/// kernel reports it: `/sys/class/net/NAME/speed`) is the primary's, by name; at most `max`, an
+/// kernel reports it: `/sys/class/net/NAME/speed`; where it reports none, no other interface
+/// is taken) is the primary's, by name; at most `max`, an
 /// address each. One (or none, when `primary` is loopback or on no interface) means one plane.
 pub fn auto_planes(primary: IpAddr, max: usize) -> Result<Vec<UpAddr>> {
     Ok(choose_auto_planes(
@@ -274,6 +275,40 @@ pub fn auto_planes(primary: IpAddr, max: usize) -> Result<Vec<UpAddr>> {
         max,
         &link_speed,
     ))
+}
+
+/// Planes among other ports' addresses (verbs ports' RoCE addresses, in the order their ports
+/// were chosen) found without a setting: for each of `ips`, its interface's address when
+/// [`auto_planes`] of `primary` (the first port's address) would take that interface and no
+/// earlier one of `ips` is on it; else `None`. The first element is `primary`'s own.
+pub fn plane_interfaces(primary: IpAddr, ips: &[IpAddr]) -> Result<Vec<Option<UpAddr>>> {
+    Ok(choose_plane_interfaces(
+        primary,
+        ips,
+        &up_addresses()?,
+        &link_speed,
+    ))
+}
+
+fn choose_plane_interfaces(
+    primary: IpAddr,
+    ips: &[IpAddr],
+    up: &[UpAddr],
+    speed: &dyn Fn(&str) -> Option<i64>,
+) -> Vec<Option<UpAddr>> {
+    let like = choose_auto_planes(primary, up, usize::MAX, speed);
+    let mut taken: Vec<&str> = Vec::new();
+    std::iter::once(&primary)
+        .chain(ips)
+        .map(|ip| {
+            let a = up.iter().find(|a| a.ip == *ip)?;
+            if !like.iter().any(|l| l.name == a.name) || taken.contains(&a.name.as_str()) {
+                return None;
+            }
+            taken.push(&a.name);
+            Some(a.clone())
+        })
+        .collect()
 }
 
 fn link_speed(name: &str) -> Option<i64> {
@@ -290,10 +325,13 @@ fn choose_auto_planes(
     let Some(first) = up.iter().find(|a| a.ip == primary && !a.loopback) else {
         return Vec::new();
     };
+    // Links whose speed the kernel does not know (virtual NICs, dummies) are not known to be
+    // alike: no plane beside such a primary, and none such beside another.
     let pace = speed(&first.name);
     let mut others: Vec<&UpAddr> = Vec::new();
     for a in up {
-        if a.loopback
+        if pace.is_none()
+            || a.loopback
             || a.name == first.name
             || a.ip.is_ipv4() != primary.is_ipv4()
             || virtual_bridge(&a.name)
@@ -471,9 +509,70 @@ mod tests {
             choose_auto_planes(v4(192, 168, 0, 5), &c, 4, &speed).len(),
             1
         );
+        // Links of unknown speed are not known to be alike.
+        let unknown = |n: &str| (n == "p0").then_some(100_000);
+        assert_eq!(
+            choose_auto_planes(v4(10, 77, 1, 1), &c, 4, &unknown).len(),
+            1
+        );
+        assert_eq!(
+            choose_auto_planes(v4(10, 77, 2, 1), &c, 4, &|_: &str| None).len(),
+            1
+        );
         // Loopback, or an address on no interface: none (one plane, as before).
         assert!(choose_auto_planes(IpAddr::V4(Ipv4Addr::LOCALHOST), &c, 4, &speed).is_empty());
         assert!(choose_auto_planes(v4(1, 2, 3, 4), &c, 4, &speed).is_empty());
+    }
+
+    #[test]
+    fn other_ports_are_planes_where_their_interfaces_would_be() {
+        let c = vec![
+            up("mgmt0", v4(192, 168, 0, 5), false),
+            up("p0", v4(10, 77, 1, 1), false),
+            up("p1", v4(10, 77, 2, 1), false),
+            up("p1", v4(10, 77, 3, 1), false),
+            up("p3", v4(10, 77, 4, 1), false),
+        ];
+        let speed = |n: &str| match n {
+            "mgmt0" => Some(1000),
+            _ => Some(100_000),
+        };
+        let names =
+            |v: Vec<Option<UpAddr>>| v.into_iter().map(|a| a.map(|a| a.name)).collect::<Vec<_>>();
+        // The second port of p1 shares an interface with the first (one plane per link), the
+        // management port is slower, an address on no interface is no plane.
+        assert_eq!(
+            names(choose_plane_interfaces(
+                v4(10, 77, 1, 1),
+                &[
+                    v4(10, 77, 2, 1),
+                    v4(10, 77, 3, 1),
+                    v4(192, 168, 0, 5),
+                    v4(1, 2, 3, 4),
+                    v4(10, 77, 4, 1)
+                ],
+                &c,
+                &speed
+            )),
+            [
+                Some("p0".into()),
+                Some("p1".into()),
+                None,
+                None,
+                None,
+                Some("p3".into())
+            ]
+        );
+        // A primary on no interface: nothing (one plane).
+        assert_eq!(
+            names(choose_plane_interfaces(
+                v4(9, 9, 9, 9),
+                &[v4(10, 77, 2, 1)],
+                &c,
+                &speed
+            )),
+            [None, None]
+        );
     }
 
     #[test]

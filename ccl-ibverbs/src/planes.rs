@@ -28,7 +28,16 @@ pub(crate) fn builder(planes: Vec<Arc<IbDevice>>) -> Arc<PlaneBuilder> {
     Arc::new(move |ctx, peer, conns, deadline| {
         let mut eps = Vec::with_capacity(conns.len());
         for c in conns {
-            let dev = planes.get(c.plane).ok_or_else(|| {
+            // The port whose address the plane's socket uses: the connecting end's plane
+            // number is the listener's, and where planes pair by network the two ends may
+            // number their ports differently. Else (ports without an address of their own)
+            // the plane's number.
+            let mut by_ip = planes.iter().filter(|d| d.ip() == Some(c.local.ip()));
+            let dev = match (by_ip.next(), by_ip.next()) {
+                (Some(d), None) => Some(d),
+                _ => planes.get(c.plane),
+            };
+            let dev = dev.ok_or_else(|| {
                 Error::remote(format!(
                     "verbs plane {} from peer {peer}: this rank has {} planes",
                     c.plane,

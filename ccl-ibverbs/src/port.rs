@@ -108,10 +108,16 @@ impl IbDevice {
                 reasons.join("; ")
             )));
         }
-        if !reasons.is_empty() {
+        if !reasons.is_empty() && config.ib.hca.is_some() {
             ccl_core::ccl_warn!(
                 None,
                 "verbs transport: ports matching CCL_IB_HCA left out: {}",
+                reasons.join("; ")
+            );
+        } else if !reasons.is_empty() {
+            ccl_info!(
+                None,
+                "verbs transport: ports left out: {}",
                 reasons.join("; ")
             );
         }

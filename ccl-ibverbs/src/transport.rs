@@ -28,7 +28,7 @@ use ccl_core::transport::tcp::{self, TcpTransport};
 use ccl_core::transport::{
     ConnectContext, Endpoint, Handle, Listener, MemRegion, Transport, TransportProperties,
 };
-use ccl_core::{Error, Result};
+use ccl_core::{Error, Result, net};
 
 use crate::LOG_SUBSYS;
 use crate::connect::establish;
@@ -42,8 +42,12 @@ use crate::wire;
 #[derive(Debug, Clone)]
 pub struct IbTransport {
     dev: Arc<IbDevice>,
-    /// Every port, a plane each, when `CCL_IB_HCA` matches several; else empty.
+    /// Every port, a plane each, when `CCL_IB_HCA` matches several or several are found
+    /// ([`found_planes`]); else empty.
     planes: Vec<Arc<IbDevice>>,
+    /// Without `CCL_IB_HCA`: each port's interface address (one per port in use, or none
+    /// when the port's network interface is unknown); planes pair with a peer's by network.
+    nets: Vec<net::UpAddr>,
     tcp: TcpTransport,
     /// `CCL_IB_SPIN_US`: how much longer than `CCL_SPIN_US` a waiting rank polls its peers.
     spin: Duration,
@@ -58,17 +62,15 @@ impl IbTransport {
 
     /// [`open`](IbTransport::open) with another sysfs root (tests).
     pub fn open_at(config: &Config, root: &Path) -> Result<IbTransport> {
-        // Several ports only where the user named them: ports the host has are not known to
-        // reach the same peers.
-        let most = if config.ib.hca.is_some() {
-            MAX_PLANES
-        } else {
-            1
-        };
-        let devs: Vec<Arc<IbDevice>> = IbDevice::open_ports_at(config, root, most)?
+        let devs: Vec<Arc<IbDevice>> = IbDevice::open_ports_at(config, root, MAX_PLANES)?
             .into_iter()
             .map(Arc::new)
             .collect();
+        let (devs, nets) = if config.ib.hca.is_some() {
+            (devs, Vec::new())
+        } else {
+            found_planes(devs)
+        };
         let planes = if devs.len() > 1 {
             devs.clone()
         } else {
@@ -81,14 +83,20 @@ impl IbTransport {
                 .collect();
             ccl_core::ccl_info!(
                 None,
-                "verbs transport: {} planes ({}), striped with failover",
+                "verbs transport: {} planes ({}{}), striped with failover",
                 planes.len(),
-                names.join(", ")
+                names.join(", "),
+                if nets.is_empty() {
+                    ""
+                } else {
+                    "; found without CCL_IB_HCA, paired with peers' ports by network"
+                }
             );
         }
         Ok(IbTransport {
             dev: devs[0].clone(),
             planes,
+            nets,
             tcp: TcpTransport::new(),
             spin: config.ib.spin,
         })
@@ -108,6 +116,14 @@ impl IbTransport {
     /// address (the set-up address for a port without one), each peer's set of sockets made a
     /// verbs connection per plane and one striped endpoint.
     fn plane_tcp(&self, ctx: &ConnectContext) -> TcpTransport {
+        if !self.nets.is_empty() {
+            let devs = if self.planes.is_empty() {
+                vec![self.dev.clone()]
+            } else {
+                self.planes.clone()
+            };
+            return TcpTransport::on_networks(&self.nets).building(planes::builder(devs));
+        }
         let ips: Vec<IpAddr> = self
             .planes
             .iter()
@@ -159,7 +175,8 @@ impl Transport for IbTransport {
     ) -> Result<Box<dyn Endpoint>> {
         let addrs = wire::decode_handles(handle).map_err(|e| e.rank(ctx.rank).peer(peer))?;
         let ours = self.planes.len().max(1);
-        if (addrs.len() > 1) != (ours > 1) {
+        let found = !self.nets.is_empty();
+        if !found && (addrs.len() > 1) != (ours > 1) {
             return Err(Error::invalid_usage(format!(
                 "verbs transport: peer {peer} listens on {} port(s), this rank on {ours} (with \
                  several, every rank's CCL_IB_HCA must match several usable ports)",
@@ -168,15 +185,27 @@ impl Transport for IbTransport {
             .rank(ctx.rank)
             .peer(peer));
         }
-        if ours > 1 {
+        if addrs.len() > 1 {
+            // Planes at both ends, or (found without a setting) this rank's one port paired
+            // with the peer's on its network: the peer's listener takes planes only.
             return self
                 .plane_tcp(ctx)
                 .connect(ctx, peer, &tcp::encode_handles(&addrs), deadline);
         }
+        // The peer listens on one port: this rank's port on its network, else the first.
+        let dev = match self
+            .planes
+            .iter()
+            .zip(&self.nets)
+            .find(|(_, n)| n.on_link(addrs[0].ip()))
+        {
+            Some((d, _)) => d,
+            None => &self.dev,
+        };
         let side = self
             .tcp
             .connect(ctx, peer, &tcp::encode_handles(&addrs), deadline)?;
-        establish(&self.dev, ctx, peer, side, deadline)
+        establish(dev, ctx, peer, side, deadline)
     }
 
     /// One registration in the device's protection domain serves every connection of the
@@ -189,6 +218,49 @@ impl Transport for IbTransport {
         let mr = UserMr::new(&self.dev.pd, mem).map_err(Error::from)?;
         Ok(Some(Box::new(mr)))
     }
+}
+
+/// Without `CCL_IB_HCA`, the ports that are planes: the first, then every other whose network
+/// interface is like the first's (as [`net::auto_planes`] finds interfaces: up, same address
+/// family and link speed, not a bridge; one port per interface), with each one's interface
+/// address for pairing by network. One port (and no addresses) where there is no such other,
+/// or the first port's interface is not known (InfiniBand, or no address).
+fn found_planes(devs: Vec<Arc<IbDevice>>) -> (Vec<Arc<IbDevice>>, Vec<net::UpAddr>) {
+    let Some(primary) = devs[0].ip() else {
+        return (devs.into_iter().take(1).collect(), Vec::new());
+    };
+    let ips: Vec<IpAddr> = devs[1..]
+        .iter()
+        .map(|d| {
+            d.ip()
+                .unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED))
+        })
+        .collect();
+    let ifs = match net::plane_interfaces(primary, &ips) {
+        Ok(v) => v,
+        Err(e) => {
+            ccl_core::ccl_warn!(
+                None,
+                "verbs transport: one port ({} port {}): the network interfaces could not be \
+                 read ({e})",
+                devs[0].name(),
+                devs[0].port()
+            );
+            return (devs.into_iter().take(1).collect(), Vec::new());
+        }
+    };
+    let Some(first) = ifs[0].clone() else {
+        return (devs.into_iter().take(1).collect(), Vec::new());
+    };
+    let mut kept = vec![devs[0].clone()];
+    let mut nets = vec![first];
+    for (d, a) in devs[1..].iter().zip(&ifs[1..]) {
+        if let Some(a) = a {
+            kept.push(d.clone());
+            nets.push(a.clone());
+        }
+    }
+    (kept, nets)
 }
 
 struct IbListener {

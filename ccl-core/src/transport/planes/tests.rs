@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::*;
 use crate::config::Config;
-use crate::transport::ConnectContext;
 use crate::transport::conformance::{connect_pair, run_all};
 use crate::transport::tcp::{self, PlaneBuilder, TcpTransport};
+use crate::transport::{ConnectContext, Transport};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -933,6 +933,75 @@ fn every_plane_closed(over: Over) {
     };
     assert_eq!(e.peer_id(), Some(1), "{over:?}: {e}");
     assert!(e.to_string().contains("every plane"), "{over:?}: {e}");
+}
+
+/// Per rank, the plane number and local address of each plane connection its builder got.
+type Seen = Arc<Mutex<Vec<Vec<(usize, IpAddr)>>>>;
+
+/// Rank 0 on `t0` connects to rank 1 listening on `t1`; each end's plane connections (the
+/// plane numbers and local addresses its builder got) are kept in `seen[rank]`.
+fn connect_two(
+    t0: &TcpTransport,
+    t1: &TcpTransport,
+    seen: &Seen,
+) -> crate::transport::conformance::Pair {
+    let keep = |s: Seen| -> Arc<PlaneBuilder> {
+        Arc::new(move |ctx, peer, conns, _| {
+            s.lock().unwrap()[ctx.rank] = conns.iter().map(|c| (c.plane, c.local.ip())).collect();
+            Ok(
+                Box::new(over_endpoints(peer, conns, ctx.config.plane_timeout)?)
+                    as Box<dyn Endpoint>,
+            )
+        })
+    };
+    let (t0, t1) = (
+        t0.clone().building(keep(seen.clone())),
+        t1.clone().building(keep(seen.clone())),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    let mut l = t1.listen(&pair_ctx(1)).expect("listen");
+    let h = l.handle();
+    std::thread::scope(|s| {
+        let c = s.spawn(|| t0.connect(&pair_ctx(0), 1, &h, deadline).expect("connect"));
+        let (_, e1) = l.accept(deadline).expect("accept");
+        (c.join().expect("connector"), e1)
+    })
+}
+
+/// Planes found without a setting pair by network: each end connects to the peer's addresses
+/// on its own planes' networks, whatever the number of planes at each end, and the endpoint
+/// meets the contract over what connected.
+#[test]
+fn planes_paired_by_network_connect_whatever_each_end_has() {
+    let lo = |d: u8, prefix: u8| crate::net::UpAddr {
+        name: format!("lo{d}"),
+        ip: IpAddr::V4(Ipv4Addr::new(127, 0, 0, d)),
+        loopback: false,
+        prefix,
+    };
+    let ip = |d: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 0, d));
+    let seen = Arc::new(Mutex::new(vec![Vec::new(); 2]));
+    let planes =
+        |s: &Seen, r: usize| -> Vec<usize> { s.lock().unwrap()[r].iter().map(|p| p.0).collect() };
+    // Two planes at each end, on one network: both connect.
+    let two = TcpTransport::on_networks(&[lo(1, 8), lo(2, 8)]);
+    drop(connect_two(&two, &two, &seen));
+    assert_eq!(
+        (planes(&seen, 0), planes(&seen, 1)),
+        (vec![0, 1], vec![0, 1])
+    );
+    // One plane (127.0.0.4/31: .4 and .5) against two (.2 and .5): only the listener's plane
+    // on its network, the second; the listener accepted it on that address.
+    let one = TcpTransport::on_networks(&[lo(4, 31)]);
+    let other = TcpTransport::on_networks(&[lo(2, 8), lo(5, 8)]);
+    drop(connect_two(&one, &other, &seen));
+    assert_eq!(planes(&seen, 0), vec![1]);
+    assert_eq!(seen.lock().unwrap()[1], vec![(1, ip(5))]);
+    // None of the peer's addresses on its network: the peer's first alone, as without planes.
+    let apart = TcpTransport::on_networks(&[lo(9, 32)]);
+    drop(connect_two(&apart, &other, &seen));
+    assert_eq!(planes(&seen, 0), vec![0]);
+    run_all(&|| connect_two(&one, &other, &Arc::new(Mutex::new(vec![Vec::new(); 2]))));
 }
 
 #[test]

@@ -145,6 +145,9 @@ enum Planes {
     FromConfig,
     /// These addresses (tests: several loopback addresses stand for planes).
     Fixed(Arc<[IpAddr]>),
+    /// These interfaces' addresses, paired with a peer's by network (verbs ports found
+    /// without `CCL_IB_HCA`).
+    Networks(Arc<[net::UpAddr]>),
 }
 
 impl TcpTransport {
@@ -172,6 +175,15 @@ impl TcpTransport {
         }
     }
 
+    /// A connection per address of `nets` and peer, paired with the peer's addresses by
+    /// network, as planes found without `CCL_SOCKET_IFNAME` pair.
+    pub fn on_networks(nets: &[net::UpAddr]) -> TcpTransport {
+        TcpTransport {
+            planes: Planes::Networks(nets.iter().take(MAX_PLANES).cloned().collect()),
+            build: None,
+        }
+    }
+
     /// The same, with each peer's plane connections made into an endpoint by `build`.
     pub fn building(self, build: Arc<PlaneBuilder>) -> TcpTransport {
         TcpTransport {
@@ -184,6 +196,7 @@ impl TcpTransport {
     fn plane_ips(&self, ctx: &ConnectContext) -> Result<Vec<IpAddr>> {
         let found: Vec<IpAddr> = match (&self.planes, &ctx.config.socket_ifname) {
             (Planes::Fixed(ips), _) => return Ok(ips.to_vec()),
+            (Planes::Networks(nets), _) => return Ok(nets.iter().map(|a| a.ip).collect()),
             (Planes::One, _) => Vec::new(),
             (Planes::FromConfig, Some(spec)) => net::plane_ips(spec)
                 .map_err(|e| e.rank(ctx.rank))?
@@ -209,14 +222,16 @@ impl TcpTransport {
     /// of one of this rank's planes (reached over that link, not routed), else the peer's
     /// first address alone.
     fn pairing(&self, ctx: &ConnectContext, addrs: &[SocketAddr]) -> Result<Vec<usize>> {
-        if !matches!(
-            (&self.planes, &ctx.config.socket_ifname),
-            (Planes::FromConfig, None)
-        ) {
-            let n = self.plane_ips(ctx)?.len().min(addrs.len());
-            return Ok((0..n).collect());
-        }
-        let mine = net::auto_planes(ctx.local_ip, MAX_PLANES).map_err(|e| e.rank(ctx.rank))?;
+        let mine = match (&self.planes, &ctx.config.socket_ifname) {
+            (Planes::Networks(nets), _) => nets.to_vec(),
+            (Planes::FromConfig, None) => {
+                net::auto_planes(ctx.local_ip, MAX_PLANES).map_err(|e| e.rank(ctx.rank))?
+            }
+            _ => {
+                let n = self.plane_ips(ctx)?.len().min(addrs.len());
+                return Ok((0..n).collect());
+            }
+        };
         let on_link: Vec<usize> = (0..addrs.len())
             .filter(|&j| mine.iter().any(|m| m.on_link(addrs[j].ip())))
             .collect();
