@@ -192,7 +192,7 @@ pub struct Link {
     /// The operation, as `to` describes it (peers left out).
     pub op: Op,
     /// The bytes arrived, and `to` (their sender) is stuck because their acknowledgements
-    /// from `from` do not arrive: the link's way back ([`unacked_link`]). `sent` is then what
+    /// from `from` do not arrive: the link's way back (see `unacked_link`). `sent` is then what
     /// `to` saw taken, `got` what `from` received.
     #[serde(default)]
     pub unacked: bool,
