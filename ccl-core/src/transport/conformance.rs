@@ -33,6 +33,15 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Connects rank 0 to rank 1 through `t` (listening as rank 1, connecting from another thread).
 pub fn connect_pair(t: &(dyn Transport + 'static), config: &Config) -> Pair {
+    connect_pair_over(t, t, config)
+}
+
+/// [`connect_pair`] with rank 0 on `t0` and rank 1 on `t1` (ends set up differently).
+pub fn connect_pair_over(
+    t0: &(dyn Transport + 'static),
+    t1: &(dyn Transport + 'static),
+    config: &Config,
+) -> Pair {
     let ctx = |rank| ConnectContext {
         rank,
         size: 2,
@@ -41,10 +50,10 @@ pub fn connect_pair(t: &(dyn Transport + 'static), config: &Config) -> Pair {
         config: config.clone(),
     };
     let deadline = Instant::now() + PATIENCE;
-    let mut l = t.listen(&ctx(1)).expect("listen");
+    let mut l = t1.listen(&ctx(1)).expect("listen");
     let h = l.handle();
     std::thread::scope(|s| {
-        let c = s.spawn(|| t.connect(&ctx(0), 1, &h, deadline).expect("connect"));
+        let c = s.spawn(|| t0.connect(&ctx(0), 1, &h, deadline).expect("connect"));
         let (peer, e1) = l.accept(deadline).expect("accept");
         assert_eq!(peer, 0, "the acceptor must learn the connector's rank");
         let e0 = c.join().expect("connector thread");

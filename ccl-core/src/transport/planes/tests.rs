@@ -958,14 +958,7 @@ fn connect_two(
         t0.clone().building(keep(seen.clone())),
         t1.clone().building(keep(seen.clone())),
     );
-    let deadline = Instant::now() + PATIENCE;
-    let mut l = t1.listen(&pair_ctx(1)).expect("listen");
-    let h = l.handle();
-    std::thread::scope(|s| {
-        let c = s.spawn(|| t0.connect(&pair_ctx(0), 1, &h, deadline).expect("connect"));
-        let (_, e1) = l.accept(deadline).expect("accept");
-        (c.join().expect("connector"), e1)
-    })
+    crate::transport::conformance::connect_pair_over(&t0, &t1, &Config::default())
 }
 
 /// Planes found without a setting pair by network: each end connects to the peer's addresses
