@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::*;
 use crate::config::Config;
+use crate::transport::ConnectContext;
 use crate::transport::conformance::{connect_pair, run_all};
 use crate::transport::tcp::{self, PlaneBuilder, TcpTransport};
-use crate::transport::{ConnectContext, Transport};
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
