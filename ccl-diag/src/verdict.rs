@@ -128,32 +128,11 @@ impl Digest {
         } else {
             None
         };
-        // One rank holds the job up, stuck sending inside an earlier operation: if a peer it
-        // sends to got every byte and moved on, the acknowledgements are what stopped.
         if link.is_none() && absent.is_empty() && culprits.len() == 1 {
             let c = *culprits.iter().next().expect("one");
-            let to: Vec<usize> = view(c)
-                .and_then(|v| v.open())
-                .map(|e| {
-                    e.peers
-                        .iter()
-                        .filter(|p| p.sent < p.to_send)
-                        .map(|p| p.peer)
-                        .collect()
-                })
-                .unwrap_or_default();
-            if !to.is_empty() {
-                let more = fetch(&to);
-                let sender = view(c).cloned();
-                let found = sender.and_then(|s| {
-                    more.iter()
-                        .filter(|v| v.presence == Presence::Answered)
-                        .find_map(|v| unacked_link(&s, v))
-                });
-                if found.is_some() {
-                    views.extend(more);
-                    link = found;
-                }
+            if let Some((l, more)) = unacked_from(c, &views, fetch) {
+                views.extend(more);
+                link = Some(l);
             }
         }
         let culprit = match &link {
@@ -226,6 +205,35 @@ impl Digest {
         }
         culprits
     }
+}
+
+/// Where rank `c` (the one rank holding the job up, `views` holding its view) is stuck sending
+/// inside an earlier operation: if a peer it sends to got every byte and moved on, the
+/// acknowledgements are what stopped. The link back, and the peers' views (`fetch`ed).
+fn unacked_from(
+    c: usize,
+    views: &[RankView],
+    fetch: &mut dyn FnMut(&[usize]) -> Vec<RankView>,
+) -> Option<(Link, Vec<RankView>)> {
+    let sender = views
+        .iter()
+        .find(|v| v.rank == c && v.presence == Presence::Answered)?;
+    let to: Vec<usize> = sender
+        .open()?
+        .peers
+        .iter()
+        .filter(|p| p.sent < p.to_send)
+        .map(|p| p.peer)
+        .collect();
+    if to.is_empty() {
+        return None;
+    }
+    let more = fetch(&to);
+    let link = more
+        .iter()
+        .filter(|v| v.presence == Presence::Answered)
+        .find_map(|v| unacked_link(sender, v))?;
+    Some((link, more))
 }
 
 /// `4 MiB`, `512 B`.

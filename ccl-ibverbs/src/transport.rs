@@ -223,8 +223,9 @@ impl Transport for IbTransport {
 /// Without `CCL_IB_HCA`, the ports that are planes: the first, then every other whose network
 /// interface is like the first's (as [`net::auto_planes`] finds interfaces: up, same address
 /// family and link speed, not a bridge; one port per interface), with each one's interface
-/// address for pairing by network. One port (and no addresses) where there is no such other,
-/// or the first port's interface is not known (InfiniBand, or no address).
+/// address for pairing by network. The first port alone where there is no such other (with
+/// its address, so that it pairs with a peer's ports by network), and with no address where
+/// its interface is not known (InfiniBand, or no address: then as with `CCL_IB_HCA`).
 fn found_planes(devs: Vec<Arc<IbDevice>>) -> (Vec<Arc<IbDevice>>, Vec<net::UpAddr>) {
     let Some(primary) = devs[0].ip() else {
         return (devs.into_iter().take(1).collect(), Vec::new());
